@@ -1,0 +1,427 @@
+"""The agent: DDPG with goal-conditioned actor and critic, written as forward/backward pairs.
+
+Mirrors openai/baselines `her/ddpg.py` (DDPG), `her/actor_critic.py` (the two networks) and
+`her/normalizer.py` (Normalizer). Implements DDPG (Lillicrap et al. 2016) as used by HER
+(Andrychowicz et al. 2017, Sec. 3.3 and Appendix A; Plappert et al. 2018, Sec. 2.2):
+
+    critic  Q(o, g, u)       MLP on [norm(o), norm(g), u / max_u]
+    actor   pi(o, g)         max_u * tanh(MLP on [norm(o), norm(g)])
+    y      = clip(r + gamma * Q_targ(o_2, g, pi_targ(o_2, g)), -clip_return, 0)
+    L_Q    = mean((y - Q(o, g, u))^2)
+    L_pi   = -mean(Q(o, g, pi(o, g))) + action_l2 * mean((pi(o, g) / max_u)^2)
+    theta_targ <- polyak * theta_targ + (1 - polyak) * theta
+
+There is no autodiff: every layer below is a pure forward function returning (output, cache)
+next to its backward function taking (upstream gradient, cache). Gradients go to MpiAdam
+(mpi_adam.py), the only place they are combined across MPI ranks.
+
+Layout: each network keeps all its parameters in ONE flat float32 array `theta`, and its W, b
+are reshaped views into it (likewise `grad`). That is baselines' getflat/setfromflat with the
+copies removed: MpiAdam updates `theta` in place and the layers see the new values.
+
+Deviation from baselines: the normaliser accumulates its sums in float64 (baselines: float32),
+so that mean and std stay exact after millions of samples; the normalised inputs are float32.
+
+Test: `python -m pytest -q test_all.py -k "grad or normalizer or save"`.
+"""
+import json
+import os
+
+import numpy as np
+
+from mpi_adam import MpiAdam, world_comm
+from replay import ReplayBuffer
+
+
+# ---------------------------------------------------------------- layers: forward/backward pairs
+
+def linear_forward(x, W, b):
+    """y = x W + b.   x: (N, d_in), W: (d_in, d_out), b: (d_out,) -> y: (N, d_out)"""
+    y = x @ W + b
+    return y, (x, W)
+
+
+def linear_backward(dy, cache, dW=None, db=None):
+    """dL/dx = dy W^T; dL/dW = x^T dy; dL/db = sum_n dy. Writes dW, db in place when given
+    (None skips that gradient: the actor loss needs only dL/du through the critic)."""
+    x, W = cache
+    if dW is not None:
+        np.matmul(x.T, dy, out=dW)
+    if db is not None:
+        np.sum(dy, axis=0, out=db)
+    return dy @ W.T
+
+
+def relu_forward(x):
+    """y = max(x, 0)"""
+    y = np.maximum(x, 0)
+    return y, y
+
+
+def relu_backward(dy, cache):
+    """dL/dx = dy * [x > 0]; the cache is the output y, and y > 0 exactly where x > 0."""
+    y = cache
+    return dy * (y > 0)
+
+
+def tanh_forward(x):
+    """y = tanh(x)"""
+    y = np.tanh(x)
+    return y, y
+
+
+def tanh_backward(dy, cache):
+    """dL/dx = dy * (1 - tanh(x)^2)"""
+    y = cache
+    return dy * (1 - y * y)
+
+
+# ---------------------------------------------------------------- the MLP
+
+class MLP:
+    """Fully connected ReLU network with a linear last layer (baselines her/util.py `nn`).
+
+    sizes = [d_in, hidden, ..., hidden, d_out]. Weights are Glorot-uniform ("xavier", as
+    baselines' tf.contrib.layers.xavier_initializer), biases zero.
+    """
+
+    def __init__(self, sizes, rng, dtype=np.float32):
+        self.sizes = list(sizes)
+        shapes = []
+        for d_in, d_out in zip(sizes[:-1], sizes[1:]):
+            shapes += [(d_in, d_out), (d_out,)]
+        n = sum(int(np.prod(s)) for s in shapes)
+        self.theta = np.zeros(n, dtype)  # (n_params,) every parameter, the array MpiAdam updates
+        self.grad = np.zeros(n, dtype)  # (n_params,) dL/dtheta, filled by backward()
+        self.params = self._views(self.theta, shapes)  # [W0, b0, W1, b1, ...] views into theta
+        self.grads = self._views(self.grad, shapes)  # same layout, views into grad
+        for W in self.params[0::2]:
+            limit = np.sqrt(6. / (W.shape[0] + W.shape[1]))
+            W[...] = rng.uniform(-limit, limit, size=W.shape)
+
+    @staticmethod
+    def _views(flat, shapes):
+        views, offset = [], 0
+        for s in shapes:
+            size = int(np.prod(s))
+            views.append(flat[offset:offset + size].reshape(s))
+            offset += size
+        return views
+
+    def forward(self, x):
+        """x: (N, d_in) -> (N, d_out), and the cache backward() needs."""
+        caches = []
+        n_layers = len(self.params) // 2
+        for i in range(n_layers):
+            x, c = linear_forward(x, self.params[2 * i], self.params[2 * i + 1])
+            caches.append(c)
+            if i < n_layers - 1:
+                x, c = relu_forward(x)
+                caches.append(c)
+        return x, caches
+
+    def backward(self, dy, caches, param_grads=True):
+        """Backprop dy = dL/dy through the net. Fills self.grad (unless param_grads=False,
+        used when only the input gradient is wanted) and returns dL/dx, (N, d_in)."""
+        n_layers = len(self.params) // 2
+        caches = list(caches)
+        for i in reversed(range(n_layers)):
+            if i < n_layers - 1:
+                dy = relu_backward(dy, caches.pop())
+            dW, db = (self.grads[2 * i], self.grads[2 * i + 1]) if param_grads else (None, None)
+            dy = linear_backward(dy, caches.pop(), dW, db)
+        return dy
+
+
+class ActorCritic:
+    """pi(o, g) and Q(o, g, u) on normalised inputs, with shared input layout.
+
+    Inputs are already normalised: x_pi = [o_n, g_n]  (N, dim_o + dim_g),
+    x_Q = [o_n, g_n, u / max_u]  (N, dim_o + dim_g + dim_u).
+    """
+
+    def __init__(self, dims, hidden, layers, max_u, rng, dtype=np.float32):
+        d_og = dims["o"] + dims["g"]
+        self.max_u = max_u
+        self.pi = MLP([d_og] + [hidden] * layers + [dims["u"]], rng, dtype)
+        self.Q = MLP([d_og + dims["u"]] + [hidden] * layers + [1], rng, dtype)
+
+    def pi_forward(self, x_pi):
+        """pi = max_u * tanh(MLP_pi(x_pi)): (N, dim_u)"""
+        pre, c_mlp = self.pi.forward(x_pi)
+        a, c_tanh = tanh_forward(pre)
+        return self.max_u * a, (c_mlp, c_tanh)
+
+    def pi_backward(self, dpi, cache, param_grads=True):
+        c_mlp, c_tanh = cache
+        return self.pi.backward(tanh_backward(self.max_u * dpi, c_tanh), c_mlp, param_grads)
+
+    def Q_forward(self, x_pi, u):
+        """Q(x_pi, u): (N,) ; the critic sees the action scaled to [-1, 1]."""
+        # (N, dim_o + dim_g + dim_u)
+        x_Q = np.concatenate([x_pi, u / self.max_u], axis=1)
+        q, c = self.Q.forward(x_Q)
+        return q[:, 0], c
+
+    def Q_backward(self, dq, cache, param_grads=True):
+        """dq: (N,) -> dL/du, (N, dim_u)."""
+        dx_Q = self.Q.backward(dq[:, None], cache, param_grads)
+        return dx_Q[:, -self.pi.sizes[-1]:] / self.max_u
+
+    def copy_from(self, other):
+        self.pi.theta[...] = other.pi.theta
+        self.Q.theta[...] = other.Q.theta
+
+
+# ---------------------------------------------------------------- losses (pure functions)
+
+def critic_loss_and_grad(ac, x_pi, u, y):
+    """L_Q = mean((y - Q(o, g, u))^2); fills ac.Q.grad with dL_Q/dtheta_Q. Returns L_Q."""
+    q, cache = ac.Q_forward(x_pi, u)
+    td = q - y  # (N,)
+    # dL_Q/dq = 2 (q - y) / N
+    ac.Q_backward(2 * td / len(td), cache)
+    return float(np.mean(td * td))
+
+
+def actor_loss_and_grad(ac, x_pi, action_l2):
+    """L_pi = -mean(Q(o, g, pi)) + action_l2 * mean((pi / max_u)^2); fills ac.pi.grad only.
+
+    Easy to miss: the gradient flows through the critic to its *input* u = pi(o, g), but the
+    critic's own parameters are not touched (param_grads=False), exactly as baselines minimises
+    pi_loss over the actor's variables only."""
+    pi, c_pi = ac.pi_forward(x_pi)  # (N, dim_u)
+    q_pi, c_q = ac.Q_forward(x_pi, pi)  # (N,)
+    N = len(q_pi)
+    loss = -np.mean(q_pi) + action_l2 * np.mean((pi / ac.max_u) ** 2)
+    # dL/dpi = dL/dq * dq/dpi + action_l2 * 2 pi / (max_u^2 * N * dim_u)
+    dpi = ac.Q_backward(np.full(N, -1. / N, dtype=pi.dtype), c_q, param_grads=False)
+    dpi += action_l2 * 2 * pi / (ac.max_u ** 2 * pi.size)
+    ac.pi_backward(dpi, c_pi)
+    return float(loss)
+
+
+# ---------------------------------------------------------------- running input normaliser
+
+class Normalizer:
+    """Running mean/std of a feature vector, summed over all MPI ranks (baselines normalizer.py).
+
+    update() only accumulates this rank's local sums; recompute_stats() Allreduces them into the
+    global sums, so every rank ends with identical mean and std.
+    """
+
+    def __init__(self, size, eps=1e-2, default_clip_range=np.inf, comm=None):
+        self.size, self.eps, self.default_clip_range = size, eps, default_clip_range
+        self.comm = comm if comm is not None else world_comm()
+        self.local_sum = np.zeros(size, np.float64)  # (size,) since the last recompute_stats
+        self.local_sumsq = np.zeros(size, np.float64)
+        self.local_count = np.zeros(1, np.float64)
+        self.total_sum = np.zeros(size, np.float64)  # (size,) over all ranks and all time
+        self.total_sumsq = np.zeros(size, np.float64)
+        self.total_count = np.zeros(1, np.float64)
+        self.mean = np.zeros(size, np.float32)
+        self.std = np.ones(size, np.float32)
+
+    def update(self, v):
+        v = v.reshape(-1, self.size)  # (N, size)
+        self.local_sum += v.sum(axis=0)
+        self.local_sumsq += np.square(v, dtype=np.float64).sum(axis=0)
+        self.local_count[0] += v.shape[0]
+
+    def recompute_stats(self):
+        """Collective: every rank must call it the same number of times."""
+        local = np.concatenate([self.local_sum, self.local_sumsq, self.local_count])
+        total = np.zeros_like(local)
+        self.comm.Allreduce(local, total)
+        s = self.size
+        self.total_sum += total[:s]
+        self.total_sumsq += total[s:2 * s]
+        self.total_count += total[2 * s:]
+        self.local_sum[...] = 0
+        self.local_sumsq[...] = 0
+        self.local_count[...] = 0
+        self._set_mean_std()
+
+    def _set_mean_std(self):
+        count = max(self.total_count[0], 1.)
+        # mean = sum / n;  std = sqrt(max(eps^2, sumsq / n - mean^2))
+        mean = self.total_sum / count
+        var = np.maximum(self.eps ** 2, self.total_sumsq / count - mean ** 2)
+        self.mean[...] = mean
+        self.std[...] = np.sqrt(var)
+
+    def normalize(self, v, clip_range=None):
+        """clip((v - mean) / std, -clip_range, clip_range)"""
+        clip_range = self.default_clip_range if clip_range is None else clip_range
+        return np.clip((v - self.mean) / self.std, -clip_range, clip_range)
+
+    def state(self):
+        return dict(sum=self.total_sum, sumsq=self.total_sumsq, count=self.total_count)
+
+    def load_state(self, sum, sumsq, count):
+        self.total_sum[...], self.total_sumsq[...], self.total_count[...] = sum, sumsq, count
+        self._set_mean_std()
+
+
+# ---------------------------------------------------------------- the agent
+
+class DDPG:
+    """DDPG + HER agent of one MPI rank: networks, targets, normalisers, replay buffer, Adams.
+
+    params: dict with dims, T, hidden, layers, max_u, Q_lr, pi_lr, polyak, batch_size,
+    action_l2, clip_obs, norm_eps, norm_clip, gamma, clip_return, buffer_size, plus the
+    optional sync_check_interval; see train.Config for units and defaults.
+    """
+
+    def __init__(self, params, sample_transitions=None, rng=None, comm=None):
+        self.params = dict(params)
+        p = self.params
+        self.dims, self.T, self.max_u = dict(p["dims"]), p["T"], float(p["max_u"])
+        self.rng = rng if rng is not None else np.random.default_rng()
+        self.comm = comm if comm is not None else world_comm()
+        self.gamma = p["gamma"]
+        # -clip_return bounds the target from below; 0 from above: with rewards in {-1, 0}
+        # no return can be positive (baselines clip_pos_returns=True).
+        self.clip_return = p["clip_return"]
+
+        self.o_stats = Normalizer(self.dims["o"], p["norm_eps"], p["norm_clip"], self.comm)
+        self.g_stats = Normalizer(self.dims["g"], p["norm_eps"], p["norm_clip"], self.comm)
+        self.main = ActorCritic(self.dims, p["hidden"], p["layers"], self.max_u, self.rng)
+        self.target = ActorCritic(self.dims, p["hidden"], p["layers"], self.max_u, self.rng)
+        # HER sums the gradients of all ranks (scale_grad_by_procs=False), as baselines.
+        self.Q_adam = MpiAdam([self.main.Q.theta], scale_grad_by_procs=False, comm=self.comm)
+        self.pi_adam = MpiAdam([self.main.pi.theta], scale_grad_by_procs=False, comm=self.comm)
+        # Every rank initialised its own random weights; all take rank 0's, then copy to target.
+        self.Q_adam.sync()
+        self.pi_adam.sync()
+        self.target.copy_from(self.main)
+        self.n_updates = 0
+
+        self.buffer = None
+        if sample_transitions is not None:
+            T, d = self.T, self.dims
+            buffer_shapes = {"o": (T + 1, d["o"]), "ag": (T + 1, d["g"]), "g": (T, d["g"]),
+                             "u": (T, d["u"]), "info_is_success": (T, 1)}
+            self.buffer = ReplayBuffer(buffer_shapes, p["buffer_size"], T, sample_transitions,
+                                       self.rng)
+            self.sample_transitions = sample_transitions
+
+    # -------------------------------------------------- acting
+
+    def _preprocess_og(self, o, g):
+        """Normalised actor input [norm(clip(o)), norm(clip(g))]: (N, dim_o + dim_g) float32."""
+        c = self.params["clip_obs"]
+        o_n = self.o_stats.normalize(np.clip(o, -c, c))
+        g_n = self.g_stats.normalize(np.clip(g, -c, c))
+        return np.concatenate([o_n, g_n], axis=1).astype(np.float32, copy=False)
+
+    def get_actions(self, o, ag, g, noise_eps=0., random_eps=0., use_target_net=False,
+                    compute_Q=False):
+        """Actions for a batch of (o, g): (N, dim_u), and Q(o, g, pi(o, g)) (N,) if compute_Q.
+
+        ag is accepted for the baselines signature (it matters only with relative goals, off)."""
+        o = o.reshape(-1, self.dims["o"])  # (N, dim_o)
+        g = g.reshape(-1, self.dims["g"])  # (N, dim_g)
+        net = self.target if use_target_net else self.main
+        x_pi = self._preprocess_og(o, g)
+        pi, _ = net.pi_forward(x_pi)  # (N, dim_u)
+        Q = net.Q_forward(x_pi, pi)[0] if compute_Q else None
+        u = pi.copy()
+        # Gaussian exploration: u = clip(pi + noise_eps * max_u * N(0, 1), -max_u, max_u)
+        u += noise_eps * self.max_u * self.rng.standard_normal(u.shape).astype(np.float32)
+        np.clip(u, -self.max_u, self.max_u, out=u)
+        # With probability random_eps per env, replace the action by a uniform random one.
+        random_u = self.rng.uniform(-self.max_u, self.max_u, size=u.shape).astype(np.float32)
+        take_random = self.rng.binomial(1, random_eps, size=(len(u), 1)).astype(np.float32)
+        u += take_random * (random_u - u)
+        return u, Q
+
+    # -------------------------------------------------- learning
+
+    def store_episode(self, episode_batch, update_stats=True):
+        """Store episodes in this rank's buffer and update the normalisers (collective).
+
+        Easy to miss (as baselines): the normaliser is fed HER-*relabelled* transitions of the
+        new episodes, so g statistics describe the goals the networks will actually be shown."""
+        self.buffer.store_episode(episode_batch)
+        if update_stats:
+            ep = dict(episode_batch)
+            ep["o_2"] = ep["o"][:, 1:, :]  # (n_episodes, T, dim_o)
+            ep["ag_2"] = ep["ag"][:, 1:, :]  # (n_episodes, T, dim_g)
+            num_normalizing_transitions = ep["u"].shape[0] * ep["u"].shape[1]
+            tr = self.sample_transitions(ep, num_normalizing_transitions, self.rng)
+            c = self.params["clip_obs"]
+            self.o_stats.update(np.clip(tr["o"], -c, c))
+            self.g_stats.update(np.clip(tr["g"], -c, c))
+            self.o_stats.recompute_stats()
+            self.g_stats.recompute_stats()
+
+    def train(self):
+        """One minibatch update of critic and actor. Returns (critic_loss, actor_loss)."""
+        batch = self.buffer.sample(self.params["batch_size"])  # {key: (batch, dim)}
+        x_pi = self._preprocess_og(batch["o"], batch["g"])  # (batch, dim_o + dim_g)
+        x_pi_2 = self._preprocess_og(batch["o_2"], batch["g"])
+        # y = clip(r + gamma * Q_targ(o_2, g, pi_targ(o_2, g)), -clip_return, 0)
+        q_targ, _ = self.target.Q_forward(x_pi_2, self.target.pi_forward(x_pi_2)[0])
+        y = np.clip(batch["r"] + self.gamma * q_targ, -self.clip_return, 0.)  # (batch,)
+
+        # Both gradients are taken at the same (pre-update) parameters, as in baselines.
+        critic_loss = critic_loss_and_grad(self.main, x_pi, batch["u"], y)
+        actor_loss = actor_loss_and_grad(self.main, x_pi, self.params["action_l2"])
+        self.Q_adam.update(self.main.Q.grad, self.params["Q_lr"])
+        self.pi_adam.update(self.main.pi.grad, self.params["pi_lr"])
+
+        self.n_updates += 1
+        interval = self.params.get("sync_check_interval", 100)
+        if interval and self.n_updates % interval == 0:
+            self.check_synced()
+        return critic_loss, actor_loss
+
+    def update_target_net(self):
+        # theta_targ <- polyak * theta_targ + (1 - polyak) * theta
+        polyak = self.params["polyak"]
+        for targ, main in ((self.target.pi, self.main.pi), (self.target.Q, self.main.Q)):
+            targ.theta *= polyak
+            targ.theta += (1 - polyak) * main.theta
+
+    def check_synced(self):
+        """Raise on every rank unless all ranks hold identical actor and critic parameters."""
+        self.Q_adam.check_synced()
+        self.pi_adam.check_synced()
+
+    def logs(self, prefix=""):
+        return {f"{prefix}stats_o/mean": float(np.mean(self.o_stats.mean)),
+                f"{prefix}stats_o/std": float(np.mean(self.o_stats.std)),
+                f"{prefix}stats_g/mean": float(np.mean(self.g_stats.mean)),
+                f"{prefix}stats_g/std": float(np.mean(self.g_stats.std))}
+
+    # -------------------------------------------------- saving (npz, no pickle)
+
+    def save(self, path):
+        """Write weights, targets, normaliser sums and the rebuild config to `path` (.npz).
+
+        Written to a temporary file and renamed, so a crash never leaves half a policy."""
+        arrays = {"config_json": np.array(json.dumps(self.params))}
+        for name, ac in (("main", self.main), ("target", self.target)):
+            arrays[f"{name}/pi"] = ac.pi.theta
+            arrays[f"{name}/Q"] = ac.Q.theta
+        for name, norm in (("o_stats", self.o_stats), ("g_stats", self.g_stats)):
+            for key, value in norm.state().items():
+                arrays[f"{name}/{key}"] = value
+        tmp = f"{path}.tmp{os.getpid()}"
+        with open(tmp, "wb") as f:
+            np.savez(f, **arrays)
+        os.replace(tmp, path)
+
+    @classmethod
+    def load(cls, path, comm=None, rng=None):
+        """Rebuild a policy (no replay buffer) from save(); never unpickles anything."""
+        with np.load(path, allow_pickle=False) as data:
+            params = json.loads(str(data["config_json"]))
+            policy = cls(params, sample_transitions=None, rng=rng, comm=comm)
+            for name, ac in (("main", policy.main), ("target", policy.target)):
+                ac.pi.theta[...] = data[f"{name}/pi"]
+                ac.Q.theta[...] = data[f"{name}/Q"]
+            for name, norm in (("o_stats", policy.o_stats), ("g_stats", policy.g_stats)):
+                norm.load_state(data[f"{name}/sum"], data[f"{name}/sumsq"], data[f"{name}/count"])
+        return policy

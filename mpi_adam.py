@@ -1,0 +1,125 @@
+"""The only place gradients cross processes: Allreduce one flat gradient, then take an Adam step.
+
+Mirrors openai/baselines `common/mpi_adam.py` (MpiAdam) and `common/mpi_moments.py`
+(mpi_average). Implements the optimiser of Plappert et al. (2018), Sec. 2.2 / Appendix A:
+every MPI rank computes a gradient on its own minibatch, the gradients are summed over ranks,
+and every rank applies the *same* Adam step, so the networks on all ranks stay bitwise equal.
+Adam itself is Kingma & Ba (2015), Algorithm 1, in the reordered form given at the end of
+their Sec. 2 (the step size absorbs both bias corrections), which is the form baselines uses.
+
+No module here imports mpi4py at import time: a process that imports mpi4py joins the MPI job,
+and the env worker processes of `vecenv.SubprocVecEnv` (which re-import the main script under
+the `spawn` start method) must never do that (see DESIGN.md, "Known traps").
+
+Test: `python -m pytest -q test_all.py -k adam` (runs `mpirun -np 2` and `-np 3` itself).
+"""
+import numpy as np
+
+
+def world_comm():
+    """MPI.COMM_WORLD, imported on first use; with no mpirun it is a world of one rank."""
+    from mpi4py import MPI
+    return MPI.COMM_WORLD
+
+
+def mpi_average(value, comm=None):
+    """Mean of a scalar (or of the elements of an array) over all ranks, for logging."""
+    comm = comm if comm is not None else world_comm()
+    value = np.asarray(value, dtype=np.float64).ravel()
+    local = np.array([value.sum(), value.size], dtype=np.float64)  # (2,) = sum, count
+    total = np.zeros_like(local)
+    comm.Allreduce(local, total)  # the default op is SUM
+    return float(total[0] / max(total[1], 1.0))
+
+
+class MpiAdam:
+    """Adam over a list of float32 parameter arrays, updated in place, with gradients summed
+    over all ranks.
+
+    `params` are the arrays the optimiser owns a view of; in this project each network passes
+    the single flat array its weights are views into (ddpg.MLP.theta), so there is no
+    gather/scatter copy, but any list of arrays works.
+    """
+
+    def __init__(self, params, beta1=0.9, beta2=0.999, epsilon=1e-08,
+                 scale_grad_by_procs=True, comm=None):
+        for p in params:
+            if p.dtype != np.float32 or not p.flags.c_contiguous:
+                raise TypeError("MpiAdam params must be C-contiguous float32 arrays; "
+                                "pass np.ascontiguousarray(p, dtype=np.float32)")
+        self.params = list(params)
+        self.beta1, self.beta2, self.epsilon = beta1, beta2, epsilon
+        self.scale_grad_by_procs = scale_grad_by_procs
+        self.comm = comm if comm is not None else world_comm()
+        self.size = sum(p.size for p in self.params)  # number of scalars optimised
+        self.m = np.zeros(self.size, np.float32)  # (size,) first-moment estimate
+        self.v = np.zeros(self.size, np.float32)  # (size,) second-moment estimate
+        self.t = 0  # number of steps taken
+        self._globalg = np.zeros(self.size, np.float32)  # (size,) reused Allreduce target
+
+    def getflat(self):
+        """All parameters as one new flat array (a copy)."""
+        return np.concatenate([p.ravel() for p in self.params])
+
+    def setfromflat(self, flat):
+        """Write a flat array back into the parameter arrays, in place."""
+        offset = 0
+        for p in self.params:
+            p.ravel()[:] = flat[offset:offset + p.size]  # ravel of a contiguous array is a view
+            offset += p.size
+
+    def update(self, localg, stepsize):
+        """One Adam step on the gradient summed (or averaged) over all ranks.
+
+        localg: (size,) float32, this rank's gradient of its own minibatch loss.
+        """
+        localg = np.ascontiguousarray(localg, dtype=np.float32)
+        if localg.shape != (self.size,):
+            raise ValueError(f"MpiAdam.update got a gradient of shape {localg.shape}, "
+                             f"expected ({self.size},): pass one flat gradient of all params")
+        # THE gradient aggregation of the whole program: g = sum over ranks of g_rank.
+        self.comm.Allreduce(localg, self._globalg)
+        g = self._globalg
+        if self.scale_grad_by_procs:
+            # g = (1 / n_ranks) * sum_rank g_rank. HER passes False and sums; under Adam a
+            # constant factor on g only changes how much epsilon matters.
+            g /= self.comm.Get_size()
+        self.t += 1
+        # a_t = stepsize * sqrt(1 - beta2^t) / (1 - beta1^t)   (both bias corrections folded in)
+        a_t = stepsize * np.sqrt(1 - self.beta2 ** self.t) / (1 - self.beta1 ** self.t)
+        # m_t = beta1 * m_{t-1} + (1 - beta1) * g
+        self.m *= self.beta1
+        self.m += (1 - self.beta1) * g
+        # v_t = beta2 * v_{t-1} + (1 - beta2) * g^2
+        self.v *= self.beta2
+        self.v += (1 - self.beta2) * (g * g)
+        # theta_t = theta_{t-1} - a_t * m_t / (sqrt(v_t) + epsilon)
+        step = (-a_t) * self.m / (np.sqrt(self.v) + self.epsilon)
+        offset = 0
+        for p in self.params:
+            p.ravel()[:] += step[offset:offset + p.size].astype(np.float32, copy=False)
+            offset += p.size
+
+    def sync(self):
+        """Overwrite every rank's parameters with rank 0's (called once, after construction)."""
+        theta = self.getflat()
+        self.comm.Bcast(theta, root=0)
+        self.setfromflat(theta)
+
+    def check_synced(self):
+        """Raise on every rank unless all ranks hold bitwise identical parameters.
+
+        Every rank learns the verdict (an Allreduce of the mismatch flag), so all of them raise
+        together instead of one raising while the others wait in the next collective call.
+        """
+        theta_local = self.getflat()
+        theta_root = theta_local.copy()
+        self.comm.Bcast(theta_root, root=0)
+        # Compare bytes, not values: NaN != NaN, and "in sync" means bitwise identical.
+        mismatch = np.array([0 if theta_local.tobytes() == theta_root.tobytes() else 1],
+                            dtype=np.int64)
+        n_mismatched = np.zeros_like(mismatch)
+        self.comm.Allreduce(mismatch, n_mismatched)
+        if n_mismatched[0]:
+            raise RuntimeError(f"MpiAdam.check_synced: {n_mismatched[0]} rank(s) hold parameters "
+                               f"different from rank 0 after {self.t} updates; ranks diverged")

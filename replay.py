@@ -1,0 +1,81 @@
+"""Per-rank storage of whole episodes, from which HER samples transitions.
+
+Mirrors openai/baselines `her/replay_buffer.py` (ReplayBuffer). Implements the replay memory of
+Andrychowicz et al. (2017), Algorithm 1: episodes are stored whole, because goal relabelling
+(her.py) needs the achieved goals of *later* steps of the same episode.
+
+Every MPI rank owns its own buffer, filled only by its own rollouts; buffers are never shared or
+merged between ranks (Plappert et al. 2018, Sec. 2.2). Ranks differ only in what they sample.
+
+Storage layout, one float32 array per key, shape (size_in_episodes, steps, dim):
+    o, ag            T+1 steps (the observation after the last action is kept)
+    g, u, info_*     T steps
+Eviction once full (as baselines): each new episode overwrites a uniformly random stored
+episode. Before that, episodes fill slots 0, 1, 2, ... in order.
+
+Test: `python -m pytest -q test_all.py -k "her or replay"`.
+"""
+import numpy as np
+
+
+class ReplayBuffer:
+    def __init__(self, buffer_shapes, size_in_transitions, T, sample_transitions, rng):
+        """buffer_shapes: {key: (steps, dim)} per episode, e.g. {'o': (T+1, dim_o), 'u': (T, dim_u)}.
+        size_in_transitions: capacity in transitions; stored as size_in_transitions // T episodes.
+        sample_transitions: fn(episode_batch, batch_size, rng) -> transitions (her.py).
+        rng: np.random.Generator of this rank (eviction and sampling).
+        """
+        self.size = size_in_transitions // T  # capacity in episodes
+        if self.size < 1:
+            raise ValueError(f"replay buffer of {size_in_transitions} transitions holds no "
+                             f"episode of T={T} steps; use a buffer_size of at least T")
+        self.T = T
+        self.sample_transitions = sample_transitions
+        self.rng = rng
+        # {key: (size, steps, dim)} float32, allocated once at full size
+        self.buffers = {key: np.empty((self.size, *shape), dtype=np.float32)
+                        for key, shape in buffer_shapes.items()}
+        self.current_size = 0  # episodes stored so far, capped at self.size
+        self.n_transitions_stored = 0  # transitions ever stored (not capped)
+
+    def get_current_size(self):
+        """Number of transitions currently held."""
+        return self.current_size * self.T
+
+    def sample(self, batch_size):
+        """Sample batch_size HER transitions: {key: (batch_size, dim)}, including o_2 and ag_2."""
+        if self.current_size == 0:
+            raise RuntimeError("ReplayBuffer.sample called before any episode was stored")
+        # Views, not copies: only the stored episodes, and the next-step arrays shifted by one.
+        buffers = {key: buf[:self.current_size] for key, buf in self.buffers.items()}
+        # o_2[:, t] = o[:, t+1], ag_2[:, t] = ag[:, t+1]             # (n_episodes, T, dim)
+        buffers["o_2"] = buffers["o"][:, 1:, :]
+        buffers["ag_2"] = buffers["ag"][:, 1:, :]
+        return self.sample_transitions(buffers, batch_size, self.rng)
+
+    def store_episode(self, episode_batch):
+        """episode_batch: {key: (n_episodes, steps, dim)} as built by her.RolloutWorker."""
+        batch_sizes = {key: len(episode_batch[key]) for key in self.buffers}
+        if len(set(batch_sizes.values())) != 1:
+            raise ValueError(f"episode batch keys disagree on the number of episodes: {batch_sizes}")
+        n_episodes = batch_sizes["u"]
+        idxs = self._get_storage_idx(n_episodes)
+        for key, buf in self.buffers.items():
+            buf[idxs] = episode_batch[key]
+        self.n_transitions_stored += n_episodes * self.T
+
+    def _get_storage_idx(self, inc):
+        """Slots for inc new episodes: free slots first, then uniformly random stored ones."""
+        if inc > self.size:
+            raise ValueError(f"cannot store {inc} episodes in a buffer of {self.size} episodes")
+        n_free = self.size - self.current_size
+        if inc <= n_free:
+            idx = np.arange(self.current_size, self.current_size + inc)
+        else:
+            # Fill what is free, evict uniformly at random for the rest (baselines' rule).
+            # Distinct slots, so two episodes of one batch never overwrite each other.
+            free = np.arange(self.current_size, self.size)
+            taken = self.rng.choice(self.current_size, size=inc - n_free, replace=False)
+            idx = np.concatenate([free, taken])
+        self.current_size = min(self.size, self.current_size + inc)
+        return idx

@@ -1,0 +1,625 @@
+"""Every test of the project, each against an independent reference.
+
+Mirrors the tests scattered over openai/baselines (her/experiment tests, common/vec_env
+test_vec_env.py, common/mpi_adam.py's test_MpiAdam), gathered in one file:
+  * backprop: every backward pass vs centred finite differences in float64;
+  * Adam vs the textbook formula (Kingma & Ba 2015, Algorithm 1) written out here;
+  * MpiAdam and the normaliser under real `mpirun -np 2` / `-np 3` (this file re-runs itself
+    under mpirun: `mpirun -np 2 python test_all.py mpi_adam` runs one MPI case by hand);
+  * SubprocVecEnv vs the same envs stepped sequentially;
+  * the HER sampler (Andrychowicz et al. 2017, Sec. 4.5) and the rollout worker;
+  * save/load, every goal-task family, and end-to-end learning on FetchReach-v4.
+
+Run: `python -m pytest -q` (about 3 minutes on 2 cores).
+"""
+import os
+
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
+
+import contextlib  # noqa: E402
+import csv  # noqa: E402
+import functools  # noqa: E402
+import multiprocessing as mp  # noqa: E402
+import shutil  # noqa: E402
+import signal  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import traceback  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+import ddpg  # noqa: E402
+from ddpg import DDPG, MLP, ActorCritic, Normalizer  # noqa: E402
+from her import RolloutWorker, make_sample_her_transitions  # noqa: E402
+from mpi_adam import MpiAdam  # noqa: E402
+from replay import ReplayBuffer  # noqa: E402
+from vecenv import DummyVecEnv, SubprocVecEnv  # noqa: E402
+import train  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+# ---------------------------------------------------------------- helpers
+
+def numerical_grad(f, x, h=1e-4):
+    """Centred differences df/dx, perturbing x in place one entry at a time (float64).
+
+    h = 1e-4: truncation error O(h^2) ~ 1e-8 relative, while a smaller h lets float64
+    rounding (~1e-16 / h) swamp gradient entries of size 1e-7."""
+    grad = np.zeros_like(x)
+    flat, gflat = x.reshape(-1), grad.reshape(-1)
+    for i in range(flat.size):
+        old = flat[i]
+        flat[i] = old + h
+        f_plus = f()
+        flat[i] = old - h
+        f_minus = f()
+        flat[i] = old
+        gflat[i] = (f_plus - f_minus) / (2 * h)
+    return grad
+
+
+def assert_grad_close(analytic, numeric, tol=1e-5):
+    """Largest elementwise relative error |a - n| / max(|a| + |n|, 1e-8) below tol."""
+    err = np.abs(analytic - numeric) / np.maximum(np.abs(analytic) + np.abs(numeric), 1e-8)
+    assert err.max() < tol, f"max relative error {err.max():.2e}"
+    assert np.abs(analytic).max() > 0, "gradient is identically zero: the check proves nothing"
+
+
+def textbook_adam(theta, grads, lr, beta1=0.9, beta2=0.999, epsilon=1e-8):
+    """Kingma & Ba (2015) Algorithm 1 in float64, written independently of mpi_adam.py.
+
+    MpiAdam (like baselines) uses the paper's reordered update with epsilon added to sqrt(v_t)
+    instead of sqrt(v_hat_t); that equals Algorithm 1 with eps_t = epsilon / sqrt(1 - beta2^t).
+    """
+    theta = np.array(theta, dtype=np.float64)
+    m = np.zeros_like(theta)
+    v = np.zeros_like(theta)
+    for t, g in enumerate(grads, start=1):
+        m = beta1 * m + (1 - beta1) * g
+        v = beta2 * v + (1 - beta2) * g ** 2
+        m_hat = m / (1 - beta1 ** t)
+        v_hat = v / (1 - beta2 ** t)
+        eps_t = epsilon / np.sqrt(1 - beta2 ** t)
+        theta = theta - lr * m_hat / (np.sqrt(v_hat) + eps_t)
+    return theta
+
+
+def mpirun_exe():
+    """mpirun installed next to this Python (the `mpich` wheel), else the one on PATH."""
+    local = os.path.join(os.path.dirname(sys.executable), "mpirun")
+    return local if os.path.exists(local) else shutil.which("mpirun")
+
+
+def run_cmd(cmd, timeout):
+    """Run a command with a hang guard; return (returncode, combined output)."""
+    proc = subprocess.run(cmd, cwd=HERE, capture_output=True, text=True, timeout=timeout)
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+def run_mpi_case(n_ranks, case, timeout=180):
+    assert mpirun_exe(), "mpirun not found: pip install -r requirements.txt"
+    rc, out = run_cmd([mpirun_exe(), "-np", str(n_ranks), sys.executable, __file__, case],
+                      timeout)
+    assert rc == 0 and f"MPI_CASE_OK {case}" in out, out[-4000:]
+    return out
+
+
+@contextlib.contextmanager
+def hang_guard(seconds):
+    """Fail (instead of hanging the suite) if the block does not finish in `seconds`."""
+    def on_alarm(signum, frame):
+        raise TimeoutError(f"block did not finish within {seconds}s")
+    old = signal.signal(signal.SIGALRM, on_alarm)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def fetch_reach_policy(rng, buffer_size=10_000, hidden=64):
+    dims, T, max_u, reward_fun = train.env_dims("FetchReach-v4")
+    cfg = train.Config(hidden=hidden, buffer_size=buffer_size, batch_size=32)
+    params = train.ddpg_params(cfg, dims, T, max_u)
+    sampler = make_sample_her_transitions("future", 4, reward_fun)
+    return DDPG(params, sampler, rng), dims, T
+
+
+# ---------------------------------------------------------------- 1. backprop vs finite differences
+
+def test_grad_linear_layer():
+    rng = np.random.default_rng(0)
+    x, W, b = rng.normal(size=(5, 4)), rng.normal(size=(4, 3)), rng.normal(size=3)
+    R = rng.normal(size=(5, 3))  # L = sum(y * R), so dL/dy = R
+
+    def loss():
+        return np.sum(ddpg.linear_forward(x, W, b)[0] * R)
+    y, cache = ddpg.linear_forward(x, W, b)
+    dW, db = np.zeros_like(W), np.zeros_like(b)
+    dx = ddpg.linear_backward(R, cache, dW, db)
+    assert_grad_close(dx, numerical_grad(loss, x))
+    assert_grad_close(dW, numerical_grad(loss, W))
+    assert_grad_close(db, numerical_grad(loss, b))
+
+
+def test_grad_relu_and_tanh():
+    rng = np.random.default_rng(1)
+    for forward, backward in ((ddpg.relu_forward, ddpg.relu_backward),
+                              (ddpg.tanh_forward, ddpg.tanh_backward)):
+        x = rng.normal(size=(6, 5))
+        R = rng.normal(size=(6, 5))
+        _, cache = forward(x)
+        dx = backward(R, cache)
+        assert_grad_close(dx, numerical_grad(lambda: np.sum(forward(x)[0] * R), x))
+
+
+def test_grad_mlp_params_and_input():
+    rng = np.random.default_rng(2)
+    net = MLP([7, 16, 16, 16, 3], rng, dtype=np.float64)
+    x = rng.normal(size=(9, 7))
+    R = rng.normal(size=(9, 3))
+    out, caches = net.forward(x)
+    dx = net.backward(R, caches)
+
+    def loss():
+        return np.sum(net.forward(x)[0] * R)
+    assert_grad_close(net.grad.copy(), numerical_grad(loss, net.theta))
+    assert_grad_close(dx, numerical_grad(loss, x))
+
+
+def small_actor_critic(rng, max_u=2.0):
+    dims = {"o": 5, "g": 3, "u": 2}
+    ac = ActorCritic(dims, hidden=16, layers=3, max_u=max_u, rng=rng, dtype=np.float64)
+    x_pi = rng.normal(size=(12, 8))
+    return ac, dims, x_pi
+
+
+def test_grad_critic_loss_wrt_critic_params():
+    rng = np.random.default_rng(3)
+    ac, dims, x_pi = small_actor_critic(rng)
+    u = rng.uniform(-2, 2, size=(12, 2))
+    y = rng.uniform(-5, 0, size=12)
+    ddpg.critic_loss_and_grad(ac, x_pi, u, y)
+    analytic = ac.Q.grad.copy()
+
+    def loss():
+        q, _ = ac.Q_forward(x_pi, u)
+        return np.mean((y - q) ** 2)
+    assert_grad_close(analytic, numerical_grad(loss, ac.Q.theta))
+
+
+def test_grad_actor_loss_wrt_actor_params_through_critic():
+    rng = np.random.default_rng(4)
+    ac, dims, x_pi = small_actor_critic(rng)
+    ac.Q.grad[...] = 123.  # must stay untouched: the actor loss never updates the critic
+    action_l2 = 0.7
+    ddpg.actor_loss_and_grad(ac, x_pi, action_l2)
+    analytic = ac.pi.grad.copy()
+
+    def loss():
+        pi, _ = ac.pi_forward(x_pi)
+        q, _ = ac.Q_forward(x_pi, pi)
+        return -np.mean(q) + action_l2 * np.mean((pi / ac.max_u) ** 2)
+    assert_grad_close(analytic, numerical_grad(loss, ac.pi.theta))
+    assert np.all(ac.Q.grad == 123.)
+
+
+# ---------------------------------------------------------------- 2-3. Adam and MpiAdam
+
+def test_adam_matches_textbook_formula():
+    rng = np.random.default_rng(5)
+    shapes = [(3, 4), (5,)]
+    init = [rng.normal(size=s).astype(np.float32) for s in shapes]
+    grads = rng.normal(size=(6, 17)).astype(np.float32)
+    for epsilon in (1e-8, 1e-2):  # a large epsilon makes its placement matter
+        params = [p.copy() for p in init]
+        adam = MpiAdam(params, epsilon=epsilon)
+        for g in grads:
+            adam.update(g, stepsize=0.01)
+        theta0 = np.concatenate([p.ravel() for p in init])
+        ref = textbook_adam(theta0, grads.astype(np.float64), 0.01, epsilon=epsilon)
+        np.testing.assert_allclose(adam.getflat(), ref, rtol=1e-5, atol=1e-6)
+        # the arrays handed in are the ones updated, in place
+        np.testing.assert_array_equal(params[0].ravel(), adam.getflat()[:12])
+
+
+def test_mpi_adam_two_ranks():
+    run_mpi_case(2, "mpi_adam")
+
+
+def test_mpi_adam_three_ranks():
+    run_mpi_case(3, "mpi_adam")
+
+
+def mpi_case_mpi_adam(comm):
+    """Ranks with different local gradients end identical, equal to Adam on the sum (mean)."""
+    rank, n = comm.Get_rank(), comm.Get_size()
+    rng = np.random.default_rng(0)  # same stream on every rank: every rank knows all gradients
+    init = [rng.normal(size=(4, 3)).astype(np.float32), rng.normal(size=7).astype(np.float32)]
+    local_grads = rng.normal(size=(5, n, 19)).astype(np.float32)  # (steps, rank, size)
+    for scale_grad_by_procs in (False, True):
+        params = [p + rank for p in init]  # diverged on purpose; sync() must repair it
+        adam = MpiAdam(params, scale_grad_by_procs=scale_grad_by_procs, comm=comm)
+        adam.sync()
+        np.testing.assert_array_equal(adam.getflat(), np.concatenate([p.ravel() for p in init]))
+        for t in range(len(local_grads)):
+            adam.update(local_grads[t, rank], stepsize=0.01)
+        combined = local_grads.sum(axis=1) if not scale_grad_by_procs else local_grads.mean(axis=1)
+        ref = textbook_adam(np.concatenate([p.ravel() for p in init]), combined.astype(np.float64),
+                            0.01)
+        np.testing.assert_allclose(adam.getflat(), ref, rtol=1e-5, atol=1e-6)
+        all_thetas = comm.allgather(adam.getflat().tobytes())
+        assert all(t == all_thetas[0] for t in all_thetas), "ranks differ after updates"
+        adam.check_synced()  # must pass
+    # A deliberate divergence on the last rank must make check_synced raise on EVERY rank.
+    if rank == n - 1:
+        params[1][0] += 1e-3
+    try:
+        adam.check_synced()
+        raised = False
+    except RuntimeError as e:
+        raised = "diverged" in str(e)
+    assert all(comm.allgather(raised)), "check_synced did not fail on every rank"
+
+
+# ---------------------------------------------------------------- 4. normaliser
+
+def normalizer_data(rank):
+    rng = np.random.default_rng(100 + rank)
+    return rng.normal(loc=[0., 3., -1., 50.], scale=[1., 0.1, 0.001, 20.], size=(40 + 7 * rank, 4))
+
+
+def test_normalizer_one_process_matches_numpy():
+    data = normalizer_data(0)
+    norm = Normalizer(4, eps=0.01, default_clip_range=5)
+    norm.update(data[:10])
+    norm.recompute_stats()
+    norm.update(data[10:])
+    norm.recompute_stats()
+    check_normalizer_against_numpy(norm, data)
+
+
+def check_normalizer_against_numpy(norm, data):
+    mean = data.mean(axis=0)
+    std = np.maximum(data.std(axis=0), 0.01)  # eps floor: the third feature's std is 0.001
+    np.testing.assert_allclose(norm.mean, mean, rtol=1e-6)
+    np.testing.assert_allclose(norm.std, std, rtol=1e-5)
+    v = data[:5].astype(np.float32)
+    np.testing.assert_allclose(norm.normalize(v), np.clip((v - mean) / std, -5, 5),
+                               rtol=1e-4, atol=1e-5)
+
+
+def test_normalizer_under_mpirun():
+    run_mpi_case(3, "normalizer")
+
+
+def mpi_case_normalizer(comm):
+    rank, n = comm.Get_rank(), comm.Get_size()
+    data = normalizer_data(rank)
+    norm = Normalizer(4, eps=0.01, default_clip_range=5, comm=comm)
+    half = len(data) // 2
+    norm.update(data[:half])
+    norm.recompute_stats()
+    norm.update(data[half:])
+    norm.recompute_stats()
+    all_data = np.concatenate([normalizer_data(r) for r in range(n)])
+    check_normalizer_against_numpy(norm, all_data)
+
+
+# ---------------------------------------------------------------- 5. vec env
+
+class RaisingEnv:
+    """A tiny goal env that raises at step `fail_at` (picklable, for the worker processes)."""
+
+    def __init__(self, fail_at):
+        import gymnasium as gym
+        self.fail_at, self.t = fail_at, 0
+        box = gym.spaces.Box(-1, 1, (2,), np.float32)
+        self.observation_space = gym.spaces.Dict(
+            observation=box, achieved_goal=box, desired_goal=box)
+        self.action_space = box
+
+    def _obs(self):
+        z = np.full(2, self.t, np.float32)
+        return dict(observation=z, achieved_goal=z, desired_goal=z)
+
+    def reset(self, seed=None):
+        self.t = 0
+        return self._obs(), {}
+
+    def step(self, u):
+        self.t += 1
+        if self.t == self.fail_at:
+            raise ValueError(f"injected failure at step {self.t}")
+        return self._obs(), -1.0, False, False, {"is_success": 0.0}
+
+    def close(self):
+        pass
+
+
+def test_subproc_vecenv_matches_sequential_envs():
+    env_fns = [functools.partial(train.make_env, "FetchPush-v4") for _ in range(3)]
+    rng = np.random.default_rng(6)
+    actions = rng.uniform(-1, 1, size=(20, 3, 4)).astype(np.float32)
+    seq = DummyVecEnv(env_fns)
+    with hang_guard(120):
+        sub = SubprocVecEnv(env_fns)
+        try:
+            for venv_obs in zip(*[_trajectory(v, actions) for v in (seq, sub)]):
+                a, b = venv_obs
+                for key in a[0]:
+                    np.testing.assert_array_equal(a[0][key], b[0][key])
+                np.testing.assert_array_equal(a[1], b[1])  # rewards
+                np.testing.assert_array_equal(a[2], b[2])  # dones
+                assert a[3] == b[3]  # infos
+        finally:
+            pids = [p.pid for p in sub.ps]
+            sub.close()
+            seq.close()
+    assert not any(p.is_alive() for p in sub.ps)
+    assert not set(pids) & {c.pid for c in mp.active_children()}
+    for pid in pids:  # reaped: not even a zombie is left
+        try:
+            os.waitpid(pid, os.WNOHANG)
+            raise AssertionError(f"worker {pid} still exists")
+        except ChildProcessError:
+            pass
+
+
+def _trajectory(venv, actions):
+    steps = [(venv.reset(seed=123), None, None, None)]
+    for u in actions:
+        steps.append(venv.step(u))
+    return steps
+
+
+def test_subproc_vecenv_worker_exception_raises_clearly():
+    env_fns = [functools.partial(RaisingEnv, 1000), functools.partial(RaisingEnv, 3)]
+    with hang_guard(60):
+        venv = SubprocVecEnv(env_fns)
+        venv.reset()
+        u = np.zeros((2, 2), np.float32)
+        venv.step(u)
+        venv.step(u)
+        try:
+            venv.step(u)
+            raise AssertionError("the failing env did not raise")
+        except RuntimeError as e:
+            assert "env worker 1" in str(e) and "injected failure at step 3" in str(e)
+    assert not any(p.is_alive() for p in venv.ps)
+
+
+# ---------------------------------------------------------------- 6. HER sampler and buffer
+
+def synthetic_episodes(n_eps, T, rng):
+    """Episodes whose o and ag encode (episode, step), so every sample can be traced back."""
+    e = np.arange(n_eps)[:, None].repeat(T + 1, axis=1)  # (n_eps, T+1)
+    t = np.arange(T + 1)[None, :].repeat(n_eps, axis=0)  # (n_eps, T+1)
+    o = np.stack([e, t], axis=-1).astype(np.float32)  # (n_eps, T+1, 2)
+    ag = np.stack([e, t, rng.normal(size=e.shape)], axis=-1).astype(np.float32)  # (n_eps, T+1, 3)
+    g = np.stack([-1. - e[:, :T], -1. - t[:, :T], rng.normal(size=(n_eps, T))],
+                 axis=-1).astype(np.float32)  # (n_eps, T, 3): never equal to any ag
+    u = rng.uniform(-1, 1, size=(n_eps, T, 4)).astype(np.float32)
+    return dict(o=o, ag=ag, g=g, u=u, info_is_success=np.zeros((n_eps, T, 1), np.float32))
+
+
+def fetch_reward_fun():
+    return train.env_dims("FetchReach-v4")[3]
+
+
+def sample_from(strategy, replay_k, n_eps=40, T=10, batch=100_000, seed=7):
+    rng = np.random.default_rng(seed)
+    episodes = synthetic_episodes(n_eps, T, rng)
+    sampler = make_sample_her_transitions(strategy, replay_k, fetch_reward_fun())
+    shapes = {k: v.shape[1:] for k, v in episodes.items()}
+    buf = ReplayBuffer(shapes, n_eps * T, T, sampler, rng)
+    buf.store_episode(episodes)
+    return buf.sample(batch), sampler, episodes
+
+
+def test_her_future_relabels_only_to_later_achieved_goals():
+    tr, sampler, episodes = sample_from("future", 4)
+    e, t = tr["o"][:, 0].astype(int), tr["o"][:, 1].astype(int)
+    relabelled = tr["g"][:, 0] >= 0  # original goals were encoded negative
+    # fraction: binomial(n, future_p); 5 standard deviations
+    n, p = len(e), sampler.future_p
+    assert p == 0.8
+    assert abs(relabelled.mean() - p) < 5 * np.sqrt(p * (1 - p) / n)
+    # every relabelled goal is ag[e, t'] of the same episode with t < t' <= T
+    ge, gt = tr["g"][relabelled, 0].astype(int), tr["g"][relabelled, 1].astype(int)
+    assert np.all(ge == e[relabelled])
+    assert np.all(gt > t[relabelled]) and np.all(gt <= 10)
+    np.testing.assert_array_equal(tr["g"][relabelled], episodes["ag"][ge, gt])
+    assert (gt == t[relabelled] + 1).any() and (gt == 10).any()  # both ends are reachable
+    # the others keep their own episode's original goal
+    np.testing.assert_array_equal(tr["g"][~relabelled], episodes["g"][e[~relabelled], t[~relabelled]])
+
+
+def test_her_rewards_recomputed_with_env_compute_reward():
+    tr, _, _ = sample_from("future", 4, batch=5000)
+    env = train.make_env("FetchReach-v4")
+    np.testing.assert_array_equal(tr["r"], env.unwrapped.compute_reward(tr["ag_2"], tr["g"], None))
+    hit = np.all(tr["g"] == tr["ag_2"], axis=1)  # relabelled to the very next achieved goal
+    assert hit.any() and np.all(tr["r"][hit] == 0.) and np.all(tr["r"][tr["g"][:, 0] < 0] == -1.)
+
+
+def test_her_none_never_relabels():
+    tr, sampler, episodes = sample_from("none", 4, batch=5000)
+    assert sampler.future_p == 0
+    e, t = tr["o"][:, 0].astype(int), tr["o"][:, 1].astype(int)
+    np.testing.assert_array_equal(tr["g"], episodes["g"][e, t])
+
+
+def test_replay_next_observation_is_the_following_step():
+    tr, _, episodes = sample_from("future", 4, batch=5000)
+    e, t = tr["o"][:, 0].astype(int), tr["o"][:, 1].astype(int)
+    np.testing.assert_array_equal(tr["o_2"], episodes["o"][e, t + 1])
+    np.testing.assert_array_equal(tr["ag_2"], episodes["ag"][e, t + 1])
+    np.testing.assert_array_equal(tr["u"], episodes["u"][e, t])
+
+
+def test_replay_evicts_random_slots_once_full():
+    rng = np.random.default_rng(8)
+    T = 5
+    ep = synthetic_episodes(2, T, rng)
+    shapes = {k: v.shape[1:] for k, v in ep.items()}
+    buf = ReplayBuffer(shapes, 3 * T, T, None, rng)  # room for 3 episodes
+    buf.store_episode(ep)
+    assert buf.get_current_size() == 2 * T
+    ep2 = synthetic_episodes(2, T, rng)
+    ep2["u"][...] = 9.
+    buf.store_episode(ep2)  # one goes to the free slot 2, one evicts a random slot in {0, 1}
+    assert buf.get_current_size() == 3 * T
+    assert buf.buffers["u"][2].max() == 9. and (buf.buffers["u"][:2] == 9.).all(axis=(1, 2)).sum() == 1
+
+
+# ---------------------------------------------------------------- 7. rollout worker
+
+def test_rollout_worker_episode_shapes_and_no_dropped_step():
+    rng = np.random.default_rng(9)
+    policy, dims, T = fetch_reach_policy(rng)
+    env_fns = [functools.partial(train.make_env, "FetchReach-v4") for _ in range(2)]
+    venv = DummyVecEnv(env_fns)
+    worker = RolloutWorker(venv, policy, dims, T, noise_eps=0.2, random_eps=0.3, seed=11)
+    ep = worker.generate_rollouts()
+    assert ep["o"].shape == (2, T + 1, dims["o"]) and ep["ag"].shape == (2, T + 1, dims["g"])
+    assert ep["g"].shape == (2, T, dims["g"]) and ep["u"].shape == (2, T, dims["u"])
+    assert ep["info_is_success"].shape == (2, T, 1)
+    assert all(v.dtype == np.float32 for v in ep.values())
+    assert np.abs(ep["u"]).max() <= 1.0
+    # Replaying the recorded actions in fresh envs with the same seed reproduces all T+1
+    # observations: the episode is aligned and no transition was dropped.
+    replay_venv = DummyVecEnv(env_fns)
+    obs = replay_venv.reset(seed=11)
+    np.testing.assert_allclose(ep["o"][:, 0], obs["observation"], rtol=1e-6)
+    for t in range(T):
+        np.testing.assert_allclose(ep["g"][:, t], obs["desired_goal"], rtol=1e-6)
+        obs, _, _, _ = replay_venv.step(ep["u"][:, t])
+        np.testing.assert_allclose(ep["o"][:, t + 1], obs["observation"], rtol=1e-6)
+        np.testing.assert_allclose(ep["ag"][:, t + 1], obs["achieved_goal"], rtol=1e-6)
+    venv.close()
+    replay_venv.close()
+
+
+# ---------------------------------------------------------------- 8. save / load
+
+def test_save_load_round_trip_gives_identical_actions(tmp_path):
+    rng = np.random.default_rng(10)
+    policy, dims, T = fetch_reach_policy(rng)
+    venv = DummyVecEnv([functools.partial(train.make_env, "FetchReach-v4")])
+    worker = RolloutWorker(venv, policy, dims, T, noise_eps=0.2, random_eps=0.3, seed=1)
+    policy.store_episode(worker.generate_rollouts())
+    for _ in range(5):
+        policy.train()
+    policy.update_target_net()
+    path = str(tmp_path / "policy.npz")
+    policy.save(path)
+    loaded = DDPG.load(path)
+    o = rng.normal(size=(8, dims["o"])).astype(np.float32)
+    g = rng.normal(size=(8, dims["g"])).astype(np.float32)
+    for use_target_net in (False, True):
+        a1, q1 = policy.get_actions(o, None, g, use_target_net=use_target_net, compute_Q=True)
+        a2, q2 = loaded.get_actions(o, None, g, use_target_net=use_target_net, compute_Q=True)
+        np.testing.assert_array_equal(a1, a2)
+        np.testing.assert_array_equal(q1, q2)
+    with np.load(path, allow_pickle=False) as data:  # nothing in it needs pickle
+        assert "main/pi" in data.files
+    venv.close()
+
+
+# ---------------------------------------------------------------- every goal-task family
+
+def test_every_goal_task_family_runs_one_cycle():
+    """Dims, T and the reward come from the env: one rollout, store and update on each family."""
+    for env_id in ("FetchPush-v4", "FetchSlide-v4", "FetchPickAndPlace-v4", "HandReach-v3",
+                   "HandManipulateBlockRotateZ-v1", "HandManipulateEgg-v1", "HandManipulatePen-v1"):
+        dims, T, max_u, reward_fun = train.env_dims(env_id)
+        cfg = train.Config(env=env_id, hidden=32, buffer_size=10 * T, batch_size=16)
+        rng = np.random.default_rng(0)
+        policy = DDPG(train.ddpg_params(cfg, dims, T, max_u),
+                      make_sample_her_transitions("future", 4, reward_fun), rng)
+        venv = DummyVecEnv([functools.partial(train.make_env, env_id)])
+        ep = RolloutWorker(venv, policy, dims, T, noise_eps=0.2, random_eps=0.3, seed=0) \
+            .generate_rollouts()
+        policy.store_episode(ep)
+        critic_loss, actor_loss = policy.train()
+        assert np.isfinite(critic_loss) and np.isfinite(actor_loss), env_id
+        assert ep["o"].shape == (1, T + 1, dims["o"]), env_id
+        venv.close()
+
+
+def test_config_defaults_env_overrides_and_cli():
+    _, args = train.parse_args([])
+    cfg = train.make_config(args)
+    assert (cfg.env, cfg.n_cycles, cfg.n_batches, cfg.batch_size) == ("FetchReach-v4", 10, 40, 256)
+    _, args = train.parse_args(["--env", "FetchPush-v4", "--num_env", "2", "--n_batches", "7"])
+    cfg = train.make_config(args)
+    assert (cfg.n_cycles, cfg.num_env, cfg.n_batches, cfg.replay_k) == (50, 2, 7, 4)
+
+
+def test_unknown_or_non_goal_env_is_rejected_clearly():
+    for env_id, message in (("FetchPush-v9", "did you mean"), ("CartPole-v1", "dict observation")):
+        try:
+            train.env_dims(env_id)
+            raise AssertionError(f"{env_id} was accepted")
+        except ValueError as e:
+            assert message in str(e)
+
+
+# ---------------------------------------------------------------- 9. end to end
+
+def read_progress(logdir):
+    with open(os.path.join(logdir, "progress.csv")) as f:
+        return list(csv.DictReader(f))
+
+
+def test_end_to_end_fetch_reach_learns_in_five_epochs(tmp_path):
+    logdir = str(tmp_path / "run")
+    rc, out = run_cmd([sys.executable, "train.py", "--n_epochs", "5", "--seed", "1",
+                       "--logdir", logdir], timeout=600)
+    assert rc == 0, out[-4000:]
+    rows = read_progress(logdir)
+    assert len(rows) == 5
+    success = [float(r["test/success_rate"]) for r in rows]
+    assert max(success) >= 0.9, f"test success per epoch: {success}"
+    for name in ("policy_best.npz", "policy_latest.npz", "policy_0.npz"):
+        assert os.path.exists(os.path.join(logdir, name)), name
+    # --play reloads the saved policy and runs test episodes with it
+    rc, out = run_cmd([sys.executable, "train.py", "--play", "--load_path",
+                       os.path.join(logdir, "policy_best.npz"), "--n_test_rollouts", "2"], 300)
+    assert rc == 0 and "test success rate" in out, out[-4000:]
+
+
+def test_end_to_end_mpirun_two_ranks_two_envs_stay_in_sync(tmp_path):
+    logdir = str(tmp_path / "mpi")
+    rc, out = run_cmd([mpirun_exe(), "-np", "2", sys.executable, "train.py", "--num_env", "2",
+                       "--n_epochs", "2", "--n_cycles", "3", "--n_batches", "40",
+                       "--n_test_rollouts", "2", "--logdir", logdir], timeout=600)
+    assert rc == 0, out[-4000:]
+    assert "2 rank(s) in sync" in out
+    rows = read_progress(logdir)
+    # totals count both ranks: 2 epochs x 3 cycles x 2 envs x 2 ranks
+    assert int(rows[-1]["total/episodes"]) == 24
+    assert int(rows[-1]["total/timesteps"]) == 24 * 50
+
+
+# ---------------------------------------------------------------- MPI cases (run under mpirun)
+
+MPI_CASES = {"mpi_adam": mpi_case_mpi_adam, "normalizer": mpi_case_normalizer}
+
+if __name__ == "__main__":
+    from mpi4py import MPI
+    comm = MPI.COMM_WORLD
+    case = sys.argv[1]
+    try:
+        MPI_CASES[case](comm)
+        comm.Barrier()
+    except BaseException:
+        sys.stderr.write(f"[rank {comm.Get_rank()}] {traceback.format_exc()}")
+        sys.stderr.flush()
+        comm.Abort(1)
+    if comm.Get_rank() == 0:
+        print(f"MPI_CASE_OK {case}", flush=True)

@@ -1,0 +1,213 @@
+"""Run num_env environments side by side and stack their dict observations.
+
+Mirrors openai/baselines `common/vec_env/vec_env.py` (VecEnv), `subproc_vec_env.py`
+(SubprocVecEnv) and `dummy_vec_env.py` (DummyVecEnv). In Plappert et al. (2018), Sec. 2.2,
+each of the 19 MPI workers runs 2 environments in parallel; this file is that "2".
+
+This is where *rollouts* are aggregated, and nothing else: the parent sends one action per env
+down a pipe, each worker process steps its own env, and the parent stacks what comes back into
+arrays of shape (num_env, dim). Gradients never pass through here.
+
+Deviations from baselines, on purpose:
+  * No auto-reset. baselines resets an env inside step() when it reports done, which makes the
+    HER rollout loop lose the last transition of each episode. Here the caller (her.RolloutWorker)
+    steps exactly T times and then calls reset(), so every episode keeps all T transitions.
+  * step() returns gymnasium's done = terminated or truncated, and the per-env info dicts.
+  * Workers are started with the `spawn` method and never import mpi4py: a forked or spawned
+    child that touches MPI hangs the job under mpirun (DESIGN.md, "Known traps").
+
+Test: `python -m pytest -q test_all.py -k vecenv`.
+"""
+import multiprocessing as mp
+import traceback
+
+import numpy as np
+
+
+class VecEnv:
+    """num_envs environments driven as one. Observations are dicts of (num_envs, dim) arrays."""
+
+    def __init__(self, num_envs, observation_space, action_space):
+        self.num_envs = num_envs
+        self.observation_space = observation_space
+        self.action_space = action_space
+
+    def reset(self, seed=None):
+        """Reset every env; with an int seed, env i is reset with seed + i."""
+        raise NotImplementedError
+
+    def step_async(self, u):
+        """Start stepping env i with action u[i]; u is (num_envs, dim_u)."""
+        raise NotImplementedError
+
+    def step_wait(self):
+        """Return (obs, r, done, infos): dict of (num_envs, dim), (num_envs,), (num_envs,), list."""
+        raise NotImplementedError
+
+    def close(self):
+        raise NotImplementedError
+
+    def step(self, u):
+        self.step_async(u)
+        return self.step_wait()
+
+
+def stack_obs(obs_list):
+    """[{key: (dim,)}] * num_envs -> {key: (num_envs, dim)}"""
+    return {k: np.stack([o[k] for o in obs_list]) for k in obs_list[0]}
+
+
+def _seed_for(seed, i):
+    return None if seed is None else int(seed) + i
+
+
+class DummyVecEnv(VecEnv):
+    """The same API with every env in this process: the sequential reference for tests."""
+
+    def __init__(self, env_fns):
+        self.envs = [fn() for fn in env_fns]
+        env = self.envs[0]
+        super().__init__(len(self.envs), env.observation_space, env.action_space)
+        self._results = None
+
+    def reset(self, seed=None):
+        return stack_obs([env.reset(seed=_seed_for(seed, i))[0] for i, env in enumerate(self.envs)])
+
+    def step_async(self, u):
+        self._results = [env.step(u[i]) for i, env in enumerate(self.envs)]
+
+    def step_wait(self):
+        obs, r, terminated, truncated, infos = zip(*self._results)
+        done = np.logical_or(terminated, truncated)
+        return stack_obs(obs), np.array(r, dtype=np.float32), done, list(infos)
+
+    def close(self):
+        for env in self.envs:
+            env.close()
+
+
+def worker(remote, parent_remote, env_fn):
+    """Body of one env worker process: serve step/reset/close commands until told to close.
+
+    Any exception is sent back as a formatted traceback so the parent can raise it, instead of
+    the worker dying silently and the parent waiting forever on the pipe.
+    """
+    parent_remote.close()  # this process only talks through its own end of the pipe
+    env = None
+    try:
+        env = env_fn()
+        remote.send(("ok", (env.observation_space, env.action_space)))
+        while True:
+            cmd, data = remote.recv()
+            if cmd == "step":
+                obs, r, terminated, truncated, info = env.step(data)
+                remote.send(("ok", (obs, r, terminated, truncated, info)))
+            elif cmd == "reset":
+                obs, _ = env.reset(seed=data)
+                remote.send(("ok", obs))
+            elif cmd == "close":
+                remote.send(("ok", None))
+                break
+            else:
+                raise ValueError(f"unknown command {cmd!r}")
+    except (KeyboardInterrupt, EOFError, BrokenPipeError):
+        pass  # the parent is gone or interrupted: just exit
+    except Exception:
+        try:
+            remote.send(("error", traceback.format_exc()))
+        except (EOFError, BrokenPipeError, OSError):
+            pass
+    finally:
+        if env is not None:
+            env.close()
+        remote.close()
+
+
+class SubprocVecEnv(VecEnv):
+    """Each env in its own process, talked to over a multiprocessing Pipe."""
+
+    def __init__(self, env_fns, context="spawn"):
+        ctx = mp.get_context(context)
+        self.closed = False
+        self.waiting = False
+        n = len(env_fns)
+        self.remotes, work_remotes = zip(*[ctx.Pipe() for _ in range(n)])
+        self.ps = [ctx.Process(target=worker, args=(work_remote, remote, env_fn), daemon=True)
+                   for work_remote, remote, env_fn in zip(work_remotes, self.remotes, env_fns)]
+        for p in self.ps:
+            p.start()
+        # Easy to miss: the parent must close its copy of each child's end, or a dead child
+        # never produces EOF on our end and recv() blocks forever.
+        for work_remote in work_remotes:
+            work_remote.close()
+        observation_space, action_space = self._recv(0)
+        for i in range(1, n):
+            self._recv(i)
+        super().__init__(n, observation_space, action_space)
+
+    def _recv(self, i):
+        """Receive worker i's answer; raise a clear error if it failed or died."""
+        try:
+            status, payload = self.remotes[i].recv()
+        except (EOFError, ConnectionResetError, OSError):
+            self.ps[i].join(timeout=1)  # give a dying worker a moment to report its exit code
+            exitcode = self.ps[i].exitcode
+            self.close(force=True)
+            raise RuntimeError(f"SubprocVecEnv: env worker {i} (pid {self.ps[i].pid}) died "
+                               f"without answering (exit code {exitcode})") from None
+        if status == "error":
+            self.close(force=True)
+            raise RuntimeError(f"SubprocVecEnv: env worker {i} raised:\n{payload}")
+        return payload
+
+    def _send_all(self, cmds):
+        for i, (remote, cmd) in enumerate(zip(self.remotes, cmds)):
+            try:
+                remote.send(cmd)
+            except (BrokenPipeError, OSError):
+                self._recv(i)  # raises the worker's own error or "died"
+                raise
+
+    def reset(self, seed=None):
+        self._send_all([("reset", _seed_for(seed, i)) for i in range(self.num_envs)])
+        return stack_obs([self._recv(i) for i in range(self.num_envs)])
+
+    def step_async(self, u):
+        self._send_all([("step", u[i]) for i in range(self.num_envs)])
+        self.waiting = True
+
+    def step_wait(self):
+        results = [self._recv(i) for i in range(self.num_envs)]
+        self.waiting = False
+        obs, r, terminated, truncated, infos = zip(*results)
+        done = np.logical_or(terminated, truncated)
+        return stack_obs(obs), np.array(r, dtype=np.float32), done, list(infos)
+
+    def close(self, force=False):
+        """Stop every worker and reap it, so no child process outlives this object."""
+        if self.closed:
+            return
+        self.closed = True
+        if not force:
+            for i, remote in enumerate(self.remotes):
+                try:
+                    if self.waiting:
+                        remote.recv()  # drain a pending step before the close command
+                    remote.send(("close", None))
+                    remote.recv()
+                except (EOFError, BrokenPipeError, OSError):
+                    pass  # already dead: reaped below
+        for p in self.ps:
+            p.join(timeout=5 if not force else 0.5)
+            if p.is_alive():
+                p.terminate()
+                p.join(timeout=5)
+            if p.is_alive():
+                p.kill()
+                p.join()
+        for remote in self.remotes:
+            remote.close()
+
+    def __del__(self):
+        if not getattr(self, "closed", True):
+            self.close(force=True)
