@@ -397,10 +397,8 @@ class DDPG:
 
     # -------------------------------------------------- saving (npz, no pickle)
 
-    def save(self, path):
-        """Write weights, targets, normaliser sums and the rebuild config to `path` (.npz).
-
-        Written to a temporary file and renamed, so a crash never leaves half a policy."""
+    def policy_arrays(self):
+        """What a policy file holds: the rebuild config, weights, targets, normaliser sums."""
         arrays = {"config_json": np.array(json.dumps(self.params))}
         for name, ac in (("main", self.main), ("target", self.target)):
             arrays[f"{name}/pi"] = ac.pi.theta
@@ -408,20 +406,116 @@ class DDPG:
         for name, norm in (("o_stats", self.o_stats), ("g_stats", self.g_stats)):
             for key, value in norm.state().items():
                 arrays[f"{name}/{key}"] = value
-        tmp = f"{path}.tmp{os.getpid()}"
-        with open(tmp, "wb") as f:
-            np.savez(f, **arrays)
-        os.replace(tmp, path)
+        return arrays
+
+    def set_policy_arrays(self, arrays, path):
+        """Inverse of policy_arrays(); `path` only names the file in errors."""
+        for name, ac in (("main", self.main), ("target", self.target)):
+            for net_name, net in (("pi", ac.pi), ("Q", ac.Q)):
+                _copy_checked(net.theta, arrays, f"{name}/{net_name}", path)
+        for name, norm in (("o_stats", self.o_stats), ("g_stats", self.g_stats)):
+            state = {}
+            for key, value in norm.state().items():
+                state[key] = np.empty_like(value)
+                _copy_checked(state[key], arrays, f"{name}/{key}", path)
+            norm.load_state(**state)
+
+    def save(self, path):
+        """Write the policy to `path` (.npz), atomically."""
+        atomic_savez(path, self.policy_arrays())
 
     @classmethod
     def load(cls, path, comm=None, rng=None):
-        """Rebuild a policy (no replay buffer) from save(); never unpickles anything."""
-        with np.load(path, allow_pickle=False) as data:
-            params = json.loads(str(data["config_json"]))
-            policy = cls(params, sample_transitions=None, rng=rng, comm=comm)
-            for name, ac in (("main", policy.main), ("target", policy.target)):
-                ac.pi.theta[...] = data[f"{name}/pi"]
-                ac.Q.theta[...] = data[f"{name}/Q"]
-            for name, norm in (("o_stats", policy.o_stats), ("g_stats", policy.g_stats)):
-                norm.load_state(data[f"{name}/sum"], data[f"{name}/sumsq"], data[f"{name}/count"])
+        """Rebuild a policy (no replay buffer) from save(); never unpickles anything.
+        Collective under MPI (the constructor broadcasts), so every rank must call it."""
+        arrays = load_npz(path, POLICY_KEYS, "policy")
+        policy = cls(policy_params(arrays, path), sample_transitions=None, rng=rng, comm=comm)
+        policy.set_policy_arrays(arrays, path)
         return policy
+
+    def checkpoint_arrays(self):
+        """Everything needed to continue training bit for bit: the policy, both Adam states,
+        this rank's replay buffer and random generator, and the update counter."""
+        arrays = self.policy_arrays()
+        for name, adam in (("Q_adam", self.Q_adam), ("pi_adam", self.pi_adam)):
+            for key, value in adam.state().items():
+                arrays[f"{name}/{key}"] = value
+        for key, value in self.buffer.state().items():
+            arrays[f"buffer/{key}"] = value
+        arrays["n_updates"] = np.array(self.n_updates)
+        arrays["rng_json"] = np.array(json.dumps(self.rng.bit_generator.state))
+        return arrays
+
+    def restore_checkpoint(self, arrays, path):
+        """Inverse of checkpoint_arrays() (local: no MPI calls)."""
+        self.set_policy_arrays(arrays, path)
+        for name, adam in (("Q_adam", self.Q_adam), ("pi_adam", self.pi_adam)):
+            adam.load_state(**{key: arrays[f"{name}/{key}"] for key in adam.state()})
+        self.buffer.load_state(**{key[len("buffer/"):]: value for key, value in arrays.items()
+                                  if key.startswith("buffer/")})
+        self.n_updates = int(arrays["n_updates"])
+        self.rng.bit_generator.state = json.loads(str(arrays["rng_json"]))
+
+
+POLICY_KEYS = ("config_json", "main/pi", "main/Q", "target/pi", "target/Q")
+
+
+def policy_params(arrays, path):
+    try:
+        return json.loads(str(arrays["config_json"]))
+    except ValueError as e:
+        raise BadFileError(f"{path}: its config_json is not valid JSON ({e})") from None
+
+
+def _copy_checked(dst, arrays, key, path):
+    src = arrays.get(key)
+    if src is None:
+        raise BadFileError(f"{path}: not written by train.py (no {key!r} array)")
+    if src.shape != dst.shape:
+        raise BadFileError(f"{path}: {key!r} has shape {src.shape}, expected {dst.shape}; "
+                           "was it saved for another env or network size?")
+    dst[...] = src
+
+
+# ---------------------------------------------------------------- files: atomic, no pickle
+
+class BadFileError(ValueError):
+    """A policy or checkpoint file that is missing, truncated or not ours (one-line message)."""
+
+
+def atomic_savez(path, arrays):
+    """np.savez to a temporary file in the same folder, then rename over `path`: a reader (or
+    a crash at any moment) sees either the old complete file or the new complete file."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    try:
+        with open(tmp, "wb") as f:
+            np.savez(f, **arrays)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+
+
+def load_npz(path, required_keys, what):
+    """All arrays of an .npz as a dict, loaded with allow_pickle=False (safe on untrusted
+    files); any problem becomes a one-line BadFileError naming the file."""
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            if not hasattr(data, "files"):
+                raise BadFileError(f"{path}: a bare .npy array, not a {what} .npz from train.py")
+            missing = [k for k in required_keys if k not in data.files]
+            if missing:
+                raise BadFileError(f"{path}: not a {what} written by train.py "
+                                   f"(no {missing[0]!r} array)")
+            return {key: data[key] for key in data.files}
+    except BadFileError:
+        raise
+    except FileNotFoundError:
+        raise BadFileError(f"{path}: no such file") from None
+    except Exception as e:  # BadZipFile, EOFError, ValueError (pickled objects), OSError
+        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise BadFileError(f"{path}: cannot read it as a {what} ({reason}); "
+                           "the file is truncated, corrupt or not from train.py") from None

@@ -69,11 +69,11 @@ class RolloutWorker:
     uses exploit=True, no noise, and records the critic's estimate Q(o, g, pi(o, g)).
     """
 
-    def __init__(self, venv, policy, dims, T, exploit=False, use_target_net=False,
-                 compute_Q=False, noise_eps=0., random_eps=0., history_len=100, seed=None):
-        """dims: {'o': dim_o, 'g': dim_g, 'u': dim_u}. seed: int seeding the envs' first reset
-        (env i gets seed + i); later resets continue each env's own random stream."""
-        self.venv, self.policy, self.dims, self.T = venv, policy, dims, T
+    def __init__(self, venv, policy, dims, T, rng, exploit=False, use_target_net=False,
+                 compute_Q=False, noise_eps=0., random_eps=0., history_len=100):
+        """dims: {'o': dim_o, 'g': dim_g, 'u': dim_u}. rng: this rank's np.random.Generator;
+        each episode's reset seed is drawn from it (see generate_rollouts)."""
+        self.venv, self.policy, self.dims, self.T, self.rng = venv, policy, dims, T, rng
         self.rollout_batch_size = venv.num_envs
         self.exploit, self.use_target_net, self.compute_Q = exploit, use_target_net, compute_Q
         self.noise_eps = 0. if exploit else noise_eps
@@ -81,14 +81,14 @@ class RolloutWorker:
         self.success_history = deque(maxlen=history_len)
         self.Q_history = deque(maxlen=history_len)
         self.n_episodes = 0
-        self._next_seed = seed
 
     def generate_rollouts(self):
         """Run one episode in each env; return {key: (num_env, T or T+1, dim)} float32."""
         n, T, dims = self.rollout_batch_size, self.T, self.dims
-        # A fresh reset for every episode: the envs never auto-reset (see vecenv.py).
-        obs = self.venv.reset(seed=self._next_seed)
-        self._next_seed = None
+        # A fresh reset for every episode: the envs never auto-reset (see vecenv.py). Its seed
+        # comes from this rank's generator (env i gets seed + i), so the whole run is a function
+        # of the rank seed and a resumed run replays exactly (deviation: baselines seeds once).
+        obs = self.venv.reset(seed=int(self.rng.integers(2 ** 31 - n)))
         o = np.empty((n, T + 1, dims["o"]), np.float32)  # (num_env, T+1, dim_o)
         ag = np.empty((n, T + 1, dims["g"]), np.float32)  # (num_env, T+1, dim_g)
         g = np.empty((n, T, dims["g"]), np.float32)  # (num_env, T, dim_g)

@@ -100,6 +100,13 @@ class MpiAdam:
             p.ravel()[:] += step[offset:offset + p.size].astype(np.float32, copy=False)
             offset += p.size
 
+    def state(self):
+        """Optimiser state for checkpoints (the parameters themselves are saved by their owner)."""
+        return {"m": self.m, "v": self.v, "t": np.array(self.t)}
+
+    def load_state(self, m, v, t):
+        self.m[...], self.v[...], self.t = m, v, int(t)
+
     def sync(self):
         """Overwrite every rank's parameters with rank 0's (called once, after construction)."""
         theta = self.getflat()

@@ -64,6 +64,19 @@ class ReplayBuffer:
             buf[idxs] = episode_batch[key]
         self.n_transitions_stored += n_episodes * self.T
 
+    def state(self):
+        """The stored episodes (only the filled slots) and counters, for checkpoints."""
+        state = {key: buf[:self.current_size] for key, buf in self.buffers.items()}
+        state["current_size"] = np.array(self.current_size)
+        state["n_transitions_stored"] = np.array(self.n_transitions_stored)
+        return state
+
+    def load_state(self, current_size, n_transitions_stored, **buffers):
+        self.current_size = int(current_size)
+        self.n_transitions_stored = int(n_transitions_stored)
+        for key, buf in self.buffers.items():
+            buf[:self.current_size] = buffers[key]
+
     def _get_storage_idx(self, inc):
         """Slots for inc new episodes: free slots first, then uniformly random stored ones."""
         if inc > self.size:

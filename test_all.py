@@ -27,6 +27,7 @@ import subprocess  # noqa: E402
 import sys  # noqa: E402
 import traceback  # noqa: E402
 
+import gymnasium as gym  # noqa: E402
 import numpy as np  # noqa: E402
 
 import ddpg  # noqa: E402
@@ -483,7 +484,8 @@ def test_rollout_worker_episode_shapes_and_no_dropped_step():
     policy, dims, T = fetch_reach_policy(rng)
     env_fns = [functools.partial(train.make_env, "FetchReach-v4") for _ in range(2)]
     venv = DummyVecEnv(env_fns)
-    worker = RolloutWorker(venv, policy, dims, T, noise_eps=0.2, random_eps=0.3, seed=11)
+    worker = RolloutWorker(venv, policy, dims, T, np.random.default_rng(11), noise_eps=0.2,
+                           random_eps=0.3)
     ep = worker.generate_rollouts()
     assert ep["o"].shape == (2, T + 1, dims["o"]) and ep["ag"].shape == (2, T + 1, dims["g"])
     assert ep["g"].shape == (2, T, dims["g"]) and ep["u"].shape == (2, T, dims["u"])
@@ -491,9 +493,10 @@ def test_rollout_worker_episode_shapes_and_no_dropped_step():
     assert all(v.dtype == np.float32 for v in ep.values())
     assert np.abs(ep["u"]).max() <= 1.0
     # Replaying the recorded actions in fresh envs with the same seed reproduces all T+1
-    # observations: the episode is aligned and no transition was dropped.
+    # observations: the episode is aligned and no transition was dropped. The worker draws
+    # each episode's reset seed from its generator: here the first draw of default_rng(11).
     replay_venv = DummyVecEnv(env_fns)
-    obs = replay_venv.reset(seed=11)
+    obs = replay_venv.reset(seed=int(np.random.default_rng(11).integers(2 ** 31 - 2)))
     np.testing.assert_allclose(ep["o"][:, 0], obs["observation"], rtol=1e-6)
     for t in range(T):
         np.testing.assert_allclose(ep["g"][:, t], obs["desired_goal"], rtol=1e-6)
@@ -504,13 +507,60 @@ def test_rollout_worker_episode_shapes_and_no_dropped_step():
     replay_venv.close()
 
 
+# ---------------------------------------------------------------- the DDPG update itself
+
+def test_ddpg_train_uses_clipped_target_from_target_nets():
+    """The critic gradient of train() equals the one for y = clip(r + gamma Q_targ(o_2, g,
+    pi_targ(o_2, g)), -1/(1-gamma), 0) computed here, with targets that hit both clip bounds."""
+    rng = np.random.default_rng(12)
+    policy, dims, T = fetch_reach_policy(rng, hidden=16)
+    venv = DummyVecEnv([functools.partial(train.make_env, "FetchReach-v4")])
+    policy.store_episode(RolloutWorker(venv, policy, dims, T, rng, noise_eps=0.2,
+                                       random_eps=0.3).generate_rollouts())
+    venv.close()
+    batch = policy.buffer.sample(64)
+    batch["r"][:20] = 10.  # y above 0 before clipping
+    batch["r"][20:40] = -1000.  # y below -1/(1 - gamma) before clipping
+    policy.buffer.sample = lambda batch_size: batch
+    policy.target.Q.theta += rng.normal(scale=0.1, size=policy.target.Q.theta.size)  # targ != main
+    policy.target.pi.theta += rng.normal(scale=0.1, size=policy.target.pi.theta.size)
+    grads = {}
+    policy.Q_adam.update = lambda g, lr: grads.__setitem__("Q", g.copy())
+    policy.pi_adam.update = lambda g, lr: grads.__setitem__("pi", g.copy())
+    policy.train()
+
+    gamma = 1 - 1 / T
+    x_pi = policy._preprocess_og(batch["o"], batch["g"])
+    x_pi_2 = policy._preprocess_og(batch["o_2"], batch["g"])
+    q_targ = policy.target.Q_forward(x_pi_2, policy.target.pi_forward(x_pi_2)[0])[0]
+    y = np.minimum(np.maximum(batch["r"] + gamma * q_targ, -1 / (1 - gamma)), 0)
+    assert (y[:20] == 0).all() and np.allclose(y[20:40], -1 / (1 - gamma))
+    ddpg.critic_loss_and_grad(policy.main, x_pi, batch["u"], y)
+    np.testing.assert_allclose(grads["Q"], policy.main.Q.grad, rtol=1e-5, atol=1e-7)
+    ddpg.actor_loss_and_grad(policy.main, x_pi, action_l2=1.0)
+    np.testing.assert_allclose(grads["pi"], policy.main.pi.grad, rtol=1e-5, atol=1e-7)
+
+
+def test_update_target_net_is_polyak_average():
+    rng = np.random.default_rng(13)
+    policy, _, _ = fetch_reach_policy(rng, hidden=16)
+    policy.main.Q.theta += 1.
+    policy.main.pi.theta -= 1.
+    old_Q, old_pi = policy.target.Q.theta.copy(), policy.target.pi.theta.copy()
+    policy.update_target_net()
+    np.testing.assert_allclose(policy.target.Q.theta, 0.95 * old_Q + 0.05 * policy.main.Q.theta,
+                               rtol=1e-6)
+    np.testing.assert_allclose(policy.target.pi.theta,
+                               0.95 * old_pi + 0.05 * policy.main.pi.theta, rtol=1e-6)
+
+
 # ---------------------------------------------------------------- 8. save / load
 
 def test_save_load_round_trip_gives_identical_actions(tmp_path):
     rng = np.random.default_rng(10)
     policy, dims, T = fetch_reach_policy(rng)
     venv = DummyVecEnv([functools.partial(train.make_env, "FetchReach-v4")])
-    worker = RolloutWorker(venv, policy, dims, T, noise_eps=0.2, random_eps=0.3, seed=1)
+    worker = RolloutWorker(venv, policy, dims, T, rng, noise_eps=0.2, random_eps=0.3)
     policy.store_episode(worker.generate_rollouts())
     for _ in range(5):
         policy.train()
@@ -542,7 +592,7 @@ def test_every_goal_task_family_runs_one_cycle():
         policy = DDPG(train.ddpg_params(cfg, dims, T, max_u),
                       make_sample_her_transitions("future", 4, reward_fun), rng)
         venv = DummyVecEnv([functools.partial(train.make_env, env_id)])
-        ep = RolloutWorker(venv, policy, dims, T, noise_eps=0.2, random_eps=0.3, seed=0) \
+        ep = RolloutWorker(venv, policy, dims, T, rng, noise_eps=0.2, random_eps=0.3) \
             .generate_rollouts()
         policy.store_episode(ep)
         critic_loss, actor_loss = policy.train()
@@ -552,11 +602,10 @@ def test_every_goal_task_family_runs_one_cycle():
 
 
 def test_config_defaults_env_overrides_and_cli():
-    _, args = train.parse_args([])
-    cfg = train.make_config(args)
+    cfg = train.make_config(train.parse_args([]))
     assert (cfg.env, cfg.n_cycles, cfg.n_batches, cfg.batch_size) == ("FetchReach-v4", 10, 40, 256)
-    _, args = train.parse_args(["--env", "FetchPush-v4", "--num_env", "2", "--n_batches", "7"])
-    cfg = train.make_config(args)
+    cfg = train.make_config(train.parse_args(["--env", "FetchPush-v4", "--num_env", "2",
+                                              "--n_batches", "7"]))
     assert (cfg.n_cycles, cfg.num_env, cfg.n_batches, cfg.replay_k) == (50, 2, 7, 4)
 
 
@@ -565,7 +614,7 @@ def test_unknown_or_non_goal_env_is_rejected_clearly():
         try:
             train.env_dims(env_id)
             raise AssertionError(f"{env_id} was accepted")
-        except ValueError as e:
+        except train.UsageError as e:
             assert message in str(e)
 
 
@@ -604,6 +653,246 @@ def test_end_to_end_mpirun_two_ranks_two_envs_stay_in_sync(tmp_path):
     # totals count both ranks: 2 epochs x 3 cycles x 2 envs x 2 ranks
     assert int(rows[-1]["total/episodes"]) == 24
     assert int(rows[-1]["total/timesteps"]) == 24 * 50
+
+
+# ---------------------------------------------------------------- when things go wrong
+
+class FaultyReach(gym.Wrapper):
+    """FetchReach-v4 that, from its `at_step`-th step on, raises or returns NaN observations;
+    only on MPI rank `rank` (None: every rank). Registered below as test_all:*Reach-v0."""
+
+    def __init__(self, fault, rank, at_step):
+        super().__init__(train.make_env("FetchReach-v4"))
+        self.fault, self.rank, self.at_step, self.n_steps = fault, rank, at_step, 0
+
+    def step(self, u):
+        self.n_steps += 1
+        obs, r, terminated, truncated, info = self.env.step(u)
+        my_rank = int(os.environ.get("PMI_RANK", 0))  # set by mpirun; MPI itself is not needed
+        if self.n_steps >= self.at_step and self.rank in (None, my_rank):
+            if self.fault == "raise":
+                raise RuntimeError(f"injected env failure on rank {my_rank}")
+            obs = dict(obs, observation=np.full_like(obs["observation"], np.nan))
+        return obs, r, terminated, truncated, info
+
+
+gym.register("RaiseOnRank1Reach-v0", entry_point="test_all:FaultyReach", max_episode_steps=50,
+             kwargs=dict(fault="raise", rank=1, at_step=120))
+# step 800 = the last step of cycle 1 of epoch 1 (epoch 0: 4 cycles + 10 test episodes of 50)
+gym.register("NaNReach-v0", entry_point="test_all:FaultyReach", max_episode_steps=50,
+             kwargs=dict(fault="nan", rank=None, at_step=800))
+
+TINY_RUN = ["--n_cycles", "5", "--n_batches", "20", "--n_test_rollouts", "1", "--seed", "3"]
+
+
+def train_cmd(*args, n_ranks=1):
+    mpi = [mpirun_exe(), "-np", str(n_ranks)] if n_ranks > 1 else []
+    return mpi + [sys.executable, os.path.join(HERE, "train.py"), *args]
+
+
+def assert_one_line_error(rc, out, expected_rc, *phrases):
+    lines = [line for line in out.splitlines() if line.strip()]
+    assert rc == expected_rc, out[-3000:]
+    assert "Traceback" not in out, out[-3000:]
+    error_lines = [line for line in lines if "error" in line]
+    assert len(error_lines) == 1, out[-3000:]
+    for phrase in phrases:
+        assert phrase in error_lines[0], error_lines[0]
+
+
+def arrays_of(path):
+    with np.load(path, allow_pickle=False) as data:
+        return {k: data[k] for k in data.files}
+
+
+def assert_same_arrays(path_a, path_b, skip=()):
+    a, b = arrays_of(path_a), arrays_of(path_b)
+    assert set(a) == set(b)
+    for key in a:
+        if key not in skip:
+            assert a[key].tobytes() == b[key].tobytes(), f"{key} differs"
+
+
+@functools.lru_cache(maxsize=None)
+def straight_run(root):
+    """4 epochs of FetchReach in one go: the reference that resumed runs must equal bitwise."""
+    logdir = os.path.join(root, "straight")
+    rc, out = run_cmd(train_cmd("--n_epochs", "4", "--logdir", logdir, *TINY_RUN), 600)
+    assert rc == 0, out[-3000:]
+    return logdir
+
+
+def test_rank_failure_ends_whole_mpi_job_with_one_traceback(tmp_path):
+    for n_ranks in (2, 3):
+        rc, out = run_cmd(train_cmd("--env", "test_all:RaiseOnRank1Reach-v0", "--n_epochs", "3",
+                                    "--logdir", str(tmp_path / f"np{n_ranks}"), *TINY_RUN,
+                                    n_ranks=n_ranks), timeout=120)
+        assert rc != 0, out[-3000:]
+        assert out.count("injected env failure on rank 1") == 1 and out.count("Traceback") == 1, \
+            out[-3000:]
+
+
+def test_killed_env_worker_raises_naming_it_and_leaves_no_process():
+    env_fns = [functools.partial(train.make_env, "FetchReach-v4") for _ in range(3)]
+    with hang_guard(60):
+        venv = SubprocVecEnv(env_fns)
+        venv.reset(seed=0)
+        u = np.zeros((3, 4), np.float32)
+        venv.step(u)
+        victim = venv.ps[1]
+        os.kill(victim.pid, signal.SIGKILL)
+        victim.join()
+        try:
+            venv.step(u)
+            raise AssertionError("stepping with a dead worker did not raise")
+        except RuntimeError as e:
+            assert f"env worker 1 (pid {victim.pid}) died" in str(e)
+    assert not any(p.is_alive() for p in venv.ps)
+    for p in venv.ps:
+        try:
+            os.waitpid(p.pid, os.WNOHANG)
+            raise AssertionError(f"worker {p.pid} still exists (zombie)")
+        except ChildProcessError:
+            pass
+
+
+def interrupt_when_logging(cmd, logdir, timeout=300):
+    """Start a training command, send SIGINT once its first epoch is logged, return (rc, out)."""
+    proc = subprocess.Popen(cmd, cwd=HERE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    progress = os.path.join(logdir, "progress.csv")
+    try:
+        with hang_guard(timeout):
+            while not os.path.exists(progress) and proc.poll() is None:
+                signal.pause() if False else subprocess.run(["sleep", "0.2"])
+            proc.send_signal(signal.SIGINT)
+            out, _ = proc.communicate()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    return proc.returncode, out
+
+
+def test_sigint_saves_checkpoint_and_resume_is_bitwise_identical(tmp_path):
+    reference = straight_run(str(tmp_path.parent))
+    logdir = str(tmp_path / "interrupted")
+    rc, out = interrupt_when_logging(train_cmd("--n_epochs", "4", "--logdir", logdir, *TINY_RUN),
+                                     logdir)
+    assert rc == 130, f"expected exit code 130 (interrupted), got {rc}:\n{out[-3000:]}"
+    assert out.count("interrupted in epoch") == 1
+    DDPG.load(os.path.join(logdir, "policy_latest.npz"))  # complete and loadable
+    ckpt = arrays_of(train.checkpoint_path(logdir, 0))
+    assert int(ckpt["cycle"]) > 0, "the interrupt was expected mid-epoch"
+    assert not [f for f in os.listdir(logdir) if ".tmp" in f]
+    rc, out = run_cmd(train_cmd("--resume", logdir), 600)
+    assert rc == 0, out[-3000:]
+    assert_same_arrays(os.path.join(reference, "policy_latest.npz"),
+                       os.path.join(logdir, "policy_latest.npz"))
+    epochs = [int(r["epoch"]) for r in read_progress(logdir)]
+    assert epochs == [0, 1, 2, 3]
+
+
+def test_resume_at_epoch_boundary_is_bitwise_identical(tmp_path):
+    reference = straight_run(str(tmp_path.parent))
+    logdir = str(tmp_path / "two_plus_two")
+    rc, out = run_cmd(train_cmd("--n_epochs", "2", "--logdir", logdir, *TINY_RUN), 600)
+    assert rc == 0, out[-3000:]
+    rc, out = run_cmd(train_cmd("--resume", logdir, "--n_epochs", "4"), 600)
+    assert rc == 0, out[-3000:]
+    for name in ("policy_latest.npz", os.path.join("checkpoint", "rank0.npz")):
+        assert_same_arrays(os.path.join(reference, name), os.path.join(logdir, name))
+
+
+def test_sigint_under_mpirun_then_resume_stays_in_sync(tmp_path):
+    logdir = str(tmp_path / "mpi")
+    args = ("--num_env", "2", "--n_epochs", "3", "--logdir", logdir, *TINY_RUN)
+    rc, out = interrupt_when_logging(train_cmd(*args, n_ranks=2), logdir)
+    assert rc == 130, f"expected exit code 130 (interrupted), got {rc}:\n{out[-3000:]}"
+    assert out.count("interrupted in epoch") == 1
+    for rank in (0, 1):
+        assert int(arrays_of(train.checkpoint_path(logdir, rank))["cycle"]) > 0
+    rc, out = run_cmd(train_cmd("--resume", logdir, n_ranks=2), 600)
+    assert rc == 0 and "2 rank(s) in sync" in out, out[-3000:]
+    rc, out = run_cmd(train_cmd("--resume", logdir, "--n_epochs", "4"), 120)  # 1 rank, not 2
+    assert_one_line_error(rc, out, 2, "mpirun -np 2")
+
+
+def test_nonfinite_loss_stops_after_keeping_last_good_checkpoint(tmp_path):
+    logdir = str(tmp_path / "nan")
+    rc, out = run_cmd(train_cmd("--env", "test_all:NaNReach-v0", "--n_epochs", "3",
+                                "--n_cycles", "4", "--n_batches", "2", "--logdir", logdir), 300)
+    assert rc == 1 and "Traceback" not in out, out[-3000:]
+    assert "non-finite train/critic_loss" in out and "in epoch 1, cycle 1" in out, out[-3000:]
+    ckpt = arrays_of(train.checkpoint_path(logdir, 0))
+    assert (int(ckpt["epoch"]), int(ckpt["cycle"])) == (1, 0)  # end of epoch 0: the last good
+    assert all(np.isfinite(v).all() for k, v in ckpt.items() if v.dtype.kind == "f")
+
+
+def test_atomic_save_never_leaves_a_half_written_file(tmp_path, monkeypatch):
+    path = str(tmp_path / "policy.npz")
+    ddpg.atomic_savez(path, {"a": np.arange(3)})
+
+    def crash_midway(f, **arrays):
+        f.write(b"PK\x03\x04 half a zip")
+        raise KeyboardInterrupt  # killed while saving
+    monkeypatch.setattr(np, "savez", crash_midway)
+    try:
+        ddpg.atomic_savez(path, {"a": np.arange(5)})
+    except KeyboardInterrupt:
+        pass
+    monkeypatch.undo()
+    np.testing.assert_array_equal(arrays_of(path)["a"], np.arange(3))
+    assert os.listdir(tmp_path) == ["policy.npz"]
+
+
+def test_bad_policy_and_checkpoint_files_get_one_line_errors(tmp_path):
+    reference = straight_run(str(tmp_path.parent))
+    good = os.path.join(reference, "policy_best.npz")
+    truncated = str(tmp_path / "truncated.npz")
+    with open(good, "rb") as f, open(truncated, "wb") as g:
+        g.write(f.read()[:5000])
+    foreign = str(tmp_path / "foreign.npz")
+    np.savez(foreign, weights=np.ones(3))
+    pickled = str(tmp_path / "pickled.npz")  # a complete policy whose config needs unpickling
+    np.savez(pickled, **dict(arrays_of(good), config_json=np.array([{"evil": 1}], dtype=object)))
+    for path, phrase in ((truncated, "truncated"), (foreign, "no 'config_json'"),
+                         (pickled, "cannot read"), (str(tmp_path / "missing.npz"), "no such")):
+        rc, out = run_cmd(train_cmd("--play", "--load_path", path), 120)
+        assert_one_line_error(rc, out, 2, path, phrase)
+    bad_run = str(tmp_path / "bad_run")
+    shutil.copytree(reference, bad_run)
+    shutil.copy(truncated, train.checkpoint_path(bad_run, 0))
+    rc, out = run_cmd(train_cmd("--resume", bad_run), 120)
+    assert_one_line_error(rc, out, 2, "rank0.npz", "truncated")
+    # a policy of another env: dimension mismatch, named
+    rc, out = run_cmd(train_cmd("--play", "--load_path", good, "--env", "FetchPush-v4"), 120)
+    assert_one_line_error(rc, out, 2, "FetchReach-v4", "FetchPush-v4")
+
+
+def test_bad_command_lines_get_one_line_errors(tmp_path, capsys):
+    a_file = tmp_path / "a_file"
+    a_file.write_text("")
+    cases = [(["--env", "FetchPush-v9"], "did you mean FetchPush-v4"),
+             (["--env", "CartPole-v1"], "dict observation"),
+             (["--num_env", "0"], "--num_env must be at least 1"),
+             (["--num_env", "-2"], "--num_env must be at least 1"),
+             (["--n_epochs", "-1"], "--n_epochs must be 0 or more"),
+             (["--batch_size", "-5"], "--batch_size must be at least 1"),
+             (["--n_batches", "0"], "--n_batches must be at least 1"),
+             (["--replay_k", "-1"], "--replay_k must be 0 or more"),
+             (["--play"], "--play needs --load_path"),
+             (["--logdir", str(a_file / "sub")], "cannot write to log dir")]
+    for argv, phrase in cases:
+        try:
+            rc = train.main(argv)
+        except SystemExit as e:  # argparse's own errors
+            rc = e.code
+        err = capsys.readouterr().err
+        assert rc == 2, (argv, err)
+        assert len(err.strip().splitlines()) == 1 and phrase in err, (argv, err)
+    # and once through a real process: exit code 2, one line, no traceback
+    rc, out = run_cmd(train_cmd("--num_env", "0"), 120)
+    assert_one_line_error(rc, out, 2, "--num_env")
 
 
 # ---------------------------------------------------------------- MPI cases (run under mpirun)

@@ -6,9 +6,14 @@ of Plappert et al. (2018), Sec. 2.2: each epoch is n_cycles x (collect num_env e
 rank, store them, n_batches updates), a target update per cycle, then test rollouts.
 
 Run:
-    python train.py                                        # FetchReach-v4, one process
+    python train.py                                                # FetchReach-v4, one process
     mpirun -np 19 python train.py --num_env 2 --env FetchPush-v4   # Plappert et al. setup
+    python train.py --resume runs/<run>                            # continue after Ctrl-C
     python train.py --play --load_path runs/<run>/policy_best.npz
+
+Failure handling (README "When things go wrong"): bad input is one line on stderr and exit
+code 2; Ctrl-C saves a checkpoint and exits 130; a non-finite loss stops with exit code 1
+after keeping the last good checkpoint; an exception on any rank aborts the whole MPI job.
 """
 import os
 
@@ -18,10 +23,15 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
 import argparse  # noqa: E402
+import contextlib  # noqa: E402
 import csv  # noqa: E402
 import dataclasses  # noqa: E402
 import difflib  # noqa: E402
 import functools  # noqa: E402
+import importlib  # noqa: E402
+import io  # noqa: E402
+import json  # noqa: E402
+import signal  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 import traceback  # noqa: E402
@@ -29,7 +39,7 @@ from dataclasses import dataclass  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-from ddpg import DDPG  # noqa: E402
+from ddpg import DDPG, POLICY_KEYS, BadFileError, atomic_savez, load_npz, policy_params  # noqa: E402
 from her import RolloutWorker, make_sample_her_transitions  # noqa: E402
 from mpi_adam import mpi_average  # noqa: E402
 from vecenv import DummyVecEnv, SubprocVecEnv  # noqa: E402
@@ -68,49 +78,86 @@ class Config:
 
 # baselines her/experiment/config.py DEFAULT_ENV_PARAMS, keyed by env-id prefix
 ENV_OVERRIDES = {"FetchReach": dict(n_cycles=10)}
+CHECKPOINT_KEYS = POLICY_KEYS + ("epoch", "cycle", "n_ranks", "rng_json", "Q_adam/m")
+
+
+class UsageError(Exception):
+    """Bad input: reported as one line on stderr, exit code 2, no traceback."""
+
+
+class NonFiniteError(Exception):
+    """A loss became NaN or inf: reported as one line, exit code 1."""
+
+
+class Interrupted(Exception):
+    """Ctrl-C (SIGINT) or SIGTERM, after the checkpoint was saved: exit code 130."""
+
+
+# ---------------------------------------------------------------- environments
+
+def import_gym():
+    """gymnasium with the robotics envs registered. gymnasium-robotics 1.4.2 prints a notice
+    about its Adroit envs (not used here) to stderr on import; it is swallowed so that errors
+    stay one line."""
+    import gymnasium as gym
+    with contextlib.redirect_stderr(io.StringIO()):
+        import gymnasium_robotics
+    gym.register_envs(gymnasium_robotics)
+    return gym
 
 
 def make_env(env_id, render_mode=None):
-    """Build one env. Module-level (not a lambda) so the spawn start method can pickle it."""
-    import gymnasium as gym
-    import gymnasium_robotics
-    gym.register_envs(gymnasium_robotics)
-    return gym.make(env_id, render_mode=render_mode)
+    """Build one env. Module-level (not a lambda) so the spawn start method can pickle it.
+    `module:EnvId` ids import `module` first, which may register EnvId (gymnasium's rule)."""
+    gym = import_gym()
+    return gym.make(env_id, render_mode=render_mode) if render_mode else gym.make(env_id)
 
 
 def env_dims(env_id):
-    """Read dims, T and max_u off a temporary env: nothing here is specific to one task."""
-    import gymnasium as gym
-    import gymnasium_robotics
-    gym.register_envs(gymnasium_robotics)
-    if env_id not in gym.registry:
-        close = difflib.get_close_matches(env_id, list(gym.registry), n=3)
-        raise ValueError(f"unknown env id {env_id!r}; did you mean one of {close}?")
+    """Read dims, T, max_u and the reward off a temporary env: nothing is task-specific."""
+    gym = import_gym()
+    module, _, name = env_id.rpartition(":")
+    if module:
+        try:
+            importlib.import_module(module)
+        except ImportError as e:
+            raise UsageError(f"--env {env_id}: cannot import module {module!r} ({e})") from None
+    if name not in gym.registry:
+        close = difflib.get_close_matches(name, list(gym.registry), n=3, cutoff=0.6)
+        hint = f"; did you mean {' or '.join(close)}?" if close else \
+            "; see the Fetch*-v4, HandReach-v3 and HandManipulate* ids of gymnasium-robotics"
+        raise UsageError(f"unknown env id {name!r}{hint}")
     env = make_env(env_id)
-    try:
-        space = env.observation_space
-        keys = ("observation", "achieved_goal", "desired_goal")
-        if not all(k in getattr(space, "spaces", {}) for k in keys):
-            raise ValueError(f"env {env_id!r} has no dict observation with keys {keys}; "
-                             "HER needs a gymnasium-robotics goal task such as FetchReach-v4")
-        low, high = env.action_space.low, env.action_space.high
-        if not (np.allclose(low, -high) and np.allclose(high, high.flat[0])):
-            raise ValueError(f"env {env_id!r} has an action box that is not [-a, a] in every "
-                             "dimension; HER's tanh actor needs a symmetric box")
-        dims = {"o": space["observation"].shape[0], "g": space["desired_goal"].shape[0],
-                "u": env.action_space.shape[0]}
-        T = env.spec.max_episode_steps
-        # The env's own vectorised reward, used to relabel goals: r = compute_reward(ag_2, g)
-        reward_fun = functools.partial(_compute_reward, env.unwrapped)
-        return dims, T, float(high.flat[0]), reward_fun
-    except Exception:
+    space = env.observation_space
+    keys = ("observation", "achieved_goal", "desired_goal")
+    if not all(k in getattr(space, "spaces", {}) for k in keys):
         env.close()
-        raise
+        raise UsageError(f"env {env_id!r} has no dict observation with keys {', '.join(keys)}; "
+                         "HER needs a goal task such as FetchReach-v4")
+    low, high = env.action_space.low, env.action_space.high
+    if not (np.allclose(low, -high) and np.allclose(high, high.flat[0])):
+        env.close()
+        raise UsageError(f"env {env_id!r} has an action box that is not [-a, a] in every "
+                         "dimension; the tanh actor needs a symmetric box")
+    dims = {"o": int(space["observation"].shape[0]), "g": int(space["desired_goal"].shape[0]),
+            "u": int(env.action_space.shape[0])}
+    # The env's own vectorised reward, used to relabel goals: r = compute_reward(ag_2, g).
+    # The env stays open for it (baselines keeps a tmp env for the same reason).
+    reward_fun = functools.partial(_compute_reward, env.unwrapped)
+    return dims, int(env.spec.max_episode_steps), float(high.flat[0]), reward_fun
 
 
 def _compute_reward(env, ag_2, g):
     return env.compute_reward(ag_2, g, None)
 
+
+def build_venv(cfg, render_mode=None):
+    env_fns = [functools.partial(make_env, cfg.env, render_mode) for _ in range(cfg.num_env)]
+    # One env needs no worker process; baselines likewise uses DummyVecEnv for one env.
+    return SubprocVecEnv(env_fns) if cfg.num_env > 1 else DummyVecEnv(env_fns)
+
+
+# ---------------------------------------------------------------- configuration
 
 def make_config(args):
     """Defaults, then the env's overrides, then whatever was given on the command line."""
@@ -118,9 +165,24 @@ def make_config(args):
     for prefix, overrides in ENV_OVERRIDES.items():
         if (args.env or cfg.env).startswith(prefix):
             cfg = dataclasses.replace(cfg, **overrides)
-    given = {k: v for k, v in vars(args).items()
-             if v is not None and k in {f.name for f in dataclasses.fields(Config)}}
-    return dataclasses.replace(cfg, **given)
+    return dataclasses.replace(cfg, **given_config_args(args))
+
+
+def given_config_args(args):
+    names = {f.name for f in dataclasses.fields(Config)}
+    return {k: v for k, v in vars(args).items() if v is not None and k in names}
+
+
+def validate_config(cfg):
+    """Range checks that argparse's types cannot express; raises UsageError."""
+    positive = ("num_env", "n_cycles", "n_batches", "batch_size", "buffer_size", "hidden",
+                "layers")
+    for name in positive:
+        if getattr(cfg, name) < 1:
+            raise UsageError(f"--{name} must be at least 1, got {getattr(cfg, name)}")
+    for name in ("n_epochs", "n_test_rollouts", "replay_k", "policy_save_interval"):
+        if getattr(cfg, name) < 0:
+            raise UsageError(f"--{name} must be 0 or more, got {getattr(cfg, name)}")
 
 
 def ddpg_params(cfg, dims, T, max_u):
@@ -135,13 +197,38 @@ def ddpg_params(cfg, dims, T, max_u):
                 env=cfg.env)
 
 
-class EpochLogger:
-    """Rank 0 prints one table per epoch and appends a row to progress.csv."""
+def atomic_write_text(path, text):
+    """Write to a temporary file, then rename: readers never see half a file."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w", newline="") as f:
+        f.write(text)
+    os.replace(tmp, path)
 
-    def __init__(self, logdir, enabled):
+
+def load_config(run_dir):
+    path = os.path.join(run_dir, "config.json")
+    try:
+        with open(path) as f:
+            return Config(**json.load(f))
+    except FileNotFoundError:
+        raise UsageError(f"--resume {run_dir}: no config.json there; "
+                         "give the run directory that train.py wrote") from None
+    except (ValueError, TypeError) as e:
+        raise UsageError(f"{path}: not a config written by train.py ({e})") from None
+
+
+# ---------------------------------------------------------------- logging
+
+class EpochLogger:
+    """Rank 0 prints one table per epoch and rewrites progress.csv (atomically) with a new row."""
+
+    def __init__(self, logdir, enabled, start_epoch=0):
         self.enabled = enabled
         self.path = os.path.join(logdir, "progress.csv")
-        self.fieldnames = None
+        self.rows = []
+        if enabled and start_epoch > 0 and os.path.exists(self.path):
+            with open(self.path, newline="") as f:  # a resumed run keeps its earlier epochs
+                self.rows = [r for r in csv.DictReader(f) if int(r["epoch"]) < start_epoch]
 
     def dump(self, row):
         if not self.enabled:
@@ -150,34 +237,106 @@ class EpochLogger:
         lines = [f"| {k:<{width}} | {_fmt(v):>12} |" for k, v in row.items()]
         bar = "-" * len(lines[0])
         print("\n".join([bar, *lines, bar]), flush=True)
-        new_file = self.fieldnames is None
-        if new_file:
-            self.fieldnames = list(row)
-        with open(self.path, "w" if new_file else "a", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=self.fieldnames)
-            if new_file:
-                writer.writeheader()
-            writer.writerow(row)
+        self.rows.append(row)
+        text = io.StringIO()
+        writer = csv.DictWriter(text, fieldnames=list(row))
+        writer.writeheader()
+        writer.writerows(self.rows)
+        atomic_write_text(self.path, text.getvalue())
 
 
 def _fmt(v):
     return f"{v:.4g}" if isinstance(v, float) else str(v)
 
 
-def train(cfg, policy, rollout_worker, evaluator, logger, logdir, comm):
+# ---------------------------------------------------------------- checkpoints
+
+def checkpoint_path(logdir, rank):
+    return os.path.join(logdir, "checkpoint", f"rank{rank}.npz")
+
+
+def save_checkpoint(logdir, epoch, cycle, best, policy, workers, comm):
+    """Every rank writes its own complete state; (epoch, cycle) is where training resumes."""
+    arrays = policy.checkpoint_arrays()
+    arrays.update(epoch=np.array(epoch), cycle=np.array(cycle), best=np.array(best),
+                  n_ranks=np.array(comm.Get_size()),
+                  n_episodes=np.array([w.n_episodes for w in workers]))
+    atomic_savez(checkpoint_path(logdir, comm.Get_rank()), arrays)
+
+
+def read_checkpoint(run_dir, comm):
+    """This rank's checkpoint arrays (local: no MPI calls), or UsageError/BadFileError."""
+    path = checkpoint_path(run_dir, comm.Get_rank())
+    arrays = load_npz(path, CHECKPOINT_KEYS, "checkpoint")
+    if int(arrays["n_ranks"]) != comm.Get_size():
+        raise UsageError(f"{path} was written by a run of {int(arrays['n_ranks'])} ranks; resume "
+                         f"it with mpirun -np {int(arrays['n_ranks'])}, not {comm.Get_size()}")
+    return arrays
+
+
+# ---------------------------------------------------------------- stopping safely
+
+class StopFlag:
+    """SIGINT/SIGTERM only raise a flag; the loop stops at the next cycle boundary, where all
+    ranks agree and save. A second signal stops at once (KeyboardInterrupt)."""
+
+    def __init__(self):
+        self.requested = False
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, self._handle)
+
+    def _handle(self, signum, frame):
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+
+
+def check_cycle(cycle_losses, stop, epoch, cycle, comm):
+    """Collective, once per cycle: every rank learns whether any rank was interrupted or saw a
+    non-finite loss, so all of them stop at the same point instead of hanging in Allreduce."""
+    bad = [name for name, values in zip(("train/critic_loss", "train/actor_loss"),
+                                        np.transpose(cycle_losses))
+           if not np.all(np.isfinite(values))]
+    statuses = comm.allgather((stop.requested, bad))
+    nonfinite = [(rank, bad) for rank, (_, bad) in enumerate(statuses) if bad]
+    if nonfinite:
+        rank, names = nonfinite[0]
+        raise NonFiniteError(f"non-finite {' and '.join(names)} in epoch {epoch}, cycle {cycle} "
+                             f"(rank {rank})")
+    return any(requested for requested, _ in statuses)
+
+
+# ---------------------------------------------------------------- the loop
+
+def train(cfg, policy, rollout_worker, evaluator, logger, logdir, comm, stop,
+          start_epoch=0, start_cycle=0, best_success_rate=-1.):
     """The epoch/cycle/batch loop (Plappert et al. 2018, Sec. 2.2; baselines her.py train)."""
     rank, n_ranks = comm.Get_rank(), comm.Get_size()
-    best_success_rate = -1.
-    for epoch in range(cfg.n_epochs):
+    workers = (rollout_worker, evaluator)
+    for epoch in range(start_epoch, cfg.n_epochs):
         t_start = time.time()
-        rollout_worker.clear_history()
+        first_cycle = start_cycle if epoch == start_epoch else 0
+        if first_cycle == 0:
+            rollout_worker.clear_history()
         losses = []
-        for _ in range(cfg.n_cycles):
+        for cycle in range(first_cycle, cfg.n_cycles):
             episode = rollout_worker.generate_rollouts()  # num_env episodes from this rank's envs
             policy.store_episode(episode)  # this rank's buffer; normaliser stats over all ranks
-            for _ in range(cfg.n_batches):
-                losses.append(policy.train())  # gradients summed over ranks inside MpiAdam
+            cycle_losses = [policy.train() for _ in range(cfg.n_batches)]  # MpiAdam inside
             policy.update_target_net()
+            losses += cycle_losses
+            try:
+                interrupted = check_cycle(cycle_losses, stop, epoch, cycle, comm)
+            except NonFiniteError as e:  # nothing of this epoch is saved: the checkpoint on disk
+                raise NonFiniteError(f"{e}; training stopped; the last good checkpoint, from "
+                                     f"before this epoch, is in {logdir} (--resume)") from None
+            if interrupted:
+                save_checkpoint(logdir, epoch, cycle + 1, best_success_rate, policy, workers, comm)
+                if rank == 0:
+                    policy.save(os.path.join(logdir, "policy_latest.npz"))
+                raise Interrupted(f"interrupted in epoch {epoch} after cycle {cycle}: saved "
+                                  f"policy_latest.npz and checkpoint/ in {logdir}; continue with "
+                                  f"--resume {logdir}")
 
         evaluator.clear_history()
         for _ in range(cfg.n_test_rollouts):
@@ -185,89 +344,167 @@ def train(cfg, policy, rollout_worker, evaluator, logger, logdir, comm):
 
         policy.check_synced()
         success_rate = mpi_average(evaluator.current_success_rate(), comm)
-        critic_loss, actor_loss = np.mean(losses, axis=0)
-        row = {"epoch": epoch,
-               "test/success_rate": success_rate,
-               "test/mean_Q": mpi_average(evaluator.current_mean_Q(), comm),
-               "train/success_rate": mpi_average(rollout_worker.current_success_rate(), comm),
-               "train/critic_loss": mpi_average(critic_loss, comm),
-               "train/actor_loss": mpi_average(actor_loss, comm),
-               **policy.logs(),
-               "total/episodes": rollout_worker.n_episodes * n_ranks,
-               "total/timesteps": rollout_worker.n_episodes * n_ranks * policy.T,
-               "time/epoch_s": time.time() - t_start}
-        logger.dump(row)
+        critic_loss, actor_loss = np.mean(losses, axis=0) if losses else (np.nan, np.nan)
+        logger.dump({"epoch": epoch,
+                     "test/success_rate": success_rate,
+                     "test/mean_Q": mpi_average(evaluator.current_mean_Q(), comm),
+                     "train/success_rate": mpi_average(rollout_worker.current_success_rate(), comm),
+                     "train/critic_loss": mpi_average(critic_loss, comm),
+                     "train/actor_loss": mpi_average(actor_loss, comm),
+                     **policy.logs(),
+                     "total/episodes": rollout_worker.n_episodes * n_ranks,
+                     "total/timesteps": rollout_worker.n_episodes * n_ranks * policy.T,
+                     "time/epoch_s": time.time() - t_start})
 
         # Ranks hold identical weights, so rank 0 alone writes them.
         if rank == 0:
             if success_rate >= best_success_rate:
-                best_success_rate = success_rate
                 policy.save(os.path.join(logdir, "policy_best.npz"))
             policy.save(os.path.join(logdir, "policy_latest.npz"))
             if cfg.policy_save_interval > 0 and epoch % cfg.policy_save_interval == 0:
                 policy.save(os.path.join(logdir, f"policy_{epoch}.npz"))
+        best_success_rate = max(best_success_rate, success_rate)
+        save_checkpoint(logdir, epoch + 1, 0, best_success_rate, policy, workers, comm)
     return best_success_rate
 
 
-def build_venv(cfg, render_mode=None):
-    env_fns = [functools.partial(make_env, cfg.env, render_mode) for _ in range(cfg.num_env)]
-    # One env needs no worker process; baselines likewise skips SubprocVecEnv for one env.
-    return SubprocVecEnv(env_fns) if cfg.num_env > 1 else DummyVecEnv(env_fns)
+# ---------------------------------------------------------------- setting up a run
+
+def agree(comm, error):
+    """Collective: raise UsageError on every rank if any rank hit one (first rank's message).
+    Called after the purely local checks, before anything collective can hang."""
+    errors = comm.allgather(error)
+    first = next((e for e in errors if e), None)
+    if first:
+        raise UsageError(first)
 
 
-def run(cfg, comm):
+def prepare(cfg, args, comm):
+    """Local checks and file reads of a run, no MPI calls: returns what run() needs."""
+    plan = {}
+    if args.resume:
+        plan["checkpoint"] = read_checkpoint(args.resume, comm)
+    plan["dims"], plan["T"], plan["max_u"], plan["reward_fun"] = env_dims(cfg.env)
+    if args.load_path:
+        plan["init_policy"] = load_npz(args.load_path, POLICY_KEYS, "policy")
+        check_policy_fits(policy_params(plan["init_policy"], args.load_path), args.load_path,
+                          cfg.env, plan["dims"])
+    return plan
+
+
+def check_policy_fits(params, path, env_id, dims):
+    if dict(params["dims"]) != dims:
+        raise UsageError(f"{path} was trained on {params.get('env', '?')} with dims "
+                         f"{params['dims']}, but {env_id} has dims {dims}; pass the matching --env")
+
+
+def make_logdir(cfg, comm):
+    """Rank 0 creates the log dir and writes config.json; every rank learns if that failed."""
+    error = None
+    if comm.Get_rank() == 0:
+        try:
+            os.makedirs(os.path.join(cfg.logdir, "checkpoint"), exist_ok=True)
+            atomic_write_text(os.path.join(cfg.logdir, "config.json"),
+                              json.dumps(dataclasses.asdict(cfg), indent=1))
+        except OSError as e:
+            error = (f"cannot write to log dir {cfg.logdir!r} ({e.strerror}); "
+                     "pass a writable --logdir")
+    agree(comm, error)
+
+
+def run(cfg, args, comm):
     rank, n_ranks = comm.Get_rank(), comm.Get_size()
-    rank_seed = cfg.seed + 1000000 * rank  # baselines: different data on every rank
-    rng = np.random.default_rng(rank_seed)
-    dims, T, max_u, reward_fun = env_dims(cfg.env)
-    logdir = cfg.logdir or os.path.join(
-        "runs", f"{cfg.env}-seed{cfg.seed}-{time.strftime('%Y%m%d-%H%M%S')}")
+    try:
+        plan, error = prepare(cfg, args, comm), None
+    except (UsageError, BadFileError) as e:
+        plan, error = None, str(e)
+    agree(comm, error)
+    make_logdir(cfg, comm)
     if rank == 0:
-        os.makedirs(logdir, exist_ok=True)
-        print(f"Logging to {logdir}\n{cfg}\ndims={dims} T={T} max_u={max_u} ranks={n_ranks}",
-              flush=True)
+        print(f"Logging to {cfg.logdir}\n{cfg}\ndims={plan['dims']} T={plan['T']} "
+              f"max_u={plan['max_u']} ranks={n_ranks}", flush=True)
         if n_ranks == 1:
             print("*** Warning: one MPI rank. This works (FetchReach learns), but Plappert et al. "
                   "(2018) used 19 ranks x 2 envs, and the harder tasks learn far worse with one; "
                   "to reproduce them run: mpirun -np 19 python train.py --num_env 2 ...",
                   flush=True)
-    sampler = make_sample_her_transitions(cfg.replay_strategy, cfg.replay_k, reward_fun)
-    policy = DDPG(ddpg_params(cfg, dims, T, max_u), sampler, rng, comm)
+    rank_seed = cfg.seed + 1000000 * rank  # baselines: different data on every rank
+    rng = np.random.default_rng(rank_seed)
+    sampler = make_sample_her_transitions(cfg.replay_strategy, cfg.replay_k, plan["reward_fun"])
+    policy = DDPG(ddpg_params(cfg, plan["dims"], plan["T"], plan["max_u"]), sampler, rng, comm)
+    start = dict(start_epoch=0, start_cycle=0, best_success_rate=-1.)
+    if "init_policy" in plan:
+        policy.set_policy_arrays(plan["init_policy"], args.load_path)
+    if "checkpoint" in plan:
+        ckpt = plan["checkpoint"]
+        policy.restore_checkpoint(ckpt, checkpoint_path(cfg.logdir, rank))
+        start = dict(start_epoch=int(ckpt["epoch"]), start_cycle=int(ckpt["cycle"]),
+                     best_success_rate=float(ckpt["best"]))
+        if len(set(comm.allgather((start["start_epoch"], start["start_cycle"])))) != 1:
+            raise UsageError(f"the checkpoints in {cfg.logdir}/checkpoint are from different "
+                             "epochs (a run killed while saving); start a new run")
     venv = build_venv(cfg)
     try:
         # Training and test rollouts share the envs, as in baselines (eval_env = env).
-        rollout_worker = RolloutWorker(venv, policy, dims, T, noise_eps=cfg.noise_eps,
-                                       random_eps=cfg.random_eps, seed=rank_seed)
-        evaluator = RolloutWorker(venv, policy, dims, T, exploit=True, compute_Q=True)
-        logger = EpochLogger(logdir, enabled=(rank == 0))
-        best = train(cfg, policy, rollout_worker, evaluator, logger, logdir, comm)
+        rollout_worker = RolloutWorker(venv, policy, plan["dims"], plan["T"], rng,
+                                       noise_eps=cfg.noise_eps, random_eps=cfg.random_eps)
+        evaluator = RolloutWorker(venv, policy, plan["dims"], plan["T"], rng, exploit=True,
+                                  compute_Q=True)
+        if "checkpoint" in plan:
+            rollout_worker.n_episodes, evaluator.n_episodes = map(int, plan["checkpoint"]["n_episodes"])
+        else:  # the state before any training, so a failure always has a checkpoint to go back to
+            save_checkpoint(cfg.logdir, 0, 0, -1., policy, (rollout_worker, evaluator), comm)
+        logger = EpochLogger(cfg.logdir, enabled=(rank == 0), start_epoch=start["start_epoch"])
+        best = train(cfg, policy, rollout_worker, evaluator, logger, cfg.logdir, comm,
+                     StopFlag(), **start)
     finally:
         venv.close()
     if rank == 0:
         print(f"Done: best test success rate {best:.3f}; {n_ranks} rank(s) in sync; "
-              f"policies in {logdir}", flush=True)
+              f"policies in {cfg.logdir}", flush=True)
 
 
-def play(cfg, load_path, render, comm):
+def play(cfg, args, comm):
     """Run test episodes with a saved policy and print the success rate (baselines play.py)."""
-    policy = DDPG.load(load_path, comm=comm, rng=np.random.default_rng(cfg.seed))
-    if policy.params.get("env") and policy.params["env"] != cfg.env:
-        cfg = dataclasses.replace(cfg, env=policy.params["env"])
-    venv = build_venv(cfg, render_mode="human" if render else None)
     try:
-        evaluator = RolloutWorker(venv, policy, policy.dims, policy.T, exploit=True,
-                                  compute_Q=True, seed=cfg.seed)
+        arrays, error = load_npz(args.load_path, POLICY_KEYS, "policy"), None
+        params = policy_params(arrays, args.load_path)
+        env_id = args.env or params.get("env") or cfg.env
+        dims = env_dims(env_id)[0]
+        check_policy_fits(params, args.load_path, env_id, dims)
+    except (UsageError, BadFileError) as e:
+        error = str(e)
+    agree(comm, error)
+    cfg = dataclasses.replace(cfg, env=env_id)
+    rng = np.random.default_rng(cfg.seed + 1000000 * comm.Get_rank())
+    policy = DDPG(params, sample_transitions=None, rng=rng, comm=comm)
+    policy.set_policy_arrays(arrays, args.load_path)
+    venv = build_venv(cfg, render_mode="human" if args.render else None)
+    try:
+        evaluator = RolloutWorker(venv, policy, policy.dims, policy.T, rng, exploit=True,
+                                  compute_Q=True)
         for _ in range(cfg.n_test_rollouts):
             evaluator.generate_rollouts()
     finally:
         venv.close()
-    print(f"{cfg.env}: test success rate {evaluator.current_success_rate():.3f} over "
-          f"{evaluator.n_episodes} episodes, mean Q {evaluator.current_mean_Q():.3f}", flush=True)
+    success_rate = mpi_average(evaluator.current_success_rate(), comm)
+    if comm.Get_rank() == 0:
+        print(f"{cfg.env}: test success rate {success_rate:.3f} over "
+              f"{evaluator.n_episodes * comm.Get_size()} episodes", flush=True)
+
+
+# ---------------------------------------------------------------- command line
+
+class ArgumentParser(argparse.ArgumentParser):
+    def error(self, message):
+        """One line, exit code 2 (argparse would also print the whole usage)."""
+        self.exit(2, f"{self.prog}: error: {message}\n")
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description="DDPG + HER (NumPy) on gymnasium-robotics tasks")
-    p.add_argument("--env", help="env id (default FetchReach-v4)")
+    p = ArgumentParser(prog="train.py",
+                       description="DDPG + HER (NumPy) on gymnasium-robotics goal tasks")
+    p.add_argument("--env", help="env id (default FetchReach-v4); module:EnvId imports module")
     p.add_argument("--num_env", type=int, help="env worker processes per MPI rank (default 1)")
     p.add_argument("--n_epochs", type=int)
     p.add_argument("--n_cycles", type=int)
@@ -281,38 +518,68 @@ def parse_args(argv=None):
     p.add_argument("--replay_k", type=int)
     p.add_argument("--clip_return", type=int, choices=[0, 1], help="1 (default) or 0")
     p.add_argument("--policy_save_interval", type=int)
-    p.add_argument("--load_path", help="policy .npz to play")
+    p.add_argument("--load_path", help="policy .npz: to --play, or to start training from")
     p.add_argument("--play", action="store_true", help="run test episodes with --load_path")
     p.add_argument("--render", action="store_true", help="with --play: show a MuJoCo window")
+    p.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its checkpoint")
     args = p.parse_args(argv)
     if args.clip_return is not None:
         args.clip_return = bool(args.clip_return)
-    return p, args
+    if args.play and not args.load_path:
+        p.error("--play needs --load_path PATH_TO_POLICY.npz")
+    if args.resume and (args.play or args.load_path):
+        p.error("--resume cannot be combined with --play or --load_path")
+    if args.resume and set(given_config_args(args)) - {"n_epochs"}:
+        p.error("--resume continues the saved configuration; only --n_epochs may be given")
+    return args
+
+
+def config_for(args):
+    if args.resume:
+        cfg = dataclasses.replace(load_config(args.resume), logdir=args.resume)
+        return dataclasses.replace(cfg, **given_config_args(args))
+    cfg = make_config(args)
+    if not cfg.logdir:
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        cfg = dataclasses.replace(cfg, logdir=os.path.join("runs", f"{cfg.env}-seed{cfg.seed}-{stamp}"))
+    return cfg
 
 
 def main(argv=None):
-    parser, args = parse_args(argv)
-    if args.play and not args.load_path:
-        parser.error("--play needs --load_path PATH_TO_POLICY.npz")
-    cfg = make_config(args)
+    args = parse_args(argv)
     # mpi4py is imported here, not at the top: env workers re-import this file under `spawn`
     # and must never join the MPI job (DESIGN.md, "Known traps").
     from mpi4py import MPI
     comm = MPI.COMM_WORLD
     try:
-        if args.play:
-            play(cfg, args.load_path, args.render, comm)
-        else:
-            run(cfg, comm)
+        cfg = config_for(args)
+        validate_config(cfg)
+        # Rank 0's default log dir name (it holds a time stamp) is the one every rank uses.
+        cfg = dataclasses.replace(cfg, logdir=comm.bcast(cfg.logdir, root=0))
+        (play if args.play else run)(cfg, args, comm)
+    except (UsageError, BadFileError) as e:
+        return report(comm, f"train.py: error: {e}", 2)
+    except NonFiniteError as e:
+        return report(comm, f"train.py: {e}", 1)
+    except Interrupted as e:
+        return report(comm, f"train.py: {e}", 130)
     except BaseException:
         if comm.Get_size() == 1:
             raise
         # One rank failing while the others wait in Allreduce would hang the job forever:
         # print this rank's traceback and take the whole job down.
-        sys.stderr.write(f"[rank {comm.Get_rank()}] {traceback.format_exc()}")
+        sys.stderr.write(f"[rank {comm.Get_rank()} of {comm.Get_size()}] {traceback.format_exc()}")
         sys.stderr.flush()
         comm.Abort(1)
+    return 0
+
+
+def report(comm, message, code):
+    """The errors above reach every rank together; rank 0 alone prints the line."""
+    if comm.Get_rank() == 0:
+        print(message, file=sys.stderr, flush=True)
+    return code
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

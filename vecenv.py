@@ -19,6 +19,7 @@ Deviations from baselines, on purpose:
 Test: `python -m pytest -q test_all.py -k vecenv`.
 """
 import multiprocessing as mp
+import signal
 import traceback
 
 import numpy as np
@@ -93,6 +94,9 @@ def worker(remote, parent_remote, env_fn):
     the worker dying silently and the parent waiting forever on the pipe.
     """
     parent_remote.close()  # this process only talks through its own end of the pipe
+    # Ctrl-C in a terminal reaches the whole process group: the parent decides when workers
+    # stop (after it has saved), so a worker must not die of SIGINT on its own.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     env = None
     try:
         env = env_fn()
