@@ -241,16 +241,18 @@ def mpi_case_mpi_adam(comm):
     rng = np.random.default_rng(0)  # same stream on every rank: every rank knows all gradients
     init = [rng.normal(size=(4, 3)).astype(np.float32), rng.normal(size=7).astype(np.float32)]
     local_grads = rng.normal(size=(5, n, 19)).astype(np.float32)  # (steps, rank, size)
-    for scale_grad_by_procs in (False, True):
+    # epsilon = 0.5: Adam is nearly blind to a constant factor on g, so only a large epsilon
+    # tells the summed gradient from the averaged one.
+    for scale_grad_by_procs, epsilon in ((False, 1e-8), (True, 1e-8), (False, 0.5), (True, 0.5)):
         params = [p + rank for p in init]  # diverged on purpose; sync() must repair it
-        adam = MpiAdam(params, scale_grad_by_procs=scale_grad_by_procs, comm=comm)
+        adam = MpiAdam(params, epsilon=epsilon, scale_grad_by_procs=scale_grad_by_procs, comm=comm)
         adam.sync()
         np.testing.assert_array_equal(adam.getflat(), np.concatenate([p.ravel() for p in init]))
         for t in range(len(local_grads)):
             adam.update(local_grads[t, rank], stepsize=0.01)
         combined = local_grads.sum(axis=1) if not scale_grad_by_procs else local_grads.mean(axis=1)
         ref = textbook_adam(np.concatenate([p.ravel() for p in init]), combined.astype(np.float64),
-                            0.01)
+                            0.01, epsilon=epsilon)
         np.testing.assert_allclose(adam.getflat(), ref, rtol=1e-5, atol=1e-6)
         all_thetas = comm.allgather(adam.getflat().tobytes())
         assert all(t == all_thetas[0] for t in all_thetas), "ranks differ after updates"
@@ -289,8 +291,11 @@ def check_normalizer_against_numpy(norm, data):
     np.testing.assert_allclose(norm.mean, mean, rtol=1e-6)
     np.testing.assert_allclose(norm.std, std, rtol=1e-5)
     v = data[:5].astype(np.float32)
+    v[0] = mean + 100 * std  # far outside: the clip to [-5, 5] must bite
+    v[1] = mean - 100 * std
     np.testing.assert_allclose(norm.normalize(v), np.clip((v - mean) / std, -5, 5),
                                rtol=1e-4, atol=1e-5)
+    assert np.all(norm.normalize(v)[0] == 5) and np.all(norm.normalize(v)[1] == -5)
 
 
 def test_normalizer_under_mpirun():
@@ -507,6 +512,156 @@ def test_rollout_worker_episode_shapes_and_no_dropped_step():
     replay_venv.close()
 
 
+def test_vecenv_env_i_is_seeded_with_seed_plus_i():
+    env_fns = [functools.partial(train.make_env, "FetchPush-v4") for _ in range(3)]
+    for venv in (DummyVecEnv(env_fns), SubprocVecEnv(env_fns)):
+        obs = venv.reset(seed=40)
+        for i in range(3):
+            alone, _ = train.make_env("FetchPush-v4").reset(seed=40 + i)
+            np.testing.assert_array_equal(obs["desired_goal"][i], alone["desired_goal"])
+        assert not np.array_equal(obs["desired_goal"][0], obs["desired_goal"][1])
+        venv.close()
+
+
+class RecordingPolicy:
+    """Stands in for DDPG: records what the rollout worker shows it, acts with zeros."""
+
+    def __init__(self, dim_u):
+        self.dim_u, self.seen = dim_u, []
+
+    def get_actions(self, o, ag, g, noise_eps=0., random_eps=0., use_target_net=False,
+                    compute_Q=False):
+        self.seen.append((o.copy(), g.copy()))
+        return np.zeros((len(o), self.dim_u), np.float32), np.zeros(len(o))
+
+
+def test_rollout_worker_shows_the_policy_the_current_observation_and_goal():
+    dims, T, _, _ = train.env_dims("FetchReach-v4")
+    policy = RecordingPolicy(dims["u"])
+    venv = DummyVecEnv([functools.partial(train.make_env, "FetchReach-v4") for _ in range(2)])
+    ep = RolloutWorker(venv, policy, dims, T, np.random.default_rng(0)).generate_rollouts()
+    assert len(policy.seen) == T
+    for t, (o, g) in enumerate(policy.seen):
+        np.testing.assert_array_equal(o, ep["o"][:, t])
+        np.testing.assert_array_equal(g, ep["g"][:, t])
+    venv.close()
+
+
+class StubGoalEnv:
+    """Goal env without physics: is_success is 1 exactly at the steps listed in success_at."""
+
+    def __init__(self, success_at):
+        self.success_at, self.t = success_at, 0
+        box = gym.spaces.Box(-1, 1, (2,), np.float32)
+        self.observation_space = gym.spaces.Dict(
+            observation=box, achieved_goal=box, desired_goal=box)
+        self.action_space = box
+
+    @staticmethod
+    def _obs():
+        z = np.zeros(2, np.float32)
+        return dict(observation=z, achieved_goal=z, desired_goal=z)
+
+    def reset(self, seed=None):
+        self.t = 0
+        return self._obs(), {}
+
+    def step(self, u):
+        self.t += 1
+        return self._obs(), -1., False, False, {"is_success": float(self.t in self.success_at)}
+
+    def close(self):
+        pass
+
+
+def test_success_rate_is_read_at_the_last_step():
+    dims, T = {"o": 2, "g": 2, "u": 2}, 10
+    for success_at, expected in (({10}, 1.0), (set(range(1, 10)), 0.0)):
+        venv = DummyVecEnv([functools.partial(StubGoalEnv, success_at)])
+        worker = RolloutWorker(venv, RecordingPolicy(2), dims, T, np.random.default_rng(0))
+        worker.generate_rollouts()
+        assert worker.current_success_rate() == expected
+
+
+def test_exploration_noise_and_random_actions_scale_with_max_u():
+    rng = np.random.default_rng(14)
+    dims = {"o": 3, "g": 2, "u": 2}
+    cfg = train.Config(hidden=16, buffer_size=1000)
+    policy = DDPG(train.ddpg_params(cfg, dims, 10, 2.0), None, rng)  # max_u = 2
+    o = np.zeros((20000, 3), np.float32)
+    g = np.zeros((20000, 2), np.float32)
+    pi, _ = policy.get_actions(o, None, g)
+    # random_eps = 1: every action uniform on [-2, 2]: mean 0, variance 2^2 / 3
+    u, _ = policy.get_actions(o, None, g, random_eps=1.0)
+    assert abs(u.mean()) < 0.05 and abs(u.var() - 4 / 3) < 0.05
+    # random_eps = 0: Gaussian noise of std noise_eps * max_u = 0.2 around pi
+    u, _ = policy.get_actions(o, None, g, noise_eps=0.1)
+    assert abs((u - pi).std() - 0.2) < 0.01
+    # random_eps = 0.3: 30% of the rows are replaced, whole rows at a time
+    u, _ = policy.get_actions(o, None, g, random_eps=0.3)
+    replaced = np.any(u != pi, axis=1)
+    assert abs(replaced.mean() - 0.3) < 0.02
+
+
+def test_observations_are_clipped_to_clip_obs_before_normalising():
+    rng = np.random.default_rng(15)
+    policy, dims, _ = fetch_reach_policy(rng, hidden=16)
+    o = np.full((2, dims["o"]), 1e4, np.float32)
+    g = np.full((2, dims["g"]), -1e4, np.float32)
+    x = policy._preprocess_og(o, g)
+    expected_o = policy.o_stats.normalize(np.full_like(o, 200.))
+    expected_g = policy.g_stats.normalize(np.full_like(g, -200.))
+    np.testing.assert_array_equal(x, np.concatenate([expected_o, expected_g], axis=1))
+
+
+def test_goal_normaliser_sees_the_relabelled_goals():
+    rng = np.random.default_rng(16)
+    dims, T = {"o": 2, "g": 3, "u": 4}, 10
+    episodes = synthetic_episodes(3, T, rng)
+    fed = {}
+
+    def stub_sampler(episode_batch, batch_size, rng):
+        fed["n"] = batch_size
+        return {"o": np.ones((batch_size, 2), np.float32),
+                "g": np.full((batch_size, 3), 7., np.float32)}
+    cfg = train.Config(hidden=16, buffer_size=100)
+    policy = DDPG(train.ddpg_params(cfg, dims, T, 1.0), stub_sampler, rng)
+    policy.store_episode(episodes)
+    assert fed["n"] == 3 * T  # one normalising sample per stored transition
+    np.testing.assert_array_equal(policy.g_stats.mean, 7.)  # the sampler's goals, not ep["g"]
+    assert policy.g_stats.total_count[0] == 3 * T
+
+
+def test_replay_eviction_never_loses_an_episode_of_the_same_batch():
+    for seed in range(20):
+        rng = np.random.default_rng(seed)
+        T = 3
+        ep = synthetic_episodes(4, T, rng)
+        buf = ReplayBuffer({k: v.shape[1:] for k, v in ep.items()}, 4 * T, T, None, rng)
+        buf.store_episode(ep)  # full
+        new = synthetic_episodes(3, T, rng)
+        new["u"][:, :, 0] = np.array([100., 200., 300.])[:, None]  # a marker per episode
+        buf.store_episode(new)
+        markers = set(buf.buffers["u"][:, 0, 0].tolist())
+        assert {100., 200., 300.} <= markers, f"seed {seed}: an episode was overwritten"
+
+
+def test_her_future_offset_is_uniform_over_later_steps():
+    T = 10
+    tr, _, _ = sample_from("future", 4, T=T, batch=200_000)
+    t = tr["o"][:, 1].astype(int)
+    relabelled = tr["g"][:, 0] >= 0
+    gt = tr["g"][:, 1].astype(int)
+    # for each t, future_t is uniform on {t+1, ..., T}: Pearson's chi-square per t
+    for t0 in range(T):
+        chosen = gt[relabelled & (t == t0)]
+        counts = np.bincount(chosen - t0 - 1, minlength=T - t0)
+        expected = len(chosen) / (T - t0)
+        chi2 = ((counts - expected) ** 2 / expected).sum()
+        dof = T - t0 - 1
+        assert chi2 < dof + 6 * np.sqrt(2 * dof) + 10, (t0, counts)
+
+
 # ---------------------------------------------------------------- the DDPG update itself
 
 def test_ddpg_train_uses_clipped_target_from_target_nets():
@@ -525,9 +680,16 @@ def test_ddpg_train_uses_clipped_target_from_target_nets():
     policy.target.Q.theta += rng.normal(scale=0.1, size=policy.target.Q.theta.size)  # targ != main
     policy.target.pi.theta += rng.normal(scale=0.1, size=policy.target.pi.theta.size)
     grads = {}
-    policy.Q_adam.update = lambda g, lr: grads.__setitem__("Q", g.copy())
-    policy.pi_adam.update = lambda g, lr: grads.__setitem__("pi", g.copy())
+    for name, adam in (("Q", policy.Q_adam), ("pi", policy.pi_adam)):
+        def spy(g, stepsize, name=name, real_update=adam.update):  # record, then really update
+            grads[name] = g.copy()
+            real_update(g, stepsize)
+        adam.update = spy
+    before = ActorCritic(dims, 16, 3, 1.0, rng)
+    before.copy_from(policy.main)
     policy.train()
+    assert not np.array_equal(before.Q.theta, policy.main.Q.theta)  # the step did happen
+    policy.main = before  # both gradients must be those of the pre-update parameters
 
     gamma = 1 - 1 / T
     x_pi = policy._preprocess_og(batch["o"], batch["g"])
