@@ -37,24 +37,46 @@ from replay import ReplayBuffer
 
 def linear_forward(x, W, b):
     """y = x W + b.   x: (N, d_in), W: (d_in, d_out), b: (d_out,) -> y: (N, d_out)"""
-    y = x @ W + b
+    y = x @ W
+    y += b  # in place: no second (N, d_out) temporary
     return y, (x, W)
 
 
-def linear_backward(dy, cache, dW=None, db=None):
+def linear_backward(dy, cache, dW=None, db=None, need_dx=True):
     """dL/dx = dy W^T; dL/dW = x^T dy; dL/db = sum_n dy. Writes dW, db in place when given
-    (None skips that gradient: the actor loss needs only dL/du through the critic)."""
+    (None skips that gradient: the actor loss needs only dL/du through the critic); skips the
+    dx product when need_dx=False (nothing lies below a network's first layer)."""
     x, W = cache
     if dW is not None:
         np.matmul(x.T, dy, out=dW)
     if db is not None:
         np.sum(dy, axis=0, out=db)
-    return dy @ W.T
+    return dy @ W.T if need_dx else None
+
+
+def split_linear_forward(xs, Ws, b):
+    """y = [x_1 | ... | x_k] W + b = sum_i x_i W_i + b, where W_i is the block of W's rows that
+    multiplies x_i. Same y as concatenating the inputs, without building that (N, sum d_i) copy.
+    xs: [(N, d_i)], Ws: [(d_i, d_out)] -> y: (N, d_out)"""
+    y, cache_0 = linear_forward(xs[0], Ws[0], b)
+    caches = [cache_0]
+    for x, W in zip(xs[1:], Ws[1:]):
+        y += x @ W
+        caches.append((x, W))
+    return y, caches
+
+
+def split_linear_backward(dy, caches, dWs=None, db=None, need_dxs=None):
+    """Per block: dL/dx_i = dy W_i^T (only where need_dxs[i]), dL/dW_i = x_i^T dy; dL/db once."""
+    need_dxs = need_dxs or [False] * len(caches)
+    dWs = dWs or [None] * len(caches)
+    return [linear_backward(dy, c, dW, db if i == 0 else None, need_dx)
+            for i, (c, dW, need_dx) in enumerate(zip(caches, dWs, need_dxs))]
 
 
 def relu_forward(x):
-    """y = max(x, 0)"""
-    y = np.maximum(x, 0)
+    """y = max(x, 0), written over x (the caller hands over a fresh linear output)."""
+    y = np.maximum(x, 0, out=x)
     return y, y
 
 
@@ -81,14 +103,17 @@ def tanh_backward(dy, cache):
 class MLP:
     """Fully connected ReLU network with a linear last layer (baselines her/util.py `nn`).
 
-    sizes = [d_in, hidden, ..., hidden, d_out]. Weights are Glorot-uniform ("xavier", as
-    baselines' tf.contrib.layers.xavier_initializer), biases zero.
+    sizes = [d_in, hidden, ..., hidden, d_out]; d_in may be a list of input block sizes, e.g.
+    [d_og, d_u] for the critic, whose first layer then takes the blocks separately
+    (split_linear_forward). Weights are Glorot-uniform ("xavier", as baselines'
+    tf.contrib.layers.xavier_initializer), biases zero.
     """
 
     def __init__(self, sizes, rng, dtype=np.float32):
-        self.sizes = list(sizes)
+        self.in_blocks = list(np.atleast_1d(sizes[0]))  # [d_1, ..., d_k] of the input blocks
+        self.sizes = [sum(self.in_blocks)] + list(sizes[1:])
         shapes = []
-        for d_in, d_out in zip(sizes[:-1], sizes[1:]):
+        for d_in, d_out in zip(self.sizes[:-1], self.sizes[1:]):
             shapes += [(d_in, d_out), (d_out,)]
         n = sum(int(np.prod(s)) for s in shapes)
         self.theta = np.zeros(n, dtype)  # (n_params,) every parameter, the array MpiAdam updates
@@ -98,6 +123,10 @@ class MLP:
         for W in self.params[0::2]:
             limit = np.sqrt(6. / (W.shape[0] + W.shape[1]))
             W[...] = rng.uniform(-limit, limit, size=W.shape)
+        # Row blocks of the first layer, one per input block (views: still inside theta/grad).
+        cuts = np.cumsum(self.in_blocks)[:-1]
+        self.W0_blocks = np.split(self.params[0], cuts)
+        self.dW0_blocks = np.split(self.grads[0], cuts)
 
     @staticmethod
     def _views(flat, shapes):
@@ -108,43 +137,42 @@ class MLP:
             offset += size
         return views
 
-    def forward(self, x):
-        """x: (N, d_in) -> (N, d_out), and the cache backward() needs."""
-        caches = []
-        n_layers = len(self.params) // 2
-        for i in range(n_layers):
-            x, c = linear_forward(x, self.params[2 * i], self.params[2 * i + 1])
+    def forward(self, *xs):
+        """xs: one (N, d_i) array per input block -> (N, d_out), and the cache for backward()."""
+        y, c = split_linear_forward(xs, self.W0_blocks, self.params[1])
+        caches = [c]
+        for i in range(1, len(self.params) // 2):
+            y, c = relu_forward(y)
             caches.append(c)
-            if i < n_layers - 1:
-                x, c = relu_forward(x)
-                caches.append(c)
-        return x, caches
+            y, c = linear_forward(y, self.params[2 * i], self.params[2 * i + 1])
+            caches.append(c)
+        return y, caches
 
-    def backward(self, dy, caches, param_grads=True):
-        """Backprop dy = dL/dy through the net. Fills self.grad (unless param_grads=False,
-        used when only the input gradient is wanted) and returns dL/dx, (N, d_in)."""
-        n_layers = len(self.params) // 2
+    def backward(self, dy, caches, param_grads=True, need_dxs=None):
+        """Backprop dy = dL/dy through the net. Fills self.grad (unless param_grads=False, for
+        when only an input gradient is wanted) and returns [dL/dx_i] for the input blocks with
+        need_dxs[i] (None for the others; by default no input gradient is computed)."""
         caches = list(caches)
-        for i in reversed(range(n_layers)):
-            if i < n_layers - 1:
-                dy = relu_backward(dy, caches.pop())
+        for i in reversed(range(1, len(self.params) // 2)):
             dW, db = (self.grads[2 * i], self.grads[2 * i + 1]) if param_grads else (None, None)
             dy = linear_backward(dy, caches.pop(), dW, db)
-        return dy
+            dy = relu_backward(dy, caches.pop())
+        dWs, db = (self.dW0_blocks, self.grads[1]) if param_grads else (None, None)
+        return split_linear_backward(dy, caches.pop(), dWs, db, need_dxs)
 
 
 class ActorCritic:
-    """pi(o, g) and Q(o, g, u) on normalised inputs, with shared input layout.
+    """pi(o, g) and Q(o, g, u) on normalised inputs.
 
-    Inputs are already normalised: x_pi = [o_n, g_n]  (N, dim_o + dim_g),
-    x_Q = [o_n, g_n, u / max_u]  (N, dim_o + dim_g + dim_u).
+    x_pi = [o_n, g_n] (N, dim_o + dim_g) is the normalised actor input; the critic takes it and
+    u / max_u as two input blocks, Q([x_pi | u / max_u]), so x_pi is never copied.
     """
 
     def __init__(self, dims, hidden, layers, max_u, rng, dtype=np.float32):
         d_og = dims["o"] + dims["g"]
         self.max_u = max_u
         self.pi = MLP([d_og] + [hidden] * layers + [dims["u"]], rng, dtype)
-        self.Q = MLP([d_og + dims["u"]] + [hidden] * layers + [1], rng, dtype)
+        self.Q = MLP([[d_og, dims["u"]]] + [hidden] * layers + [1], rng, dtype)
 
     def pi_forward(self, x_pi):
         """pi = max_u * tanh(MLP_pi(x_pi)): (N, dim_u)"""
@@ -154,19 +182,17 @@ class ActorCritic:
 
     def pi_backward(self, dpi, cache, param_grads=True):
         c_mlp, c_tanh = cache
-        return self.pi.backward(tanh_backward(self.max_u * dpi, c_tanh), c_mlp, param_grads)
+        self.pi.backward(tanh_backward(self.max_u * dpi, c_tanh), c_mlp, param_grads)
 
     def Q_forward(self, x_pi, u):
-        """Q(x_pi, u): (N,) ; the critic sees the action scaled to [-1, 1]."""
-        # (N, dim_o + dim_g + dim_u)
-        x_Q = np.concatenate([x_pi, u / self.max_u], axis=1)
-        q, c = self.Q.forward(x_Q)
+        """Q(x_pi, u): (N,); the critic sees the action scaled to [-1, 1]."""
+        q, c = self.Q.forward(x_pi, u / self.max_u)
         return q[:, 0], c
 
-    def Q_backward(self, dq, cache, param_grads=True):
-        """dq: (N,) -> dL/du, (N, dim_u)."""
-        dx_Q = self.Q.backward(dq[:, None], cache, param_grads)
-        return dx_Q[:, -self.pi.sizes[-1]:] / self.max_u
+    def Q_backward(self, dq, cache, param_grads=True, need_du=False):
+        """dq: (N,). Fills Q.grad if param_grads; returns dL/du (N, dim_u) if need_du."""
+        _, dx_u = self.Q.backward(dq[:, None], cache, param_grads, need_dxs=[False, need_du])
+        return dx_u / self.max_u if need_du else None
 
     def copy_from(self, other):
         self.pi.theta[...] = other.pi.theta
@@ -195,7 +221,8 @@ def actor_loss_and_grad(ac, x_pi, action_l2):
     N = len(q_pi)
     loss = -np.mean(q_pi) + action_l2 * np.mean((pi / ac.max_u) ** 2)
     # dL/dpi = dL/dq * dq/dpi + action_l2 * 2 pi / (max_u^2 * N * dim_u)
-    dpi = ac.Q_backward(np.full(N, -1. / N, dtype=pi.dtype), c_q, param_grads=False)
+    dq_pi = np.full(N, -1. / N, dtype=pi.dtype)  # dL/dq for L = -mean(q)
+    dpi = ac.Q_backward(dq_pi, c_q, param_grads=False, need_du=True)
     dpi += action_l2 * 2 * pi / (ac.max_u ** 2 * pi.size)
     ac.pi_backward(dpi, c_pi)
     return float(loss)

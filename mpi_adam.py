@@ -56,6 +56,7 @@ class MpiAdam:
         self.v = np.zeros(self.size, np.float32)  # (size,) second-moment estimate
         self.t = 0  # number of steps taken
         self._globalg = np.zeros(self.size, np.float32)  # (size,) reused Allreduce target
+        self._scratch = np.zeros(self.size, np.float32)  # (size,) reused for the Adam step
 
     def getflat(self):
         """All parameters as one new flat array (a copy)."""
@@ -86,18 +87,25 @@ class MpiAdam:
             g /= self.comm.Get_size()
         self.t += 1
         # a_t = stepsize * sqrt(1 - beta2^t) / (1 - beta1^t)   (both bias corrections folded in)
-        a_t = stepsize * np.sqrt(1 - self.beta2 ** self.t) / (1 - self.beta1 ** self.t)
+        # (a Python float: a NumPy float64 scalar would promote the float32 arrays below)
+        a_t = float(stepsize * np.sqrt(1 - self.beta2 ** self.t) / (1 - self.beta1 ** self.t))
+        s = self._scratch  # every line below writes in place: no temporaries of size `size`
         # m_t = beta1 * m_{t-1} + (1 - beta1) * g
         self.m *= self.beta1
-        self.m += (1 - self.beta1) * g
+        self.m += np.multiply(g, 1 - self.beta1, out=s)
         # v_t = beta2 * v_{t-1} + (1 - beta2) * g^2
         self.v *= self.beta2
-        self.v += (1 - self.beta2) * (g * g)
+        np.multiply(g, g, out=s)
+        s *= 1 - self.beta2
+        self.v += s
         # theta_t = theta_{t-1} - a_t * m_t / (sqrt(v_t) + epsilon)
-        step = (-a_t) * self.m / (np.sqrt(self.v) + self.epsilon)
+        np.sqrt(self.v, out=s)
+        s += self.epsilon
+        np.divide(self.m, s, out=s)
+        s *= -a_t
         offset = 0
         for p in self.params:
-            p.ravel()[:] += step[offset:offset + p.size].astype(np.float32, copy=False)
+            p.reshape(-1)[...] += s[offset:offset + p.size]
             offset += p.size
 
     def state(self):

@@ -19,6 +19,7 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 
 import contextlib  # noqa: E402
 import csv  # noqa: E402
+import json  # noqa: E402
 import functools  # noqa: E402
 import multiprocessing as mp  # noqa: E402
 import shutil  # noqa: E402
@@ -152,9 +153,9 @@ def test_grad_relu_and_tanh():
                               (ddpg.tanh_forward, ddpg.tanh_backward)):
         x = rng.normal(size=(6, 5))
         R = rng.normal(size=(6, 5))
-        _, cache = forward(x)
+        _, cache = forward(x.copy())  # relu_forward may overwrite its input
         dx = backward(R, cache)
-        assert_grad_close(dx, numerical_grad(lambda: np.sum(forward(x)[0] * R), x))
+        assert_grad_close(dx, numerical_grad(lambda: np.sum(forward(x.copy())[0] * R), x))
 
 
 def test_grad_mlp_params_and_input():
@@ -163,12 +164,32 @@ def test_grad_mlp_params_and_input():
     x = rng.normal(size=(9, 7))
     R = rng.normal(size=(9, 3))
     out, caches = net.forward(x)
-    dx = net.backward(R, caches)
+    dx, = net.backward(R, caches, need_dxs=[True])
 
     def loss():
         return np.sum(net.forward(x)[0] * R)
     assert_grad_close(net.grad.copy(), numerical_grad(loss, net.theta))
     assert_grad_close(dx, numerical_grad(loss, x))
+
+
+def test_grad_mlp_with_split_first_layer():
+    """The critic's first layer takes [x_pi | u] as two blocks; same gradients as one input."""
+    rng = np.random.default_rng(21)
+    net = MLP([[5, 3], 16, 16, 2], rng, dtype=np.float64)
+    x_a, x_b = rng.normal(size=(9, 5)), rng.normal(size=(9, 3))
+    R = rng.normal(size=(9, 2))
+    whole = MLP([8, 16, 16, 2], rng, dtype=np.float64)
+    whole.theta[...] = net.theta  # identical layout: W0 is (8, 16) with x_a's rows first
+    np.testing.assert_allclose(net.forward(x_a, x_b)[0],
+                               whole.forward(np.concatenate([x_a, x_b], axis=1))[0], rtol=1e-12)
+    out, caches = net.forward(x_a, x_b)
+    dx_a, dx_b = net.backward(R, caches, need_dxs=[True, True])
+
+    def loss():
+        return np.sum(net.forward(x_a, x_b)[0] * R)
+    assert_grad_close(net.grad.copy(), numerical_grad(loss, net.theta))
+    assert_grad_close(dx_a, numerical_grad(loss, x_a))
+    assert_grad_close(dx_b, numerical_grad(loss, x_b))
 
 
 def small_actor_critic(rng, max_u=2.0):
@@ -1055,6 +1076,47 @@ def test_bad_command_lines_get_one_line_errors(tmp_path, capsys):
     # and once through a real process: exit code 2, one line, no traceback
     rc, out = run_cmd(train_cmd("--num_env", "0"), 120)
     assert_one_line_error(rc, out, 2, "--num_env")
+
+
+# ---------------------------------------------------------------- plots and the README's numbers
+
+def write_synthetic_run(run_dir, seed, success):
+    os.makedirs(run_dir)
+    cfg = dict(vars(train.Config(env="FetchPush-v4", num_env=2, n_cycles=50, seed=seed)))
+    with open(os.path.join(run_dir, "config.json"), "w") as f:
+        json.dump(cfg, f)
+    with open(os.path.join(run_dir, "progress.csv"), "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["epoch", "test/success_rate", "total/episodes", "total/timesteps",
+                    "time/epoch_s"])
+        for e, s in enumerate(success):  # 2 ranks x 2 envs x 50 cycles = 200 episodes/epoch
+            w.writerow([e, s, 200 * (e + 1), 200 * (e + 1) * 50, 20.0])
+
+
+def test_plot_writes_a_png_and_the_table_reads_the_csvs(tmp_path):
+    import plot
+    runs = [str(tmp_path / f"seed{i}") for i in range(3)]
+    for i, run in enumerate(runs):
+        write_synthetic_run(run, i, [0.0, 0.1 * (i + 1), 0.5, 0.95, 1.0][: 3 + i])
+    out = str(tmp_path / "curves.png")
+    assert plot.main(runs + ["-o", out]) == 0
+    with open(out, "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n" and os.path.getsize(out) > 10_000
+    table = plot.results_table(runs, at_epochs=(0, 1, 3))
+    # median over the 3 seeds at epoch 1 is 0.2; only seeds 1 and 2 reach epoch 3 (0.95)
+    assert "| FetchPush-v4 | 2 x 2 | 3 | 0.00 | 0.20 | 0.95 | -, 3, 3 | 20.0 |" in table
+
+
+def test_readme_results_table_matches_committed_csvs():
+    import plot
+    results = os.path.join(HERE, "results")
+    run_dirs = sorted(os.path.join(results, d) for d in os.listdir(results)
+                      if os.path.exists(os.path.join(results, d, "progress.csv")))
+    assert run_dirs, "results/ holds no runs"
+    with open(os.path.join(HERE, "README.md")) as f:
+        readme = f.read()
+    assert plot.results_table(run_dirs) in readme, \
+        "README's results table differs from `python plot.py results/* --table`"
 
 
 # ---------------------------------------------------------------- MPI cases (run under mpirun)

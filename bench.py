@@ -1,0 +1,280 @@
+"""Where the time goes, each figure beside the reference that says what it should be.
+
+Mirrors nothing in baselines (which has no benchmark); measures the pieces of the training loop
+of Plappert et al. (2018), Sec. 2.2, on one CPU thread per process:
+  * one DDPG.train() update vs the GEMM floor: the same matrix products (forward passes, input
+    and weight gradients that the update needs), timed alone with preallocated outputs;
+  * HER sampling + normalisation of a batch, as a share of the update;
+  * environment steps per second: raw env, DummyVecEnv, SubprocVecEnv at num_env 1, 2, 4, with
+    policy inference as RolloutWorker does it;
+  * MpiAdam.update and its Allreduce with 1 and 2 ranks (`mpirun -np 2 python bench.py --mpi`);
+  * one FetchPush-v4 epoch (50 cycles) of one worker split into its phases;
+  * a full 1e6-transition buffer: resident memory, and sampling time against buffer size.
+
+Run: `python bench.py` (about 3 minutes), `python bench.py --quick`, and
+`mpirun -np 2 python bench.py --mpi` for the MPI rows. Timings are medians of repeats, taken
+side by side in one process so that ratios hold even on a busy machine.
+"""
+import os
+
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")  # one BLAS thread per process, as train.py
+
+import argparse  # noqa: E402
+import functools  # noqa: E402
+import resource  # noqa: E402
+import time  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+import train  # noqa: E402
+from ddpg import DDPG  # noqa: E402
+from her import RolloutWorker, make_sample_her_transitions  # noqa: E402
+from mpi_adam import MpiAdam  # noqa: E402
+from vecenv import DummyVecEnv, SubprocVecEnv  # noqa: E402
+
+ENV = "FetchPush-v4"
+
+
+def timeit(fn, repeats, number):
+    """Median over `repeats` of the mean time of `number` calls, in ms."""
+    fn()  # warm up
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        for _ in range(number):
+            fn()
+        times.append((time.perf_counter() - t) / number * 1e3)
+    return float(np.median(times))
+
+
+def row(name, value, unit, note=""):
+    print(f"{name:<58} {value:>10.3f} {unit:<8} {note}", flush=True)
+
+
+def make_policy(buffer_size=1_000_000, n_episodes=200, seed=0):
+    """A FetchPush-sized agent with n_episodes of random episodes stored."""
+    dims, T, max_u, reward_fun = train.env_dims(ENV)
+    cfg = train.Config(env=ENV, buffer_size=buffer_size)
+    rng = np.random.default_rng(seed)
+    policy = DDPG(train.ddpg_params(cfg, dims, T, max_u),
+                  make_sample_her_transitions("future", 4, reward_fun), rng)
+    for _ in range(n_episodes // 2):
+        policy.store_episode(random_episodes(rng, dims, T, 2))
+    return policy, dims, T
+
+
+def random_episodes(rng, dims, T, n):
+    return {"o": rng.normal(size=(n, T + 1, dims["o"])).astype(np.float32),
+            "ag": rng.normal(size=(n, T + 1, dims["g"])).astype(np.float32),
+            "g": rng.normal(size=(n, T, dims["g"])).astype(np.float32),
+            "u": rng.uniform(-1, 1, size=(n, T, dims["u"])).astype(np.float32),
+            "info_is_success": np.zeros((n, T, 1), np.float32)}
+
+
+# ---------------------------------------------------------------- the update vs its GEMM floor
+
+def update_gemm_shapes(policy, N):
+    """(M, K, N_out) of every matrix product one update cannot avoid: forward passes of pi_targ,
+    Q_targ, Q, pi and Q(pi); Q's weight gradients and its input gradients below the first layer;
+    Q's input gradient down to u (actor loss); pi's weight gradients and input gradients below
+    its first layer."""
+    pi_sizes, Q_sizes = policy.main.pi.sizes, policy.main.Q.sizes
+    layers = lambda sizes: list(zip(sizes[:-1], sizes[1:]))  # noqa: E731
+    forward = lambda sizes: [(N, a, b) for a, b in layers(sizes)]  # noqa: E731
+    weight_grads = lambda sizes: [(a, N, b) for a, b in layers(sizes)]  # noqa: E731
+    input_grads = lambda sizes: [(N, b, a) for a, b in layers(sizes)[1:]]  # noqa: E731
+    dim_u = pi_sizes[-1]
+    shapes = forward(pi_sizes) + forward(Q_sizes)  # targets
+    shapes += forward(Q_sizes) + weight_grads(Q_sizes) + input_grads(Q_sizes)  # critic
+    shapes += forward(pi_sizes) + forward(Q_sizes)  # actor: pi, then Q(o, g, pi)
+    shapes += input_grads(Q_sizes) + [(N, Q_sizes[1], dim_u)]  # dQ/du through the critic
+    shapes += weight_grads(pi_sizes) + input_grads(pi_sizes)  # actor weights
+    return shapes
+
+
+def gemm_floor_fn(shapes, rng):
+    """A function running exactly these float32 products into preallocated outputs."""
+    operands = [(rng.standard_normal((m, k), dtype=np.float32),
+                 rng.standard_normal((k, n), dtype=np.float32),
+                 np.empty((m, n), np.float32)) for m, k, n in shapes]
+
+    def run():
+        for a, b, out in operands:
+            np.matmul(a, b, out=out)
+    return run
+
+
+def bench_update(quick):
+    policy, dims, T = make_policy(n_episodes=200)
+    N = policy.params["batch_size"]
+    shapes = update_gemm_shapes(policy, N)
+    floor = gemm_floor_fn(shapes, np.random.default_rng(1))
+    flops = sum(2 * m * k * n for m, k, n in shapes)
+    repeats, number = (5, 20) if quick else (15, 40)
+    t_floor, t_update = [], []
+    for _ in range(3):  # interleave so that both see the same machine
+        t_floor.append(timeit(floor, repeats, number))
+        t_update.append(timeit(policy.train, repeats, number))
+    t_floor, t_update = min(t_floor), min(t_update)
+    row("GEMM floor of one update (batch 256, 3x256, FetchPush)", t_floor, "ms",
+        f"{len(shapes)} products, {flops / t_floor / 1e6:.1f} GFLOP/s")
+    row("DDPG.train() update", t_update, "ms", f"ratio to floor {t_update / t_floor:.2f}x")
+    t_sample = timeit(lambda: policy.buffer.sample(N), repeats, number)
+    batch = policy.buffer.sample(N)
+    t_norm = timeit(lambda: (policy._preprocess_og(batch["o"], batch["g"]),
+                             policy._preprocess_og(batch["o_2"], batch["g"])), repeats, number)
+    row("HER sampling of a batch of 256", t_sample, "ms")
+    row("normalising it (o and o_2 with g)", t_norm, "ms",
+        f"sampling + normalising = {(t_sample + t_norm) / t_update:.1%} of an update")
+    t_adam = timeit(lambda: policy.Q_adam.update(policy.main.Q.grad * 0, 0.), repeats, number)
+    row("MpiAdam.update, critic (1 rank)", t_adam, "ms", f"{t_adam / t_update:.1%} of an update")
+    return t_update
+
+
+# ---------------------------------------------------------------- environment steps
+
+def bench_env_steps(quick):
+    steps = 200 if quick else 1000
+    env = train.make_env(ENV)
+    env.reset(seed=0)
+    u = np.zeros(4, np.float32)
+    t = time.perf_counter()
+    for i in range(steps):
+        if i % 50 == 0:
+            env.reset()
+        env.step(u)
+    raw = steps / (time.perf_counter() - t)
+    row("raw env.step loop (1 env)", raw, "steps/s")
+    policy, dims, T = make_policy(buffer_size=10_000, n_episodes=2)
+    env_fns = [functools.partial(train.make_env, ENV)]
+    for name, n, make in (("DummyVecEnv, num_env 1", 1, DummyVecEnv),
+                          ("SubprocVecEnv, num_env 1", 1, SubprocVecEnv),
+                          ("SubprocVecEnv, num_env 2", 2, SubprocVecEnv),
+                          ("SubprocVecEnv, num_env 4", 4, SubprocVecEnv)):
+        venv = make(env_fns * n)
+        worker = RolloutWorker(venv, policy, dims, T, np.random.default_rng(0), noise_eps=0.2,
+                               random_eps=0.3)
+        worker.generate_rollouts()
+        n_rollouts = max(1, steps // (T * n))
+        t = time.perf_counter()
+        for _ in range(n_rollouts):
+            worker.generate_rollouts()
+        rate = n_rollouts * T * n / (time.perf_counter() - t)
+        venv.close()
+        row(f"RolloutWorker + {name}", rate, "steps/s", f"{rate / raw:.2f}x raw (with policy)")
+
+
+# ---------------------------------------------------------------- one epoch, phase by phase
+
+class Timer:
+    def __init__(self):
+        self.s = {}
+
+    def wrap(self, name, fn):
+        def timed(*args, **kwargs):
+            t = time.perf_counter()
+            out = fn(*args, **kwargs)
+            self.s[name] = self.s.get(name, 0.) + time.perf_counter() - t
+            return out
+        return timed
+
+
+def bench_epoch(quick, num_env=2):
+    """One FetchPush epoch of one worker (train.train's loop) with each phase timed."""
+    n_cycles = 10 if quick else 50
+    cfg = train.Config(env=ENV, num_env=num_env, n_cycles=n_cycles, n_epochs=1)
+    dims, T, max_u, reward_fun = train.env_dims(ENV)
+    rng = np.random.default_rng(0)
+    policy = DDPG(train.ddpg_params(cfg, dims, T, max_u),
+                  make_sample_her_transitions("future", 4, reward_fun), rng)
+    venv = train.build_venv(cfg)
+    timer = Timer()
+    worker = RolloutWorker(venv, policy, dims, T, rng, noise_eps=0.2, random_eps=0.3)
+    evaluator = RolloutWorker(venv, policy, dims, T, rng, exploit=True, compute_Q=True)
+    policy.buffer.sample = timer.wrap("sampling", policy.buffer.sample)
+    t0 = time.perf_counter()
+    for _ in range(cfg.n_cycles):
+        episode = timer.wrap("rollout", worker.generate_rollouts)()
+        timer.wrap("store + normaliser", policy.store_episode)(episode)
+        for _ in range(cfg.n_batches):
+            timer.wrap("update (incl. sampling)", policy.train)()
+        timer.wrap("target update", policy.update_target_net)()
+    for _ in range(cfg.n_test_rollouts):
+        timer.wrap("test rollouts", evaluator.generate_rollouts)()
+    logger = train.EpochLogger("/tmp", enabled=False)
+    timer.wrap("logging", logger.dump)({"epoch": 0})
+    total = time.perf_counter() - t0
+    venv.close()
+    timer.s["update (excl. sampling)"] = timer.s.pop("update (incl. sampling)") - timer.s["sampling"]
+    print(f"-- one {ENV} epoch, 1 worker, num_env {num_env}, {n_cycles} cycles: {total:.1f} s")
+    for name in ("rollout", "sampling", "update (excl. sampling)", "target update",
+                 "store + normaliser", "test rollouts", "logging"):
+        row(f"   {name}", timer.s.get(name, 0.), "s", f"{timer.s.get(name, 0.) / total:.1%}")
+
+
+# ---------------------------------------------------------------- a full replay buffer
+
+def rss_mb():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def bench_full_buffer(quick):
+    before = rss_mb()
+    policy, dims, T = make_policy(buffer_size=1_000_000, n_episodes=2)
+    rng = np.random.default_rng(3)
+    buf = policy.buffer
+    chunk = random_episodes(rng, dims, T, 500)
+    times = {}
+    for target in (10_000, 100_000, 1_000_000):
+        while buf.get_current_size() < target:
+            buf.store_episode(chunk)
+        times[target] = timeit(lambda: buf.sample(256), 5, 20)
+    nbytes = sum(b.nbytes for b in buf.buffers.values())
+    row("replay buffer arrays, 1e6 transitions (FetchPush)", nbytes / 2 ** 20, "MiB",
+        f"float32, {buf.size} episodes x {sum(b[0].size for b in buf.buffers.values())} floats")
+    row("peak resident memory of this process with it full", rss_mb(), "MiB",
+        f"(was {before:.0f} MiB before the buffer)")
+    for size, t in times.items():
+        row(f"HER sampling of 256 from {size:>9,} transitions", t, "ms")
+
+
+# ---------------------------------------------------------------- MPI rows
+
+def bench_mpi():
+    from mpi4py import MPI
+    comm = MPI.COMM_WORLD
+    policy, _, _ = make_policy(buffer_size=10_000, n_episodes=20)
+    adam = policy.Q_adam
+    g = np.zeros(adam.size, np.float32)
+    out = np.empty_like(g)
+    t_update = timeit(lambda: adam.update(g, 0.), 10, 50)
+    t_allreduce = timeit(lambda: comm.Allreduce(g, out), 10, 50)
+    comm.Barrier()
+    t_train = timeit(policy.train, 5, 20)
+    if comm.Get_rank() == 0:
+        n = comm.Get_size()
+        row(f"MpiAdam.update, critic, {n} rank(s)", t_update, "ms")
+        row(f"   of which Allreduce of {adam.size} floats, {n} rank(s)", t_allreduce, "ms",
+            f"{t_allreduce / t_train:.1%} of a DDPG.train() update ({t_train:.2f} ms) "
+            f"per network, x2 per update")
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="fewer repeats, 10-cycle epoch")
+    p.add_argument("--mpi", action="store_true", help="only the MpiAdam rows (use mpirun)")
+    p.add_argument("--only", choices=["update", "env", "epoch", "buffer"])
+    args = p.parse_args()
+    if args.mpi:
+        return bench_mpi()
+    print(f"numpy {np.__version__}, {os.cpu_count()} cores, 1 BLAS thread per process")
+    sections = {"update": bench_update, "env": bench_env_steps, "epoch": bench_epoch,
+                "buffer": bench_full_buffer}
+    for name, fn in sections.items():
+        if args.only in (None, name):
+            fn(args.quick)
+
+
+if __name__ == "__main__":
+    main()
