@@ -1028,6 +1028,18 @@ def test_atomic_save_never_leaves_a_half_written_file(tmp_path, monkeypatch):
     assert os.listdir(tmp_path) == ["policy.npz"]
 
 
+def test_training_can_start_from_a_saved_policy(tmp_path):
+    reference = straight_run(str(tmp_path.parent))
+    policy_path = os.path.join(reference, "policy_best.npz")
+    logdir = str(tmp_path / "warm")
+    rc, out = run_cmd(train_cmd("--load_path", policy_path, "--n_epochs", "0",
+                                "--logdir", logdir), 300)
+    assert rc == 0, out[-3000:]
+    start = arrays_of(train.checkpoint_path(logdir, 0))  # the state before any update
+    for key in ddpg.POLICY_KEYS[1:] + ("o_stats/sum", "g_stats/count"):
+        assert start[key].tobytes() == arrays_of(policy_path)[key].tobytes(), key
+
+
 def test_bad_policy_and_checkpoint_files_get_one_line_errors(tmp_path):
     reference = straight_run(str(tmp_path.parent))
     good = os.path.join(reference, "policy_best.npz")
