@@ -338,12 +338,12 @@ def mpi_case_normalizer(comm):
 
 # ---------------------------------------------------------------- 5. vec env
 
-class RaisingEnv:
-    """A tiny goal env that raises at step `fail_at` (picklable, for the worker processes)."""
+class StubGoalEnv:
+    """A goal env without physics (picklable, for worker processes): observations are the step
+    count; it raises at step `fail_at`, and is_success is 1 exactly at the steps in success_at."""
 
-    def __init__(self, fail_at):
-        import gymnasium as gym
-        self.fail_at, self.t = fail_at, 0
+    def __init__(self, fail_at=None, success_at=()):
+        self.fail_at, self.success_at, self.t = fail_at, success_at, 0
         box = gym.spaces.Box(-1, 1, (2,), np.float32)
         self.observation_space = gym.spaces.Dict(
             observation=box, achieved_goal=box, desired_goal=box)
@@ -361,7 +361,7 @@ class RaisingEnv:
         self.t += 1
         if self.t == self.fail_at:
             raise ValueError(f"injected failure at step {self.t}")
-        return self._obs(), -1.0, False, False, {"is_success": 0.0}
+        return self._obs(), -1.0, False, False, {"is_success": float(self.t in self.success_at)}
 
     def close(self):
         pass
@@ -404,7 +404,8 @@ def _trajectory(venv, actions):
 
 
 def test_subproc_vecenv_worker_exception_raises_clearly():
-    env_fns = [functools.partial(RaisingEnv, 1000), functools.partial(RaisingEnv, 3)]
+    env_fns = [functools.partial(StubGoalEnv, fail_at=1000),
+               functools.partial(StubGoalEnv, fail_at=3)]
     with hang_guard(60):
         venv = SubprocVecEnv(env_fns)
         venv.reset()
@@ -568,37 +569,10 @@ def test_rollout_worker_shows_the_policy_the_current_observation_and_goal():
     venv.close()
 
 
-class StubGoalEnv:
-    """Goal env without physics: is_success is 1 exactly at the steps listed in success_at."""
-
-    def __init__(self, success_at):
-        self.success_at, self.t = success_at, 0
-        box = gym.spaces.Box(-1, 1, (2,), np.float32)
-        self.observation_space = gym.spaces.Dict(
-            observation=box, achieved_goal=box, desired_goal=box)
-        self.action_space = box
-
-    @staticmethod
-    def _obs():
-        z = np.zeros(2, np.float32)
-        return dict(observation=z, achieved_goal=z, desired_goal=z)
-
-    def reset(self, seed=None):
-        self.t = 0
-        return self._obs(), {}
-
-    def step(self, u):
-        self.t += 1
-        return self._obs(), -1., False, False, {"is_success": float(self.t in self.success_at)}
-
-    def close(self):
-        pass
-
-
 def test_success_rate_is_read_at_the_last_step():
     dims, T = {"o": 2, "g": 2, "u": 2}, 10
     for success_at, expected in (({10}, 1.0), (set(range(1, 10)), 0.0)):
-        venv = DummyVecEnv([functools.partial(StubGoalEnv, success_at)])
+        venv = DummyVecEnv([functools.partial(StubGoalEnv, success_at=success_at)])
         worker = RolloutWorker(venv, RecordingPolicy(2), dims, T, np.random.default_rng(0))
         worker.generate_rollouts()
         assert worker.current_success_rate() == expected
