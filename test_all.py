@@ -361,7 +361,8 @@ class StubGoalEnv:
         self.t += 1
         if self.t == self.fail_at:
             raise ValueError(f"injected failure at step {self.t}")
-        return self._obs(), -1.0, False, False, {"is_success": float(self.t in self.success_at)}
+        return self._obs(), -1.0, False, False, {"is_success": float(self.t in self.success_at),
+                                                 "mpi_imported": "mpi4py.MPI" in sys.modules}
 
     def close(self):
         pass
@@ -1107,7 +1108,22 @@ def test_readme_results_table_matches_committed_csvs():
 
 # ---------------------------------------------------------------- MPI cases (run under mpirun)
 
-MPI_CASES = {"mpi_adam": mpi_case_mpi_adam, "normalizer": mpi_case_normalizer}
+def test_env_workers_never_touch_mpi_under_mpirun():
+    """A spawned worker that imported mpi4py would hang the job (DESIGN.md, Known traps)."""
+    run_mpi_case(2, "workers_without_mpi", timeout=120)
+
+
+def mpi_case_workers_without_mpi(comm):
+    assert "mpi4py.MPI" in sys.modules  # the rank itself is in the MPI job
+    venv = SubprocVecEnv([functools.partial(StubGoalEnv) for _ in range(2)])
+    venv.reset()
+    _, _, _, infos = venv.step(np.zeros((2, 2), np.float32))
+    venv.close()
+    assert not any(info["mpi_imported"] for info in infos), infos
+
+
+MPI_CASES = {"mpi_adam": mpi_case_mpi_adam, "normalizer": mpi_case_normalizer,
+             "workers_without_mpi": mpi_case_workers_without_mpi}
 
 if __name__ == "__main__":
     from mpi4py import MPI

@@ -291,9 +291,13 @@ class StopFlag:
         self.requested = True
 
 
-def check_cycle(cycle_losses, stop, epoch, cycle, comm):
+def stop_safely_if_needed(cycle_losses, stop, epoch, cycle, best, policy, workers, logdir,
+                          comm):
     """Collective, once per cycle: every rank learns whether any rank was interrupted or saw a
-    non-finite loss, so all of them stop at the same point instead of hanging in Allreduce."""
+    non-finite loss, so all of them stop at the same point instead of hanging in Allreduce.
+
+    Interrupted: save checkpoint + policy_latest, raise Interrupted. Non-finite: save nothing
+    (the checkpoint on disk, from before this epoch, is the last good one), raise."""
     bad = [name for name, values in zip(("train/critic_loss", "train/actor_loss"),
                                         np.transpose(cycle_losses))
            if not np.all(np.isfinite(values))]
@@ -302,8 +306,15 @@ def check_cycle(cycle_losses, stop, epoch, cycle, comm):
     if nonfinite:
         rank, names = nonfinite[0]
         raise NonFiniteError(f"non-finite {' and '.join(names)} in epoch {epoch}, cycle {cycle} "
-                             f"(rank {rank})")
-    return any(requested for requested, _ in statuses)
+                             f"(rank {rank}); training stopped; the last good checkpoint, from "
+                             f"before this epoch, is in {logdir} (--resume)")
+    if any(requested for requested, _ in statuses):
+        save_checkpoint(logdir, epoch, cycle + 1, best, policy, workers, comm)
+        if comm.Get_rank() == 0:
+            policy.save(os.path.join(logdir, "policy_latest.npz"))
+        raise Interrupted(f"interrupted in epoch {epoch} after cycle {cycle}: saved "
+                          f"policy_latest.npz and checkpoint/ in {logdir}; continue with "
+                          f"--resume {logdir}")
 
 
 # ---------------------------------------------------------------- the loop
@@ -311,7 +322,7 @@ def check_cycle(cycle_losses, stop, epoch, cycle, comm):
 def train(cfg, policy, rollout_worker, evaluator, logger, logdir, comm, stop,
           start_epoch=0, start_cycle=0, best_success_rate=-1.):
     """The epoch/cycle/batch loop (Plappert et al. 2018, Sec. 2.2; baselines her.py train)."""
-    rank, n_ranks = comm.Get_rank(), comm.Get_size()
+    rank = comm.Get_rank()
     workers = (rollout_worker, evaluator)
     for epoch in range(start_epoch, cfg.n_epochs):
         t_start = time.time()
@@ -325,18 +336,8 @@ def train(cfg, policy, rollout_worker, evaluator, logger, logdir, comm, stop,
             cycle_losses = [policy.train() for _ in range(cfg.n_batches)]  # MpiAdam inside
             policy.update_target_net()
             losses += cycle_losses
-            try:
-                interrupted = check_cycle(cycle_losses, stop, epoch, cycle, comm)
-            except NonFiniteError as e:  # nothing of this epoch is saved: the checkpoint on disk
-                raise NonFiniteError(f"{e}; training stopped; the last good checkpoint, from "
-                                     f"before this epoch, is in {logdir} (--resume)") from None
-            if interrupted:
-                save_checkpoint(logdir, epoch, cycle + 1, best_success_rate, policy, workers, comm)
-                if rank == 0:
-                    policy.save(os.path.join(logdir, "policy_latest.npz"))
-                raise Interrupted(f"interrupted in epoch {epoch} after cycle {cycle}: saved "
-                                  f"policy_latest.npz and checkpoint/ in {logdir}; continue with "
-                                  f"--resume {logdir}")
+            stop_safely_if_needed(cycle_losses, stop, epoch, cycle, best_success_rate, policy,
+                                  workers, logdir, comm)
 
         evaluator.clear_history()
         for _ in range(cfg.n_test_rollouts):
@@ -344,28 +345,37 @@ def train(cfg, policy, rollout_worker, evaluator, logger, logdir, comm, stop,
 
         policy.check_synced()
         success_rate = mpi_average(evaluator.current_success_rate(), comm)
-        critic_loss, actor_loss = np.mean(losses, axis=0) if losses else (np.nan, np.nan)
-        logger.dump({"epoch": epoch,
-                     "test/success_rate": success_rate,
-                     "test/mean_Q": mpi_average(evaluator.current_mean_Q(), comm),
-                     "train/success_rate": mpi_average(rollout_worker.current_success_rate(), comm),
-                     "train/critic_loss": mpi_average(critic_loss, comm),
-                     "train/actor_loss": mpi_average(actor_loss, comm),
-                     **policy.logs(),
-                     "total/episodes": rollout_worker.n_episodes * n_ranks,
-                     "total/timesteps": rollout_worker.n_episodes * n_ranks * policy.T,
-                     "time/epoch_s": time.time() - t_start})
-
-        # Ranks hold identical weights, so rank 0 alone writes them.
-        if rank == 0:
-            if success_rate >= best_success_rate:
-                policy.save(os.path.join(logdir, "policy_best.npz"))
-            policy.save(os.path.join(logdir, "policy_latest.npz"))
-            if cfg.policy_save_interval > 0 and epoch % cfg.policy_save_interval == 0:
-                policy.save(os.path.join(logdir, f"policy_{epoch}.npz"))
+        logger.dump(epoch_logs(epoch, success_rate, losses, policy, rollout_worker, evaluator,
+                               time.time() - t_start, comm))
+        if rank == 0:  # ranks hold identical weights, so rank 0 alone writes them
+            save_policies(cfg, epoch, success_rate >= best_success_rate, policy, logdir)
         best_success_rate = max(best_success_rate, success_rate)
         save_checkpoint(logdir, epoch + 1, 0, best_success_rate, policy, workers, comm)
     return best_success_rate
+
+
+def epoch_logs(epoch, success_rate, losses, policy, rollout_worker, evaluator, epoch_s, comm):
+    """One progress.csv row: test figures averaged over ranks, totals over all ranks."""
+    n_ranks = comm.Get_size()
+    critic_loss, actor_loss = np.mean(losses, axis=0) if losses else (np.nan, np.nan)
+    return {"epoch": epoch,
+            "test/success_rate": success_rate,
+            "test/mean_Q": mpi_average(evaluator.current_mean_Q(), comm),
+            "train/success_rate": mpi_average(rollout_worker.current_success_rate(), comm),
+            "train/critic_loss": mpi_average(critic_loss, comm),
+            "train/actor_loss": mpi_average(actor_loss, comm),
+            **policy.logs(),
+            "total/episodes": rollout_worker.n_episodes * n_ranks,
+            "total/timesteps": rollout_worker.n_episodes * n_ranks * policy.T,
+            "time/epoch_s": epoch_s}
+
+
+def save_policies(cfg, epoch, is_best, policy, logdir):
+    if is_best:
+        policy.save(os.path.join(logdir, "policy_best.npz"))
+    policy.save(os.path.join(logdir, "policy_latest.npz"))
+    if cfg.policy_save_interval > 0 and epoch % cfg.policy_save_interval == 0:
+        policy.save(os.path.join(logdir, f"policy_{epoch}.npz"))
 
 
 # ---------------------------------------------------------------- setting up a run
