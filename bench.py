@@ -29,7 +29,6 @@ import numpy as np  # noqa: E402
 import train  # noqa: E402
 from ddpg import DDPG  # noqa: E402
 from her import RolloutWorker, make_sample_her_transitions  # noqa: E402
-from mpi_adam import MpiAdam  # noqa: E402
 from vecenv import DummyVecEnv, SubprocVecEnv  # noqa: E402
 
 ENV = "FetchPush-v4"
@@ -205,7 +204,8 @@ def bench_epoch(quick, num_env=2):
     timer.wrap("logging", logger.dump)({"epoch": 0})
     total = time.perf_counter() - t0
     venv.close()
-    timer.s["update (excl. sampling)"] = timer.s.pop("update (incl. sampling)") - timer.s["sampling"]
+    update_total = timer.s.pop("update (incl. sampling)")
+    timer.s["update (excl. sampling)"] = update_total - timer.s["sampling"]
     print(f"-- one {ENV} epoch, 1 worker, num_env {num_env}, {n_cycles} cycles: {total:.1f} s")
     for name in ("rollout", "sampling", "update (excl. sampling)", "target update",
                  "store + normaliser", "test rollouts", "logging"):

@@ -22,8 +22,10 @@ def make_sample_her_transitions(replay_strategy, replay_k, reward_fun):
     """Return sample_her_transitions(episode_batch, batch_size, rng) for the replay buffer.
 
     replay_strategy: 'future' (relabel) or 'none' (plain experience replay).
-    replay_k: relabelled-to-original ratio; future_p = 1 - 1/(1 + replay_k) of a batch is relabelled.
-    reward_fun(ag_2, g) -> r: the env's own vectorised compute_reward, (batch, dim_g) x2 -> (batch,).
+    replay_k: relabelled-to-original ratio; a fraction future_p = 1 - 1/(1 + replay_k) of each
+        batch is relabelled.
+    reward_fun(ag_2, g) -> r: the env's own vectorised compute_reward,
+        (batch, dim_g), (batch, dim_g) -> (batch,).
     """
     if replay_strategy == "future":
         # replay_k = 4 means 4 relabelled for every original transition: future_p = 0.8

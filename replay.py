@@ -20,7 +20,7 @@ import numpy as np
 
 class ReplayBuffer:
     def __init__(self, buffer_shapes, size_in_transitions, T, sample_transitions, rng):
-        """buffer_shapes: {key: (steps, dim)} per episode, e.g. {'o': (T+1, dim_o), 'u': (T, dim_u)}.
+        """buffer_shapes: {key: (steps, dim)} per episode, e.g. {'o': (T+1, dim_o)}.
         size_in_transitions: capacity in transitions; stored as size_in_transitions // T episodes.
         sample_transitions: fn(episode_batch, batch_size, rng) -> transitions (her.py).
         rng: np.random.Generator of this rank (eviction and sampling).
@@ -57,7 +57,8 @@ class ReplayBuffer:
         """episode_batch: {key: (n_episodes, steps, dim)} as built by her.RolloutWorker."""
         batch_sizes = {key: len(episode_batch[key]) for key in self.buffers}
         if len(set(batch_sizes.values())) != 1:
-            raise ValueError(f"episode batch keys disagree on the number of episodes: {batch_sizes}")
+            raise ValueError(f"episode batch keys disagree on the number of episodes: "
+                             f"{batch_sizes}")
         n_episodes = batch_sizes["u"]
         idxs = self._get_storage_idx(n_episodes)
         for key, buf in self.buffers.items():

@@ -464,7 +464,8 @@ def test_her_future_relabels_only_to_later_achieved_goals():
     np.testing.assert_array_equal(tr["g"][relabelled], episodes["ag"][ge, gt])
     assert (gt == t[relabelled] + 1).any() and (gt == 10).any()  # both ends are reachable
     # the others keep their own episode's original goal
-    np.testing.assert_array_equal(tr["g"][~relabelled], episodes["g"][e[~relabelled], t[~relabelled]])
+    kept = ~relabelled
+    np.testing.assert_array_equal(tr["g"][kept], episodes["g"][e[kept], t[kept]])
 
 
 def test_her_rewards_recomputed_with_env_compute_reward():
@@ -502,7 +503,8 @@ def test_replay_evicts_random_slots_once_full():
     ep2["u"][...] = 9.
     buf.store_episode(ep2)  # one goes to the free slot 2, one evicts a random slot in {0, 1}
     assert buf.get_current_size() == 3 * T
-    assert buf.buffers["u"][2].max() == 9. and (buf.buffers["u"][:2] == 9.).all(axis=(1, 2)).sum() == 1
+    assert buf.buffers["u"][2].max() == 9.
+    assert (buf.buffers["u"][:2] == 9.).all(axis=(1, 2)).sum() == 1
 
 
 # ---------------------------------------------------------------- 7. rollout worker

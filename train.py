@@ -39,7 +39,8 @@ from dataclasses import dataclass  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-from ddpg import DDPG, POLICY_KEYS, BadFileError, atomic_savez, load_npz, policy_params  # noqa: E402
+from ddpg import (DDPG, POLICY_KEYS, BadFileError, atomic_savez, load_npz,  # noqa: E402
+                  policy_params)
 from her import RolloutWorker, make_sample_her_transitions  # noqa: E402
 from mpi_adam import mpi_average  # noqa: E402
 from vecenv import DummyVecEnv, SubprocVecEnv  # noqa: E402
@@ -461,7 +462,8 @@ def run(cfg, args, comm):
         evaluator = RolloutWorker(venv, policy, plan["dims"], plan["T"], rng, exploit=True,
                                   compute_Q=True)
         if "checkpoint" in plan:
-            rollout_worker.n_episodes, evaluator.n_episodes = map(int, plan["checkpoint"]["n_episodes"])
+            n_episodes = plan["checkpoint"]["n_episodes"]
+            rollout_worker.n_episodes, evaluator.n_episodes = map(int, n_episodes)
         else:  # the state before any training, so a failure always has a checkpoint to go back to
             save_checkpoint(cfg.logdir, 0, 0, -1., policy, (rollout_worker, evaluator), comm)
         logger = EpochLogger(cfg.logdir, enabled=(rank == 0), start_epoch=start["start_epoch"])
@@ -551,7 +553,8 @@ def config_for(args):
     cfg = make_config(args)
     if not cfg.logdir:
         stamp = time.strftime("%Y%m%d-%H%M%S")
-        cfg = dataclasses.replace(cfg, logdir=os.path.join("runs", f"{cfg.env}-seed{cfg.seed}-{stamp}"))
+        logdir = os.path.join("runs", f"{cfg.env}-seed{cfg.seed}-{stamp}")
+        cfg = dataclasses.replace(cfg, logdir=logdir)
     return cfg
 
 
