@@ -89,8 +89,10 @@ def plot(run_dirs, out_path):
     fig.suptitle("DDPG + HER (NumPy): median and interquartile range over seeds")
     fig.tight_layout()
     os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
-    fig.savefig(out_path, dpi=100)
+    tmp = f"{out_path}.tmp{os.getpid()}.png"  # written whole, then renamed (never half a PNG)
+    fig.savefig(tmp, dpi=100)
     plt.close(fig)
+    os.replace(tmp, out_path)
 
 
 def results_table(run_dirs, at_epochs=(0, 4, 9, 19, 29, 39, 49)):

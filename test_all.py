@@ -988,6 +988,23 @@ def test_nonfinite_loss_stops_after_keeping_last_good_checkpoint(tmp_path):
     assert all(np.isfinite(v).all() for k, v in ckpt.items() if v.dtype.kind == "f")
 
 
+def test_nonfinite_parameters_are_caught_even_when_the_losses_were_finite(tmp_path):
+    """The last update of a cycle can make the weights NaN after its loss was computed."""
+    from mpi4py import MPI
+
+    class NotInterrupted:
+        requested = False
+    policy, _, _ = fetch_reach_policy(np.random.default_rng(17), hidden=16)
+    policy.main.Q.theta[5] = np.inf
+    try:
+        train.stop_safely_if_needed([(0.1, 0.2)] * 3, NotInterrupted(), 2, 7, 0.5, policy, (),
+                                    str(tmp_path), MPI.COMM_WORLD)
+        raise AssertionError("non-finite critic parameters were not caught")
+    except train.NonFiniteError as e:
+        assert "non-finite critic parameters in epoch 2, cycle 7" in str(e)
+    assert os.listdir(tmp_path) == []  # nothing saved
+
+
 def test_atomic_save_never_leaves_a_half_written_file(tmp_path, monkeypatch):
     path = str(tmp_path / "policy.npz")
     ddpg.atomic_savez(path, {"a": np.arange(3)})

@@ -299,9 +299,13 @@ def stop_safely_if_needed(cycle_losses, stop, epoch, cycle, best, policy, worker
 
     Interrupted: save checkpoint + policy_latest, raise Interrupted. Non-finite: save nothing
     (the checkpoint on disk, from before this epoch, is the last good one), raise."""
-    bad = [name for name, values in zip(("train/critic_loss", "train/actor_loss"),
-                                        np.transpose(cycle_losses))
-           if not np.all(np.isfinite(values))]
+    critic_losses, actor_losses = np.transpose(cycle_losses)
+    # The parameters too: the cycle's last update can turn them non-finite after its loss
+    # was computed, and the epoch's checkpoint must not save such weights.
+    quantities = {"train/critic_loss": critic_losses, "train/actor_loss": actor_losses,
+                  "critic parameters": policy.main.Q.theta,
+                  "actor parameters": policy.main.pi.theta}
+    bad = [name for name, values in quantities.items() if not np.all(np.isfinite(values))]
     statuses = comm.allgather((stop.requested, bad))
     nonfinite = [(rank, bad) for rank, (_, bad) in enumerate(statuses) if bad]
     if nonfinite:
