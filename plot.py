@@ -22,6 +22,18 @@ import sys
 import numpy as np
 
 
+# Published test success rates to mark beside our curves: (source, ranks, envs, epoch, success).
+# TianhongDai/hindsight-experience-replay (a PyTorch port of baselines HER), README results
+# figure; baselines issue #591 (maintainer: FetchPush solved after 20 epochs at 19 x 2).
+ANCHORS = {
+    "FetchPush-v4": [("port 8x2", 8, 2, 10, 0.3), ("port 8x2", 8, 2, 20, 0.97),
+                     ("baselines 19x2", 19, 2, 20, 1.0)],
+    "FetchPickAndPlace-v4": [("port 16x2", 16, 2, 20, 0.76), ("port 16x2", 16, 2, 48, 0.92)],
+    "FetchSlide-v4": [("port 8x2", 8, 2, 50, 0.57)],
+}
+N_CYCLES, T_FETCH = 50, 50  # of those runs: an epoch is 50 cycles, an episode 50 steps
+
+
 def read_run(run_dir):
     """{'env', 'n_ranks', 'num_env', 'seed', 'epoch', 'success', 'steps', 'epoch_s'} of a run."""
     with open(os.path.join(run_dir, "config.json")) as f:
@@ -78,6 +90,12 @@ def plot(run_dirs, out_path):
             for ax, x in ((axes[0, col], epochs), (axes[1, col], steps)):
                 ax.plot(x, med, label=label)
                 ax.fill_between(x, lo, hi, alpha=0.25)
+        for source, n_ranks, num_env, epoch, success in ANCHORS.get(env, []):
+            steps = epoch * N_CYCLES * n_ranks * num_env * T_FETCH
+            marker = "x" if source.startswith("port") else "*"
+            for ax, x in ((axes[0, col], epoch), (axes[1, col], steps)):
+                ax.plot([x], [success], marker, color="k", markersize=9,
+                        label=f"{source} (published)")
         axes[0, col].set_title(env)
         axes[0, col].set_xlabel("epoch")
         axes[1, col].set_xlabel("total env steps (all ranks)")
@@ -85,7 +103,9 @@ def plot(run_dirs, out_path):
             ax.set_ylabel("test success rate")
             ax.set_ylim(-0.02, 1.02)
             ax.grid(alpha=0.3)
-            ax.legend(fontsize=8, loc="lower right")
+            handles, labels = ax.get_legend_handles_labels()
+            unique = dict(zip(labels, handles))  # one legend entry per anchor source
+            ax.legend(unique.values(), unique.keys(), fontsize=8, loc="best")
     fig.suptitle("DDPG + HER (NumPy): median and interquartile range over seeds")
     fig.tight_layout()
     os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
