@@ -455,7 +455,11 @@ class DDPG:
     def load(cls, path, comm=None, rng=None):
         """Rebuild a policy (no replay buffer) from save(); never unpickles anything.
         Collective under MPI (the constructor broadcasts), so every rank must call it."""
-        arrays = load_npz(path, POLICY_KEYS, "policy")
+        return cls.from_arrays(load_npz(path, POLICY_KEYS, "policy"), path, comm, rng)
+
+    @classmethod
+    def from_arrays(cls, arrays, path, comm=None, rng=None):
+        """load() on arrays already read (train.py reads them first, to agree on errors)."""
         policy = cls(policy_params(arrays, path), sample_transitions=None, rng=rng, comm=comm)
         policy.set_policy_arrays(arrays, path)
         return policy

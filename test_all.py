@@ -26,6 +26,7 @@ import shutil  # noqa: E402
 import signal  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
+import time  # noqa: E402
 import traceback  # noqa: E402
 
 import gymnasium as gym  # noqa: E402
@@ -924,7 +925,7 @@ def interrupt_when_logging(cmd, logdir, timeout=300):
     try:
         with hang_guard(timeout):
             while not os.path.exists(progress) and proc.poll() is None:
-                signal.pause() if False else subprocess.run(["sleep", "0.2"])
+                time.sleep(0.2)
             proc.send_signal(signal.SIGINT)
             out, _ = proc.communicate()
     finally:

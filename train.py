@@ -493,8 +493,7 @@ def play(cfg, args, comm):
     agree(comm, error)
     cfg = dataclasses.replace(cfg, env=env_id)
     rng = np.random.default_rng(cfg.seed + 1000000 * comm.Get_rank())
-    policy = DDPG(params, sample_transitions=None, rng=rng, comm=comm)
-    policy.set_policy_arrays(arrays, args.load_path)
+    policy = DDPG.from_arrays(arrays, args.load_path, comm=comm, rng=rng)
     venv = build_venv(cfg, render_mode="human" if args.render else None)
     try:
         evaluator = RolloutWorker(venv, policy, policy.dims, policy.T, rng, exploit=True,
