@@ -8,9 +8,14 @@ curve per (env, MPI ranks, num_env); the seeds of a group give the median and th
 interquartile band. One panel column per env: the top row against epoch, the bottom against
 total environment steps (all ranks).
 
+With `--scaling ENV`, one env against the number of MPI ranks instead: one curve per
+(ranks, num_env), against epoch, env steps and hours of training, with the published anchors.
+
 Run:
     python plot.py runs/* -o results/fetch.png     # the figure
     python plot.py results/* --table               # the markdown table README.md shows
+    python plot.py results/FetchPush-v4-* --scaling FetchPush-v4 -o results/scaling.png
+    python plot.py results/FetchPush-v4-* --scaling FetchPush-v4 --table
 Test: `python -m pytest -q test_all.py -k plot`.
 """
 import argparse
@@ -46,9 +51,13 @@ def read_run(run_dir):
     # total/episodes counts all ranks: after epoch e it is (e+1) * n_cycles * num_env * n_ranks
     episodes_per_rank = (int(rows[0]["epoch"]) + 1) * cfg["n_cycles"] * cfg["num_env"]
     n_ranks = int(rows[0]["total/episodes"]) // episodes_per_rank
+    T = int(rows[0]["total/timesteps"]) // int(rows[0]["total/episodes"])
+    epoch_s = column("time/epoch_s")
     return dict(env=cfg["env"], n_ranks=n_ranks, num_env=cfg["num_env"], seed=cfg["seed"],
+                n_cycles=cfg["n_cycles"], n_batches=cfg["n_batches"], T=T,
                 epoch=column("epoch", int), success=column("test/success_rate"),
-                steps=column("total/timesteps"), epoch_s=column("time/epoch_s"))
+                steps=column("total/timesteps"), epoch_s=epoch_s,
+                hours=np.cumsum(epoch_s) / 3600.)  # training time only: not the pauses between
 
 
 def group_runs(runs):
@@ -108,11 +117,89 @@ def plot(run_dirs, out_path):
             ax.legend(unique.values(), unique.keys(), fontsize=8, loc="best")
     fig.suptitle("DDPG + HER (NumPy): median and interquartile range over seeds")
     fig.tight_layout()
+    save_figure(fig, out_path)
+    plt.close(fig)
+
+
+def plot_scaling(run_dirs, env, out_path):
+    """One env, one curve per rank count: test success against epoch, against total env
+    steps (all ranks), and against hours of training on the machine each run used."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    groups = {key: runs for key, runs in group_runs([read_run(d) for d in run_dirs]).items()
+              if key[0] == env}
+    if not groups:
+        raise ValueError(f"none of the runs is of {env}")
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
+    for (_, n_ranks, num_env), runs in sorted(groups.items(), key=lambda kv: kv[0][1:]):
+        label = f"{n_ranks} x {num_env} ({len(runs)} seed{'s' if len(runs) > 1 else ''})"
+        epochs, med, lo, hi = median_and_quartiles(runs)
+        steps = median_and_quartiles(runs, "steps")[1]
+        hours = median_and_quartiles(runs, "hours")[1]
+        for ax, x in zip(axes, (epochs, steps, hours)):
+            line, = ax.plot(x, med, marker=".", label=label)
+            if len(runs) > 1:
+                ax.fill_between(x, lo, hi, alpha=0.2, color=line.get_color())
+    for source, n_ranks, num_env, epoch, success in ANCHORS.get(env, []):
+        steps = epoch * N_CYCLES * n_ranks * num_env * T_FETCH
+        marker = "x" if source.startswith("port") else "*"
+        for ax, x in zip(axes[:2], (epoch, steps)):  # published wall-clock times: none
+            ax.plot([x], [success], marker, color="k", markersize=10,
+                    label=f"{source} (published)")
+    for ax, xlabel in zip(axes, ("epoch", "total env steps (all ranks)",
+                                 "hours of training (sum of time/epoch_s)")):
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel("test success rate")
+        ax.set_ylim(-0.02, 1.02)
+        ax.grid(alpha=0.3)
+        handles, labels = ax.get_legend_handles_labels()
+        unique = dict(zip(labels, handles))
+        ax.legend(unique.values(), unique.keys(), fontsize=8, title="ranks x envs per rank")
+    axes[1].set_xscale("log")  # 1 to 19 ranks: the step counts span more than a decade
+    fig.suptitle(f"{env}: DDPG + HER (NumPy) with more MPI ranks")
+    fig.tight_layout()
+    save_figure(fig, out_path)
+    plt.close(fig)
+
+
+def save_figure(fig, out_path):
     os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
     tmp = f"{out_path}.tmp{os.getpid()}.png"  # written whole, then renamed (never half a PNG)
     fig.savefig(tmp, dpi=100)
-    plt.close(fig)
     os.replace(tmp, out_path)
+
+
+def first_epoch_at(run, level):
+    """The first (0-based) epoch whose test success reaches `level`, or None."""
+    return next((int(e) for e, s in zip(run["epoch"], run["success"]) if s >= level), None)
+
+
+def scaling_table(run_dirs, env, after_epochs=(5, 10, 20)):
+    """Markdown, one row per rank count of one env: cost per epoch and learning speed."""
+    groups = {key: runs for key, runs in group_runs([read_run(d) for d in run_dirs]).items()
+              if key[0] == env}
+    header = ["ranks x envs", "seeds", "env steps / epoch", "s / epoch here",
+              "updates / s (all ranks)"] + [f"success after {e} epochs" for e in after_epochs] + \
+        ["first epoch >= 0.5", "first epoch >= 0.9"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for (_, n_ranks, num_env), runs in sorted(groups.items(), key=lambda kv: kv[0][1:]):
+        run = runs[0]
+        steps = run["n_cycles"] * num_env * n_ranks * run["T"]
+        secs = float(np.median(np.concatenate([r["epoch_s"] for r in runs])))
+        # every rank makes n_cycles * n_batches updates of its own batch per epoch
+        updates_per_s = run["n_cycles"] * run["n_batches"] * n_ranks / secs
+        _, med, _, _ = median_and_quartiles(runs)
+        at = [f"{med[e - 1]:.2f}" if e <= len(med) else "" for e in after_epochs]
+        firsts = [", ".join("-" if f is None else str(f)
+                            for f in (first_epoch_at(r, level) for r in runs))
+                  for level in (0.5, 0.9)]
+        n_epochs = max(len(r["epoch"]) for r in runs)
+        lines.append("| " + " | ".join(
+            [f"{n_ranks} x {num_env}", f"{len(runs)} ({n_epochs} epochs)", f"{steps:,}",
+             f"{secs:.0f}", f"{updates_per_s:.0f}"] + at + firsts) + " |")
+    return "\n".join(lines)
 
 
 def results_table(run_dirs, at_epochs=(0, 4, 9, 19, 29, 39, 49)):
@@ -138,15 +225,22 @@ def main(argv=None):
     p.add_argument("run_dirs", nargs="+", help="folders holding progress.csv and config.json")
     p.add_argument("-o", "--out", default="results/curves.png", help="PNG to write")
     p.add_argument("--table", action="store_true", help="print the markdown results table")
+    p.add_argument("--scaling", metavar="ENV",
+                   help="one env, one curve per rank count (with --table: the scaling table)")
     args = p.parse_args(argv)
     run_dirs = [d for d in args.run_dirs if os.path.exists(os.path.join(d, "progress.csv"))]
     if not run_dirs:
         p.error("none of the given folders holds a progress.csv")
+    if args.scaling and not any(read_run(d)["env"] == args.scaling for d in run_dirs):
+        p.error(f"none of the given runs is of {args.scaling}")
     if args.table:
-        print(results_table(run_dirs))
+        print(scaling_table(run_dirs, args.scaling) if args.scaling else results_table(run_dirs))
+        return 0
+    if args.scaling:
+        plot_scaling(run_dirs, args.scaling, args.out)
     else:
         plot(run_dirs, args.out)
-        print(f"wrote {args.out} from {len(run_dirs)} run(s)")
+    print(f"wrote {args.out} from {len(run_dirs)} run(s)")
     return 0
 
 

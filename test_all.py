@@ -21,6 +21,7 @@ import contextlib  # noqa: E402
 import csv  # noqa: E402
 import json  # noqa: E402
 import functools  # noqa: E402
+import io  # noqa: E402
 import multiprocessing as mp  # noqa: E402
 import shutil  # noqa: E402
 import signal  # noqa: E402
@@ -1085,9 +1086,110 @@ def test_bad_command_lines_get_one_line_errors(tmp_path, capsys):
     assert_one_line_error(rc, out, 2, "--num_env")
 
 
+# ---------------------------------------------------------------- many ranks, many machines
+
+def test_ranks_without_a_shared_file_system_each_save_and_resume(tmp_path):
+    """Two machines without a shared disk, played by two working directories: mpirun starts
+    rank 0 in `a` and rank 1 in `b`, both with the relative --logdir `run`. Rank 1's log dir
+    does not exist until rank 1 makes it; --resume finds config.json only on rank 0's side."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+
+    def two_machines(*args):
+        one = [sys.executable, os.path.join(HERE, "train.py"), *args]
+        return [mpirun_exe(), "-np", "1", "-wdir", str(a), *one, ":",
+                "-np", "1", "-wdir", str(b), *one]
+    rc, out = run_cmd(two_machines("--logdir", "run", "--n_epochs", "1", *TINY_RUN), 300)
+    assert rc == 0 and "2 rank(s) in sync" in out, out[-3000:]
+    assert sorted(os.listdir(b / "run")) == ["checkpoint"]  # rank 1 writes only its checkpoint
+    assert os.listdir(b / "run" / "checkpoint") == ["rank1.npz"]
+    assert os.path.exists(a / "run" / "config.json")
+    assert os.listdir(a / "run" / "checkpoint") == ["rank0.npz"]
+    rc, out = run_cmd(two_machines("--resume", "run", "--n_epochs", "2"), 300)
+    assert rc == 0 and "2 rank(s) in sync" in out, out[-3000:]
+    assert [r["epoch"] for r in read_progress(str(a / "run"))] == ["0", "1"]
+    for side, rank in ((a, 0), (b, 1)):
+        assert int(arrays_of(train.checkpoint_path(str(side / "run"), rank))["epoch"]) == 2
+
+
+class FakeClock:
+    def __init__(self, step_s):
+        self.t, self.step_s = 1000., step_s
+
+    def __call__(self):
+        self.t += self.step_s
+        return self.t
+
+
+class FakeTerminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def run_progress(stream, terminal, step_s, n_cycles=50):
+    """One epoch of CycleProgress with a clock that advances step_s at each reading."""
+    progress = train.CycleProgress(stream, n_cycles, enabled=True, terminal=terminal,
+                                   clock=FakeClock(step_s), min_interval_s=30.)
+    progress.start_epoch(3, 0)
+    for cycle in range(n_cycles):
+        progress.cycle_done(cycle)
+    progress.cycles_finished()
+    progress.end_epoch()
+    return stream.getvalue()
+
+
+def test_progress_on_a_terminal_rewrites_one_line_in_place():
+    out = run_progress(FakeTerminal(), terminal=True, step_s=2.)
+    assert "\n" not in out
+    updates = out.split("\r")[1:]
+    assert len(updates) == 50 + 2  # one per cycle, then blanked before the epoch's table
+    # after cycle 10: 20 s elapsed (one clock reading per cycle), 40 cycles of 2 s left
+    assert updates[9].rstrip() == "epoch 3: cycle 10/50, 20s elapsed, about 1m20s left"
+    assert updates[-2].strip() == "" and updates[-1] == ""  # the line is blanked, cursor home
+    assert len(updates[-2]) == len(updates[-3].rstrip())  # the blank covers the last line
+
+
+def test_progress_into_a_file_writes_few_short_lines():
+    out = run_progress(io.StringIO(), terminal=False, step_s=10.)
+    assert "\r" not in out
+    assert [line.split(",")[0] for line in out.splitlines()] == \
+        ["epoch 3: cycle 10/50", "epoch 3: cycle 20/50", "epoch 3: cycle 30/50",
+         "epoch 3: cycle 40/50"]  # every n_cycles/5 cycles, none at the end (the table follows)
+    # a quick run: at most one line per 30 s, so 1 s cycles give one line, at cycle 30
+    out = run_progress(io.StringIO(), terminal=False, step_s=1.)
+    assert [line.split(",")[0] for line in out.splitlines()] == ["epoch 3: cycle 30/50"]
+
+
+def test_output_is_terminal_sees_through_mpirun():
+    """Under mpirun a rank's stdout is a pipe; mpirun's own stdout decides."""
+    cmd = [mpirun_exe(), "-np", "1", sys.executable, "-c",
+           "import sys, train; print('TERMINAL', train.output_is_terminal(sys.stdout))"]
+    rc, out = run_cmd(cmd, 120)
+    assert rc == 0 and "TERMINAL False" in out, out[-3000:]
+    main_fd, child_fd = os.openpty()
+    try:
+        proc = subprocess.Popen(cmd, cwd=HERE, stdout=child_fd, stderr=subprocess.DEVNULL)
+        os.close(child_fd)
+        out = b""
+        with hang_guard(120):
+            while True:
+                try:
+                    chunk = os.read(main_fd, 4096)
+                except OSError:  # the terminal's other side closed: the command has ended
+                    break
+                if not chunk:
+                    break
+                out += chunk
+            proc.wait()
+    finally:
+        os.close(main_fd)
+    assert proc.returncode == 0 and b"TERMINAL True" in out, out[-3000:]
+
+
 # ---------------------------------------------------------------- plots and the README's numbers
 
-def write_synthetic_run(run_dir, seed, success):
+def write_synthetic_run(run_dir, seed, success, n_ranks=2, epoch_s=20.0):
     os.makedirs(run_dir)
     cfg = dict(vars(train.Config(env="FetchPush-v4", num_env=2, n_cycles=50, seed=seed)))
     with open(os.path.join(run_dir, "config.json"), "w") as f:
@@ -1096,8 +1198,9 @@ def write_synthetic_run(run_dir, seed, success):
         w = csv.writer(f)
         w.writerow(["epoch", "test/success_rate", "total/episodes", "total/timesteps",
                     "time/epoch_s"])
-        for e, s in enumerate(success):  # 2 ranks x 2 envs x 50 cycles = 200 episodes/epoch
-            w.writerow([e, s, 200 * (e + 1), 200 * (e + 1) * 50, 20.0])
+        per_epoch = n_ranks * 2 * 50  # ranks x 2 envs x 50 cycles episodes per epoch
+        for e, s in enumerate(success):
+            w.writerow([e, s, per_epoch * (e + 1), per_epoch * (e + 1) * 50, epoch_s])
 
 
 def test_plot_writes_a_png_and_the_table_reads_the_csvs(tmp_path):
@@ -1112,6 +1215,24 @@ def test_plot_writes_a_png_and_the_table_reads_the_csvs(tmp_path):
     table = plot.results_table(runs, at_epochs=(0, 1, 3))
     # median over the 3 seeds at epoch 1 is 0.2; only seeds 1 and 2 reach epoch 3 (0.95)
     assert "| FetchPush-v4 | 2 x 2 | 3 | 0.00 | 0.20 | 0.95 | -, 3, 3 | 20.0 |" in table
+
+
+def test_scaling_figure_and_table_one_row_per_rank_count(tmp_path):
+    import plot
+    runs = {2: [0.0, 0.1, 0.2, 0.6, 0.7, 0.8], 19: [0.1, 0.5, 0.95, 1.0, 1.0, 1.0]}
+    dirs = []
+    for n_ranks, success in runs.items():
+        dirs.append(str(tmp_path / f"{n_ranks}x2"))
+        write_synthetic_run(dirs[-1], 0, success, n_ranks=n_ranks, epoch_s=25.0 * n_ranks)
+    out = str(tmp_path / "scaling.png")
+    assert plot.main(dirs + ["--scaling", "FetchPush-v4", "-o", out]) == 0
+    assert os.path.getsize(out) > 10_000
+    table = plot.scaling_table(dirs, "FetchPush-v4", after_epochs=(1, 5)).splitlines()
+    # 19 ranks: 19 x 2 x 50 episodes of 50 steps an epoch; 50 x 40 x 19 updates in 475 s
+    assert table[2] == "| 2 x 2 | 1 (6 epochs) | 10,000 | 50 | 80 | 0.00 | 0.70 | 3 | - |"
+    assert table[3] == "| 19 x 2 | 1 (6 epochs) | 95,000 | 475 | 80 | 0.10 | 1.00 | 1 | 2 |"
+    run = plot.read_run(dirs[1])
+    assert np.allclose(run["hours"], 475. * np.arange(1, 7) / 3600.)
 
 
 def test_readme_results_table_matches_committed_csvs():

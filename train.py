@@ -250,6 +250,94 @@ def _fmt(v):
     return f"{v:.4g}" if isinstance(v, float) else str(v)
 
 
+class CycleProgress:
+    """Where the current epoch stands, printed by rank 0 between the epoch tables (at 19 x 2
+    on a small machine an epoch is minutes of silence otherwise).
+
+    On a terminal: one line, rewritten in place after every cycle. Into a file or pipe: a short
+    line every `every` cycles, and at most one per `min_interval_s`, so a log gets no
+    carriage-return noise and a quick run (FetchReach: seconds per epoch) gets no extra lines."""
+
+    def __init__(self, stream, n_cycles, enabled, terminal, clock=time.time,
+                 min_interval_s=30.):
+        self.stream, self.n_cycles, self.enabled = stream, n_cycles, enabled
+        self.terminal, self.clock, self.min_interval_s = terminal, clock, min_interval_s
+        self.every = max(1, n_cycles // 5)
+        self.test_s = 0.  # the last epoch's test rollouts, counted into the time left
+        self.width = 0  # of the line on screen, so that a shorter one can blank it out
+
+    def start_epoch(self, epoch, first_cycle):
+        self.epoch, self.first_cycle = epoch, first_cycle
+        self.t_start = self.t_last_line = self.clock()
+
+    def cycle_done(self, cycle):
+        if not self.enabled:
+            return
+        now = self.clock()
+        elapsed, done = now - self.t_start, cycle + 1 - self.first_cycle
+        left = elapsed / done * (self.n_cycles - cycle - 1) + self.test_s
+        line = (f"epoch {self.epoch}: cycle {cycle + 1}/{self.n_cycles}, "
+                f"{_duration(elapsed)} elapsed, about {_duration(left)} left")
+        if self.terminal:
+            self._rewrite(line)
+        elif ((cycle + 1) % self.every == 0 and cycle + 1 < self.n_cycles
+              and now - self.t_last_line >= self.min_interval_s):
+            self.stream.write(line + "\n")
+            self.stream.flush()
+            self.t_last_line = now
+
+    def cycles_finished(self):
+        """Test rollouts start now: remember when, to time them for the next estimate."""
+        self.t_test = self.clock()
+
+    def end_epoch(self):
+        """Before the epoch's table: time the test rollouts, and blank the in-place line."""
+        self.test_s = self.clock() - self.t_test
+        if self.enabled and self.terminal and self.width:
+            self.stream.write("\r" + " " * self.width + "\r")
+            self.stream.flush()
+            self.width = 0
+
+    def close(self):
+        """End an in-place line left open (an interrupt mid-epoch), so what follows starts
+        on a line of its own."""
+        if self.enabled and self.terminal and self.width:
+            self.stream.write("\n")
+            self.stream.flush()
+            self.width = 0
+
+    def _rewrite(self, line):
+        # "\r" returns to the start of the line; padding erases what a longer line left.
+        self.stream.write("\r" + line.ljust(self.width))
+        self.stream.flush()
+        self.width = len(line)
+
+
+def _duration(seconds):
+    minutes, s = divmod(int(round(seconds)), 60)
+    return f"{minutes}m{s:02d}s" if minutes else f"{s}s"
+
+
+def output_is_terminal(stream):
+    """Whether what this process prints ends up on a terminal. Under mpirun a rank's stdout is
+    a pipe to MPICH's proxy process, which passes it on to mpirun's own stdout; so look at the
+    stdout of the ancestors (proxy, then mpirun) too. Linux /proc; anywhere else: no."""
+    if stream.isatty():
+        return True
+    if "PMI_RANK" not in os.environ:  # not started by mpirun
+        return False
+    pid = os.getpid()
+    for _ in range(3):  # rank -> hydra_pmi_proxy -> mpiexec (mpirun)
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                pid = int(f.read().rsplit(")", 1)[1].split()[1])  # field 4: the parent's pid
+            if os.readlink(f"/proc/{pid}/fd/1").startswith(("/dev/pts/", "/dev/tty")):
+                return True
+        except (OSError, ValueError, IndexError):
+            return False
+    return False
+
+
 # ---------------------------------------------------------------- checkpoints
 
 def checkpoint_path(logdir, rank):
@@ -324,7 +412,7 @@ def stop_safely_if_needed(cycle_losses, stop, epoch, cycle, best, policy, worker
 
 # ---------------------------------------------------------------- the loop
 
-def train(cfg, policy, rollout_worker, evaluator, logger, logdir, comm, stop,
+def train(cfg, policy, rollout_worker, evaluator, logger, progress, logdir, comm, stop,
           start_epoch=0, start_cycle=0, best_success_rate=-1.):
     """The epoch/cycle/batch loop (Plappert et al. 2018, Sec. 2.2; baselines her.py train)."""
     rank = comm.Get_rank()
@@ -334,6 +422,7 @@ def train(cfg, policy, rollout_worker, evaluator, logger, logdir, comm, stop,
         first_cycle = start_cycle if epoch == start_epoch else 0
         if first_cycle == 0:
             rollout_worker.clear_history()
+        progress.start_epoch(epoch, first_cycle)
         losses = []
         for cycle in range(first_cycle, cfg.n_cycles):
             episode = rollout_worker.generate_rollouts()  # num_env episodes from this rank's envs
@@ -343,13 +432,16 @@ def train(cfg, policy, rollout_worker, evaluator, logger, logdir, comm, stop,
             losses += cycle_losses
             stop_safely_if_needed(cycle_losses, stop, epoch, cycle, best_success_rate, policy,
                                   workers, logdir, comm)
+            progress.cycle_done(cycle)
 
+        progress.cycles_finished()
         evaluator.clear_history()
         for _ in range(cfg.n_test_rollouts):
             evaluator.generate_rollouts()
 
         policy.check_synced()
         success_rate = mpi_average(evaluator.current_success_rate(), comm)
+        progress.end_epoch()
         logger.dump(epoch_logs(epoch, success_rate, losses, policy, rollout_worker, evaluator,
                                time.time() - t_start, comm))
         if rank == 0:  # ranks hold identical weights, so rank 0 alone writes them
@@ -414,16 +506,19 @@ def check_policy_fits(params, path, env_id, dims):
 
 
 def make_logdir(cfg, comm):
-    """Rank 0 creates the log dir and writes config.json; every rank learns if that failed."""
+    """Each rank creates the folders it writes to: rank 0 the log dir with config.json (and
+    later progress.csv and the policies), every rank `checkpoint/` for its own checkpoint.
+    So ranks on another machine without a shared file system save into a log dir of the same
+    path on their own disk. Every rank learns if any of them could not."""
     error = None
-    if comm.Get_rank() == 0:
-        try:
-            os.makedirs(os.path.join(cfg.logdir, "checkpoint"), exist_ok=True)
+    try:
+        os.makedirs(os.path.join(cfg.logdir, "checkpoint"), exist_ok=True)
+        if comm.Get_rank() == 0:
             atomic_write_text(os.path.join(cfg.logdir, "config.json"),
                               json.dumps(dataclasses.asdict(cfg), indent=1))
-        except OSError as e:
-            error = (f"cannot write to log dir {cfg.logdir!r} ({e.strerror}); "
-                     "pass a writable --logdir")
+    except OSError as e:
+        error = (f"cannot write to log dir {cfg.logdir!r} on rank {comm.Get_rank()} "
+                 f"({e.strerror}); pass a --logdir that every rank can write")
     agree(comm, error)
 
 
@@ -458,6 +553,8 @@ def run(cfg, args, comm):
         if len(set(comm.allgather((start["start_epoch"], start["start_cycle"])))) != 1:
             raise UsageError(f"the checkpoints in {cfg.logdir}/checkpoint are from different "
                              "epochs (a run killed while saving); start a new run")
+    progress = CycleProgress(sys.stdout, cfg.n_cycles, enabled=(rank == 0),
+                             terminal=output_is_terminal(sys.stdout))
     venv = build_venv(cfg)
     try:
         # Training and test rollouts share the envs, as in baselines (eval_env = env).
@@ -471,9 +568,10 @@ def run(cfg, args, comm):
         else:  # the state before any training, so a failure always has a checkpoint to go back to
             save_checkpoint(cfg.logdir, 0, 0, -1., policy, (rollout_worker, evaluator), comm)
         logger = EpochLogger(cfg.logdir, enabled=(rank == 0), start_epoch=start["start_epoch"])
-        best = train(cfg, policy, rollout_worker, evaluator, logger, cfg.logdir, comm,
+        best = train(cfg, policy, rollout_worker, evaluator, logger, progress, cfg.logdir, comm,
                      StopFlag(), **start)
     finally:
+        progress.close()
         venv.close()
     if rank == 0:
         print(f"Done: best test success rate {best:.3f}; {n_ranks} rank(s) in sync; "
@@ -561,6 +659,24 @@ def config_for(args):
     return cfg
 
 
+def shared_config(args, comm):
+    """Rank 0 builds the configuration and every rank takes it from there: its default log
+    dir name holds a time stamp, and on --resume only rank 0's machine need hold config.json
+    (ranks on other machines without a shared file system have just their checkpoints)."""
+    cfg, error = None, None
+    if comm.Get_rank() == 0:
+        try:
+            cfg = config_for(args)
+            validate_config(cfg)
+            cfg = dataclasses.asdict(cfg)
+        except UsageError as e:
+            error = str(e)
+    cfg, error = comm.bcast((cfg, error), root=0)
+    if error:
+        raise UsageError(error)
+    return Config(**cfg)
+
+
 def main(argv=None):
     args = parse_args(argv)
     # mpi4py is imported here, not at the top: env workers re-import this file under `spawn`
@@ -568,10 +684,7 @@ def main(argv=None):
     from mpi4py import MPI
     comm = MPI.COMM_WORLD
     try:
-        cfg = config_for(args)
-        validate_config(cfg)
-        # Rank 0's default log dir name (it holds a time stamp) is the one every rank uses.
-        cfg = dataclasses.replace(cfg, logdir=comm.bcast(cfg.logdir, root=0))
+        cfg = shared_config(args, comm)
         (play if args.play else run)(cfg, args, comm)
     except (UsageError, BadFileError) as e:
         return report(comm, f"train.py: error: {e}", 2)
