@@ -71,23 +71,37 @@ def assert_grad_close(analytic, numeric, tol=1e-5):
     assert np.abs(analytic).max() > 0, "gradient is identically zero: the check proves nothing"
 
 
-def textbook_adam(theta, grads, lr, beta1=0.9, beta2=0.999, epsilon=1e-8):
-    """Kingma & Ba (2015) Algorithm 1 in float64, written independently of mpi_adam.py.
+class TextbookAdam:
+    """Kingma & Ba (2015) Algorithm 1 in float64, one step at a time, written independently of
+    mpi_adam.py.
 
     MpiAdam (like baselines) uses the paper's reordered update with epsilon added to sqrt(v_t)
     instead of sqrt(v_hat_t); that equals Algorithm 1 with eps_t = epsilon / sqrt(1 - beta2^t).
     """
-    theta = np.array(theta, dtype=np.float64)
-    m = np.zeros_like(theta)
-    v = np.zeros_like(theta)
-    for t, g in enumerate(grads, start=1):
-        m = beta1 * m + (1 - beta1) * g
-        v = beta2 * v + (1 - beta2) * g ** 2
-        m_hat = m / (1 - beta1 ** t)
-        v_hat = v / (1 - beta2 ** t)
-        eps_t = epsilon / np.sqrt(1 - beta2 ** t)
-        theta = theta - lr * m_hat / (np.sqrt(v_hat) + eps_t)
-    return theta
+
+    def __init__(self, theta, lr, beta1=0.9, beta2=0.999, epsilon=1e-8):
+        self.theta = np.array(theta, dtype=np.float64)
+        self.m, self.v, self.t = np.zeros_like(self.theta), np.zeros_like(self.theta), 0
+        self.lr, self.beta1, self.beta2, self.epsilon = lr, beta1, beta2, epsilon
+
+    def step(self, g):
+        b1, b2 = self.beta1, self.beta2
+        self.t += 1
+        self.m = b1 * self.m + (1 - b1) * g
+        self.v = b2 * self.v + (1 - b2) * g ** 2
+        m_hat = self.m / (1 - b1 ** self.t)
+        v_hat = self.v / (1 - b2 ** self.t)
+        eps_t = self.epsilon / np.sqrt(1 - b2 ** self.t)
+        self.theta = self.theta - self.lr * m_hat / (np.sqrt(v_hat) + eps_t)
+        return self.theta
+
+
+def textbook_adam(theta, grads, lr, beta1=0.9, beta2=0.999, epsilon=1e-8):
+    """theta after one TextbookAdam step per gradient in `grads`."""
+    adam = TextbookAdam(theta, lr, beta1, beta2, epsilon)
+    for g in grads:
+        adam.step(g)
+    return adam.theta
 
 
 def mpirun_exe():
@@ -1113,6 +1127,129 @@ def test_ranks_without_a_shared_file_system_each_save_and_resume(tmp_path):
         assert int(arrays_of(train.checkpoint_path(str(side / "run"), rank))["epoch"]) == 2
 
 
+def test_nineteen_ranks_update_as_one_process_summing_their_gradients():
+    """The arithmetic of the paper's 19 ranks, checked against a single-process reference."""
+    run_mpi_case(19, "many_ranks_vs_one_process", timeout=300)
+
+
+class OneRankComm:
+    """A world of one rank for the reference replicas below: every collective is a copy."""
+
+    def Get_size(self):
+        return 1
+
+    def Get_rank(self):
+        return 0
+
+    def Allreduce(self, send, recv):
+        recv[...] = send
+
+    def Bcast(self, buf, root=0):
+        pass
+
+
+class GradientRecorder:
+    """Stands in for a replica's MpiAdam: keeps the gradient, leaves the parameters alone."""
+
+    def update(self, g, stepsize):
+        self.g = g.astype(np.float64)
+
+    def check_synced(self):
+        pass
+
+
+SMALL_CYCLES, SMALL_BATCHES, SMALL_T = 2, 3, 5
+
+
+def small_ddpg(rank, comm):
+    """A small agent of rank `rank` (its own seed and data), episodes of SMALL_T steps."""
+    def reward_fun(ag_2, g):  # Fetch's form: 0 within 0.05 of the goal, else -1
+        return -(np.linalg.norm(ag_2 - g, axis=-1) > 0.05).astype(np.float32)
+    cfg = train.Config(hidden=16, layers=2, batch_size=32, buffer_size=1000)
+    params = train.ddpg_params(cfg, {"o": 2, "g": 3, "u": 4}, SMALL_T, 1.0)
+    rng = np.random.default_rng(1000 + rank)
+    return DDPG(params, make_sample_her_transitions("future", 4, reward_fun), rng, comm), rng
+
+
+def small_episodes(rank, cycle, rng):
+    ep = synthetic_episodes(2, SMALL_T, rng)
+    ep["o"] += 10 * rank + cycle  # (2, T+1, 2): every rank's data differs
+    return ep
+
+
+def mpi_case_many_ranks_vs_one_process(comm):
+    """Train `n` ranks for real, then rebuild the same run in rank 0 alone: n replicas whose
+    collectives are copies, with the aggregation done here by hand. Gradients: summed over
+    ranks in float64, then textbook Adam. Normaliser: numpy mean and std over every rank's
+    relabelled transitions. The real run must match it."""
+    rank, n = comm.Get_rank(), comm.Get_size()
+    policy, rng = small_ddpg(rank, comm)
+    for cycle in range(SMALL_CYCLES):
+        policy.store_episode(small_episodes(rank, cycle, rng))
+        for _ in range(SMALL_BATCHES):
+            policy.train()
+        policy.update_target_net()
+    if rank == 0:
+        reference = one_process_reference(n)
+        for name in ("Q", "pi"):
+            np.testing.assert_allclose(getattr(policy.main, name).theta, reference[name],
+                                       rtol=1e-4, atol=2e-6, err_msg=name)
+            np.testing.assert_allclose(getattr(policy.target, name).theta,
+                                       reference["target_" + name], rtol=1e-4, atol=2e-6)
+        for stats in ("o_stats", "g_stats"):
+            np.testing.assert_allclose(getattr(policy, stats).mean, reference[stats][0],
+                                       rtol=1e-5, atol=1e-6)
+            np.testing.assert_allclose(getattr(policy, stats).std, reference[stats][1],
+                                       rtol=1e-5, atol=1e-6)
+    policy.check_synced()
+
+
+def record_inputs(norm, seen):
+    """Let a Normalizer keep working, and append every array it is fed to `seen`."""
+    real_update = norm.update
+
+    def update(v):
+        seen.append(v.reshape(-1, norm.size))
+        real_update(v)
+    norm.update = update
+
+
+def one_process_reference(n):
+    replicas = [small_ddpg(r, OneRankComm()) for r in range(n)]
+    fed = {"o_stats": [], "g_stats": []}  # every array any replica's normaliser was fed
+    for policy, _ in replicas:
+        policy.main.copy_from(replicas[0][0].main)  # MpiAdam.sync: rank 0's initial weights
+        policy.target.copy_from(replicas[0][0].main)
+        policy.Q_adam, policy.pi_adam = GradientRecorder(), GradientRecorder()
+        for stats, seen in fed.items():
+            record_inputs(getattr(policy, stats), seen)
+    main = replicas[0][0].main
+    adams = {name: TextbookAdam(getattr(main, name).theta, lr=1e-3) for name in ("Q", "pi")}
+    for cycle in range(SMALL_CYCLES):
+        for rank, (policy, rng) in enumerate(replicas):
+            policy.store_episode(small_episodes(rank, cycle, rng))
+        for stats, seen in fed.items():  # mean and std over all ranks' data so far
+            data = np.concatenate(seen).astype(np.float64)
+            mean, std = data.mean(axis=0), np.maximum(data.std(axis=0), 0.01)
+            for policy, _ in replicas:
+                getattr(policy, stats).mean[...], getattr(policy, stats).std[...] = mean, std
+        for _ in range(SMALL_BATCHES):
+            for policy, _ in replicas:  # each rank's own batch and gradient, same parameters
+                policy.train()
+            for name, adam in adams.items():
+                # theta <- Adam(theta, sum over ranks of g_rank): what Allreduce(SUM) gives
+                adam.step(sum(getattr(policy, name + "_adam").g for policy, _ in replicas))
+                for policy, _ in replicas:
+                    getattr(policy.main, name).theta[...] = adam.theta
+        for policy, _ in replicas:
+            policy.update_target_net()
+    policy = replicas[0][0]
+    return {"Q": adams["Q"].theta, "pi": adams["pi"].theta,
+            "target_Q": policy.target.Q.theta, "target_pi": policy.target.pi.theta,
+            "o_stats": (policy.o_stats.mean, policy.o_stats.std),
+            "g_stats": (policy.g_stats.mean, policy.g_stats.std)}
+
+
 class FakeClock:
     def __init__(self, step_s):
         self.t, self.step_s = 1000., step_s
@@ -1264,7 +1401,8 @@ def mpi_case_workers_without_mpi(comm):
 
 
 MPI_CASES = {"mpi_adam": mpi_case_mpi_adam, "normalizer": mpi_case_normalizer,
-             "workers_without_mpi": mpi_case_workers_without_mpi}
+             "workers_without_mpi": mpi_case_workers_without_mpi,
+             "many_ranks_vs_one_process": mpi_case_many_ranks_vs_one_process}
 
 if __name__ == "__main__":
     from mpi4py import MPI
