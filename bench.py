@@ -7,7 +7,7 @@ of Plappert et al. (2018), Sec. 2.2, on one CPU thread per process:
   * HER sampling + normalisation of a batch, as a share of the update;
   * environment steps per second: raw env, DummyVecEnv, SubprocVecEnv at num_env 1, 2, 4, with
     policy inference as RolloutWorker does it;
-  * MpiAdam.update and its Allreduce with 1 and 2 ranks (`mpirun -np 2 python bench.py --mpi`);
+  * MpiAdam.update and its Allreduce with R ranks (`mpirun -np R python bench.py --mpi`);
   * one FetchPush-v4 epoch (50 cycles) of one worker split into its phases;
   * a full 1e6-transition buffer: resident memory, and sampling time against buffer size.
 
@@ -256,9 +256,12 @@ def bench_mpi():
     comm.Barrier()
     t_train = timeit(policy.train, 5, 20)
     if comm.Get_rank() == 0:
-        n = comm.Get_size()
-        row(f"MpiAdam.update, critic, {n} rank(s)", t_update, "ms")
-        row(f"   of which Allreduce of {adam.size} floats, {n} rank(s)", t_allreduce, "ms",
+        n, cores = comm.Get_size(), os.cpu_count()
+        # More ranks than cores (MPICH oversubscribes): every rank times its calls while the
+        # others compete for the same cores, so both times include waiting for a core.
+        where = f"{n} rank(s) on {cores} cores" + (", oversubscribed" if n > cores else "")
+        row(f"MpiAdam.update, critic, {where}", t_update, "ms")
+        row(f"   of which Allreduce of {adam.size} floats, {where}", t_allreduce, "ms",
             f"{t_allreduce / t_train:.1%} of a DDPG.train() update ({t_train:.2f} ms) "
             f"per network, x2 per update")
 

@@ -180,7 +180,7 @@ def scaling_table(run_dirs, env, after_epochs=(5, 10, 20)):
     """Markdown, one row per rank count of one env: cost per epoch and learning speed."""
     groups = {key: runs for key, runs in group_runs([read_run(d) for d in run_dirs]).items()
               if key[0] == env}
-    header = ["ranks x envs", "seeds", "env steps / epoch", "s / epoch here",
+    header = ["ranks x envs", "seeds", "epochs run", "env steps / epoch", "s / epoch here",
               "updates / s (all ranks)"] + [f"success after {e} epochs" for e in after_epochs] + \
         ["first epoch >= 0.5", "first epoch >= 0.9"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
@@ -197,7 +197,7 @@ def scaling_table(run_dirs, env, after_epochs=(5, 10, 20)):
                   for level in (0.5, 0.9)]
         n_epochs = max(len(r["epoch"]) for r in runs)
         lines.append("| " + " | ".join(
-            [f"{n_ranks} x {num_env}", f"{len(runs)} ({n_epochs} epochs)", f"{steps:,}",
+            [f"{n_ranks} x {num_env}", str(len(runs)), str(n_epochs), f"{steps:,}",
              f"{secs:.0f}", f"{updates_per_s:.0f}"] + at + firsts) + " |")
     return "\n".join(lines)
 

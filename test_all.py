@@ -1366,8 +1366,8 @@ def test_scaling_figure_and_table_one_row_per_rank_count(tmp_path):
     assert os.path.getsize(out) > 10_000
     table = plot.scaling_table(dirs, "FetchPush-v4", after_epochs=(1, 5)).splitlines()
     # 19 ranks: 19 x 2 x 50 episodes of 50 steps an epoch; 50 x 40 x 19 updates in 475 s
-    assert table[2] == "| 2 x 2 | 1 (6 epochs) | 10,000 | 50 | 80 | 0.00 | 0.70 | 3 | - |"
-    assert table[3] == "| 19 x 2 | 1 (6 epochs) | 95,000 | 475 | 80 | 0.10 | 1.00 | 1 | 2 |"
+    assert table[2] == "| 2 x 2 | 1 | 6 | 10,000 | 50 | 80 | 0.00 | 0.70 | 3 | - |"
+    assert table[3] == "| 19 x 2 | 1 | 6 | 95,000 | 475 | 80 | 0.10 | 1.00 | 1 | 2 |"
     run = plot.read_run(dirs[1])
     assert np.allclose(run["hours"], 475. * np.arange(1, 7) / 3600.)
 
@@ -1382,6 +1382,9 @@ def test_readme_results_table_matches_committed_csvs():
         readme = f.read()
     assert plot.results_table(run_dirs) in readme, \
         "README's results table differs from `python plot.py results/* --table`"
+    push = [d for d in run_dirs if os.path.basename(d).startswith("FetchPush-v4-")]
+    assert plot.scaling_table(push, "FetchPush-v4") in readme, "README's scaling table differs " \
+        "from `python plot.py results/FetchPush-v4-* --scaling FetchPush-v4 --table`"
 
 
 # ---------------------------------------------------------------- MPI cases (run under mpirun)
