@@ -1208,6 +1208,28 @@ def test_readme_results_table_matches_committed_csvs():
         "README's results table differs from `python plot.py results/* --table`"
 
 
+def test_every_mpi_call_is_tagged_and_in_the_readme_table():
+    """The README promises that `grep "# [MPI]"` lists every line that talks to other ranks and
+    that its table names every comm method the code calls: a new call must keep both true."""
+    import re
+    with open(os.path.join(HERE, "README.md")) as f:
+        readme = f.read()
+    start = readme.index("### Every call that crosses ranks")
+    table = readme[start:readme.index("\n#", start + 1)]
+    local = {"Get_rank", "Get_size"}  # queries: no communication
+    methods = set()
+    for name in sorted(f for f in os.listdir(HERE) if f.endswith(".py")):
+        with open(os.path.join(HERE, name)) as f:
+            for number, line in enumerate(f, start=1):
+                called = set(re.findall(r"\bcomm\.([A-Za-z_]+)\(", line))
+                methods |= called
+                if called - local:
+                    assert "# [MPI]" in line, f"{name}:{number} lacks the # [MPI] tag: {line}"
+    assert {"Allreduce", "Bcast", "bcast", "allgather", "Abort"} <= methods
+    for method in methods:
+        assert f"`{method}`" in table, f"comm.{method} is not in README's table of MPI calls"
+
+
 # ---------------------------------------------------------------- MPI cases (run under mpirun)
 
 def test_env_workers_never_touch_mpi_under_mpirun():
