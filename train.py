@@ -12,8 +12,9 @@ Run:
     python train.py --play --load_path runs/<run>/policy_best.npz
 
 Failure handling (README "When things go wrong"): bad input is one line on stderr and exit
-code 2; Ctrl-C saves a checkpoint and exits 130; a non-finite loss stops with exit code 1
-after keeping the last good checkpoint; an exception on any rank aborts the whole MPI job.
+code 2; Ctrl-C saves a checkpoint and exits 130; a non-finite loss or actor/critic parameter
+stops with exit code 1 after keeping the last good checkpoint; an exception on any rank aborts
+the whole MPI job.
 """
 import os
 
@@ -87,7 +88,7 @@ class UsageError(Exception):
 
 
 class NonFiniteError(Exception):
-    """A loss became NaN or inf: reported as one line, exit code 1."""
+    """A loss or an actor/critic parameter became NaN or inf: one line, exit code 1."""
 
 
 class Interrupted(Exception):

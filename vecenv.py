@@ -119,7 +119,7 @@ def worker(remote, parent_remote, env_fn):
             else:
                 raise ValueError(f"unknown command {cmd!r}")
     except (KeyboardInterrupt, EOFError, BrokenPipeError):
-        pass  # the parent is gone or interrupted: just exit
+        pass  # the rank is gone or interrupted: just exit
     except Exception:
         try:
             remote.send(("error", traceback.format_exc()))
@@ -144,8 +144,8 @@ class SubprocVecEnv(VecEnv):
                    for work_remote, remote, env_fn in zip(work_remotes, self.remotes, env_fns)]
         for p in self.ps:
             p.start()
-        # Easy to miss: the parent must close its copy of each child's end, or a dead child
-        # never produces EOF on our end and recv() blocks forever.
+        # Easy to miss: the rank must close its copy of each env process's end, or a dead env
+        # process never produces EOF on the rank's end and recv() blocks forever.
         for work_remote in work_remotes:
             work_remote.close()
         observation_space, action_space = self._recv(0)
