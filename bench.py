@@ -8,7 +8,7 @@ of Plappert et al. (2018), Sec. 2.2, on one CPU thread per process:
   * environment steps per second: raw env, DummyVecEnv, SubprocVecEnv at num_env 1, 2, 4, with
     policy inference as RolloutWorker does it;
   * MpiAdam.update and its Allreduce with R ranks (`mpirun -np R python bench.py --mpi`);
-  * one FetchPush-v4 epoch (50 cycles) of one worker split into its phases;
+  * one FetchPush-v4 epoch (50 cycles) of one rank split into its phases;
   * a full 1e6-transition buffer: resident memory, and sampling time against buffer size.
 
 Run: `python bench.py` (about 3 minutes), `python bench.py --quick`, and
@@ -179,7 +179,7 @@ class Timer:
 
 
 def bench_epoch(quick, num_env=2):
-    """One FetchPush epoch of one worker (train.train's loop) with each phase timed."""
+    """One FetchPush epoch of one rank (train.train's loop) with each phase timed."""
     n_cycles = 10 if quick else 50
     cfg = train.Config(env=ENV, num_env=num_env, n_cycles=n_cycles, n_epochs=1)
     dims, T, max_u, reward_fun = train.env_dims(ENV)
@@ -206,7 +206,7 @@ def bench_epoch(quick, num_env=2):
     venv.close()
     update_total = timer.s.pop("update (incl. sampling)")
     timer.s["update (excl. sampling)"] = update_total - timer.s["sampling"]
-    print(f"-- one {ENV} epoch, 1 worker, num_env {num_env}, {n_cycles} cycles: {total:.1f} s")
+    print(f"-- one {ENV} epoch, 1 rank, num_env {num_env}, {n_cycles} cycles: {total:.1f} s")
     for name in ("rollout", "sampling", "update (excl. sampling)", "target update",
                  "store + normaliser", "test rollouts", "logging"):
         row(f"   {name}", timer.s.get(name, 0.), "s", f"{timer.s.get(name, 0.) / total:.1%}")
@@ -252,8 +252,8 @@ def bench_mpi():
     g = np.zeros(adam.size, np.float32)
     out = np.empty_like(g)
     t_update = timeit(lambda: adam.update(g, 0.), 10, 50)
-    t_allreduce = timeit(lambda: comm.Allreduce(g, out), 10, 50)
-    comm.Barrier()
+    t_allreduce = timeit(lambda: comm.Allreduce(g, out), 10, 50)  # [MPI] bench only
+    comm.Barrier()  # [MPI] bench only: ranks start the next timing together
     t_train = timeit(policy.train, 5, 20)
     if comm.Get_rank() == 0:
         n, cores = comm.Get_size(), os.cpu_count()

@@ -19,8 +19,10 @@ Layout: each network keeps all its parameters in ONE flat float32 array `theta`,
 are reshaped views into it (likewise `grad`). That is baselines' getflat/setfromflat with the
 copies removed: MpiAdam updates `theta` in place and the layers see the new values.
 
-Deviation from baselines: the normaliser accumulates its sums in float64 (baselines: float32),
-so that mean and std stay exact after millions of samples; the normalised inputs are float32.
+Deviations from baselines, all in the normaliser (README, "Deviations from baselines"): its
+sums are float64 (baselines: float32), so that mean and std stay exact after millions of
+samples, while the normalised inputs are float32; they are summed over ranks (baselines
+averages them); its count starts at 0 (baselines: 1, one phantom zero sample).
 
 Test: `python -m pytest -q test_all.py -k "grad or normalizer or save"`.
 """
@@ -235,6 +237,14 @@ class Normalizer:
 
     update() only accumulates this rank's local sums; recompute_stats() Allreduces them into the
     global sums, so every rank ends with identical mean and std.
+
+    baselines averages sums and counts over the N ranks instead, and starts its count at 1:
+    its mean is S / (N + C) for global sum S and count C, as if N zero samples had been seen.
+    Here the count starts at 0 and the mean is S / C. The phantom zeros matter early: a
+    coordinate with mean c and spread s << |c| gets a std of about |c| sqrt(N C) / (C + N)
+    instead of s. For the table height 0.42 of FetchPush goals that is 0.042 instead of the
+    0.01 floor after the first cycle of 2 episodes per rank (0.058 after 1 episode), whatever
+    N; it fades as 1 / sqrt(C / N).
     """
 
     def __init__(self, size, eps=1e-2, default_clip_range=np.inf, comm=None):
@@ -259,7 +269,7 @@ class Normalizer:
         """Collective: every rank must call it the same number of times."""
         local = np.concatenate([self.local_sum, self.local_sumsq, self.local_count])
         total = np.zeros_like(local)
-        self.comm.Allreduce(local, total)
+        self.comm.Allreduce(local, total)  # [MPI] global sums: identical stats on every rank
         s = self.size
         self.total_sum += total[:s]
         self.total_sumsq += total[s:2 * s]
@@ -307,8 +317,9 @@ class DDPG:
         self.rng = rng if rng is not None else np.random.default_rng()
         self.comm = comm if comm is not None else world_comm()
         self.gamma = p["gamma"]
-        # -clip_return bounds the target from below; 0 from above: with rewards in {-1, 0}
-        # no return can be positive (baselines clip_pos_returns=True).
+        # -clip_return bounds the target from below (inf with --clip_return 0); 0 always bounds
+        # it from above: with rewards in {-1, 0} no return can be positive (baselines
+        # clip_pos_returns=True, which its --clip_return does not change either).
         self.clip_return = p["clip_return"]
 
         self.o_stats = Normalizer(self.dims["o"], p["norm_eps"], p["norm_clip"], self.comm)
@@ -412,7 +423,13 @@ class DDPG:
             targ.theta += (1 - polyak) * main.theta
 
     def check_synced(self):
-        """Raise on every rank unless all ranks hold identical actor and critic parameters."""
+        """Raise on every rank unless all ranks hold identical actor and critic parameters.
+
+        Only these two are compared. A rank whose targets or normaliser had diverged would go
+        unnoticed: they shape only its own gradient, and the Allreduce sum that every rank
+        applies hides whose it was. Both are computed from values that are identical on all
+        ranks (Polyak on the compared weights; the Allreduced normaliser sums), in the same
+        order, so they cannot diverge unless the code is changed to break that."""
         self.Q_adam.check_synced()
         self.pi_adam.check_synced()
 

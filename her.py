@@ -8,8 +8,10 @@ The idea in one line: a failed episode towards goal g is a successful episode to
 goal it did reach, so when we replay a transition we sometimes pretend its goal was an achieved
 goal from later in the same episode, and recompute the reward for that goal.
 
-Deviation from baselines: RolloutWorker stores all T transitions of an episode (baselines' vec
-env auto-reset drops the last one) and resets its envs itself after exactly T steps.
+Deviations from baselines: RolloutWorker stores all T transitions of an episode (baselines' vec
+env auto-reset drops the last one) and resets its envs itself after exactly T steps; so its
+success is read after the T-th action, where baselines reads it after action T-1, the last one
+its rollout keeps.
 
 Test: `python -m pytest -q test_all.py -k "her or rollout"`.
 """
@@ -67,8 +69,11 @@ def make_sample_her_transitions(replay_strategy, replay_k, reward_fun):
 class RolloutWorker:
     """Collect num_env episodes at a time from a VecEnv with the current policy.
 
-    A training worker explores (Gaussian noise_eps, uniform random_eps actions); a test worker
-    uses exploit=True, no noise, and records the critic's estimate Q(o, g, pi(o, g)).
+    Not a process: an object inside a rank, which holds that rank's own DDPG agent (the very
+    object being trained, so it always acts with the latest weights; nothing is ever sent to
+    it). train.py makes two per rank on the same envs: `rollout_worker` explores (Gaussian
+    noise_eps, uniform random_eps actions); `evaluator` uses exploit=True, no noise, and records
+    the critic's estimate Q(o, g, pi(o, g)).
     """
 
     def __init__(self, venv, policy, dims, T, rng, exploit=False, use_target_net=False,
@@ -108,7 +113,9 @@ class RolloutWorker:
             success[:, t, 0] = [info.get("is_success", 0.) for info in infos]
             if self.compute_Q:
                 Qs.append(Q)
-        # An episode counts as a success if the goal is reached at its last step (baselines).
+        # An episode counts as a success if the goal is reached after its T-th action. baselines
+        # reads success after action T-1: its vec env auto-resets at step T, and its rollout
+        # stops before storing that step (README, deviations).
         self.success_history.append(float(np.mean(success[:, -1, 0])))
         if self.compute_Q:
             self.Q_history.append(float(np.mean(Qs)))

@@ -1,15 +1,21 @@
-"""The only place gradients cross processes: Allreduce one flat gradient, then take an Adam step.
+"""The only place gradients cross ranks: Allreduce one flat gradient, then take an Adam step.
 
 Mirrors openai/baselines `common/mpi_adam.py` (MpiAdam) and `common/mpi_moments.py`
-(mpi_average). Implements the optimiser of Plappert et al. (2018), Sec. 2.2 / Appendix A:
-every MPI rank computes a gradient on its own minibatch, the gradients are summed over ranks,
-and every rank applies the *same* Adam step, so the networks on all ranks stay bitwise equal.
-Adam itself is Kingma & Ba (2015), Algorithm 1, in the reordered form given at the end of
-their Sec. 2 (the step size absorbs both bias corrections), which is the form baselines uses.
+(mpi_average); `MpiAdam(..., scale_grad_by_procs=True)` is also the NumPy counterpart of
+`common/mpi_adam_optimizer.py` (MpiAdamOptimizer, the TensorFlow optimiser of PPO2), which
+averages. Implements the optimiser of Plappert et al. (2018), Sec. 2.2 / Appendix A: every MPI
+rank computes a gradient on its own minibatch, the gradients are combined over ranks (HER sums
+them: scale_grad_by_procs=False; the default averages), and every rank applies the *same* Adam
+step, so the networks on all ranks stay bitwise equal. Adam itself is Kingma & Ba (2015),
+Algorithm 1, in the reordered form given at the end of their Sec. 2 (the step size absorbs both
+bias corrections), which is the form baselines uses.
 
-No module here imports mpi4py at import time: a process that imports mpi4py joins the MPI job,
-and the env worker processes of `vecenv.SubprocVecEnv` (which re-import the main script under
-the `spawn` start method) must never do that (see DESIGN.md, "Known traps").
+No module here imports mpi4py at import time, because importing mpi4py initialises MPI. The env
+processes of `vecenv.SubprocVecEnv` import these modules too (the `spawn` start method re-imports
+the main script in every child), and a child of a rank that initialised MPI would inherit that
+rank's MPI environment and try to take part in the job as that rank: the job hangs or aborts.
+
+Every line that talks to other ranks carries the comment tag `[MPI]`.
 
 Test: `python -m pytest -q test_all.py -k adam` (runs `mpirun -np 2` and `-np 3` itself).
 """
@@ -28,13 +34,14 @@ def mpi_average(value, comm=None):
     value = np.asarray(value, dtype=np.float64).ravel()
     local = np.array([value.sum(), value.size], dtype=np.float64)  # (2,) = sum, count
     total = np.zeros_like(local)
-    comm.Allreduce(local, total)  # the default op is SUM
+    comm.Allreduce(local, total)  # [MPI] the default op is SUM
     return float(total[0] / max(total[1], 1.0))
 
 
 class MpiAdam:
-    """Adam over a list of float32 parameter arrays, updated in place, with gradients summed
-    over all ranks.
+    """Adam over a list of float32 parameter arrays, updated in place, with the gradients of
+    all ranks averaged (scale_grad_by_procs=True, the default, as baselines'
+    MpiAdamOptimizer) or summed (False, as HER in baselines and in ddpg.DDPG).
 
     `params` are the arrays the optimiser owns a view of; in this project each network passes
     the single flat array its weights are views into (ddpg.MLP.theta), so there is no
@@ -79,11 +86,12 @@ class MpiAdam:
             raise ValueError(f"MpiAdam.update got a gradient of shape {localg.shape}, "
                              f"expected ({self.size},): pass one flat gradient of all params")
         # THE gradient aggregation of the whole program: g = sum over ranks of g_rank.
-        self.comm.Allreduce(localg, self._globalg)
+        self.comm.Allreduce(localg, self._globalg)  # [MPI]
         g = self._globalg
         if self.scale_grad_by_procs:
-            # g = (1 / n_ranks) * sum_rank g_rank. HER passes False and sums; under Adam a
-            # constant factor on g only changes how much epsilon matters.
+            # g = (1 / N) * sum_rank g_rank. HER passes False and sums: with g_sum = N g_mean,
+            # m_t and sqrt(v_t) below both grow N-fold, so the step on the sum is the step on
+            # the mean with epsilon / N (plain SGD, by contrast, would step N times as far).
             g /= self.comm.Get_size()
         self.t += 1
         # a_t = stepsize * sqrt(1 - beta2^t) / (1 - beta1^t)   (both bias corrections folded in)
@@ -118,23 +126,25 @@ class MpiAdam:
     def sync(self):
         """Overwrite every rank's parameters with rank 0's (called once, after construction)."""
         theta = self.getflat()
-        self.comm.Bcast(theta, root=0)
+        self.comm.Bcast(theta, root=0)  # [MPI]
         self.setfromflat(theta)
 
     def check_synced(self):
-        """Raise on every rank unless all ranks hold bitwise identical parameters.
+        """Raise on every rank unless all ranks hold bitwise identical parameters (those of
+        this optimiser only: not its moments m, v).
 
         Every rank learns the verdict (an Allreduce of the mismatch flag), so all of them raise
-        together instead of one raising while the others wait in the next collective call.
+        together instead of one raising while the others wait in the next collective call
+        (baselines asserts on the non-root ranks only).
         """
         theta_local = self.getflat()
         theta_root = theta_local.copy()
-        self.comm.Bcast(theta_root, root=0)
+        self.comm.Bcast(theta_root, root=0)  # [MPI]
         # Compare bytes, not values: NaN != NaN, and "in sync" means bitwise identical.
         mismatch = np.array([0 if theta_local.tobytes() == theta_root.tobytes() else 1],
                             dtype=np.int64)
         n_mismatched = np.zeros_like(mismatch)
-        self.comm.Allreduce(mismatch, n_mismatched)
+        self.comm.Allreduce(mismatch, n_mismatched)  # [MPI]
         if n_mismatched[0]:
             raise RuntimeError(f"MpiAdam.check_synced: {n_mismatched[0]} rank(s) hold parameters "
                                f"different from rank 0 after {self.t} updates; ranks diverged")

@@ -10,6 +10,8 @@ merged between ranks (Plappert et al. 2018, Sec. 2.2). Ranks differ only in what
 Storage layout, one float32 array per key, shape (size_in_episodes, steps, dim):
     o, ag            T+1 steps (the observation after the last action is kept)
     g, u, info_*     T steps
+(baselines: float64, twice the memory, though its rollouts already round o, ag, u and info to
+float32 and only g arrives in float64, where rounding moves a goal by less than 1e-7 m.)
 Eviction once full (as baselines): each new episode overwrites a uniformly random stored
 episode. Before that, episodes fill slots 0, 1, 2, ... in order.
 

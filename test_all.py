@@ -7,10 +7,10 @@ test_vec_env.py, common/mpi_adam.py's test_MpiAdam), gathered in one file:
   * MpiAdam and the normaliser under real `mpirun -np 2` / `-np 3` (this file re-runs itself
     under mpirun: `mpirun -np 2 python test_all.py mpi_adam` runs one MPI case by hand);
   * SubprocVecEnv vs the same envs stepped sequentially;
-  * the HER sampler (Andrychowicz et al. 2017, Sec. 4.5) and the rollout worker;
+  * the HER sampler (Andrychowicz et al. 2017, Sec. 4.5) and RolloutWorker;
   * save/load, every goal-task family, and end-to-end learning on FetchReach-v4.
 
-Run: `python -m pytest -q` (about 3 minutes on 2 cores).
+Run: `python -m pytest -q` (1-2 minutes on 2 cores with nothing else running).
 """
 import os
 
@@ -273,7 +273,9 @@ def test_mpi_adam_three_ranks():
 
 
 def mpi_case_mpi_adam(comm):
-    """Ranks with different local gradients end identical, equal to Adam on the sum (mean)."""
+    """Ranks with different local gradients end identical, equal to Adam on the sum (HER's
+    scale_grad_by_procs=False) or on the mean (the default True, which is what baselines'
+    MpiAdamOptimizer does); and summing equals averaging with epsilon / n_ranks."""
     rank, n = comm.Get_rank(), comm.Get_size()
     rng = np.random.default_rng(0)  # same stream on every rank: every rank knows all gradients
     init = [rng.normal(size=(4, 3)).astype(np.float32), rng.normal(size=7).astype(np.float32)]
@@ -281,19 +283,19 @@ def mpi_case_mpi_adam(comm):
     # epsilon = 0.5: Adam is nearly blind to a constant factor on g, so only a large epsilon
     # tells the summed gradient from the averaged one.
     for scale_grad_by_procs, epsilon in ((False, 1e-8), (True, 1e-8), (False, 0.5), (True, 0.5)):
-        params = [p + rank for p in init]  # diverged on purpose; sync() must repair it
-        adam = MpiAdam(params, epsilon=epsilon, scale_grad_by_procs=scale_grad_by_procs, comm=comm)
-        adam.sync()
-        np.testing.assert_array_equal(adam.getflat(), np.concatenate([p.ravel() for p in init]))
-        for t in range(len(local_grads)):
-            adam.update(local_grads[t, rank], stepsize=0.01)
+        adam, params = mpi_adam_after(local_grads, init, scale_grad_by_procs, epsilon, comm)
         combined = local_grads.sum(axis=1) if not scale_grad_by_procs else local_grads.mean(axis=1)
         ref = textbook_adam(np.concatenate([p.ravel() for p in init]), combined.astype(np.float64),
                             0.01, epsilon=epsilon)
         np.testing.assert_allclose(adam.getflat(), ref, rtol=1e-5, atol=1e-6)
-        all_thetas = comm.allgather(adam.getflat().tobytes())
+        all_thetas = comm.allgather(adam.getflat().tobytes())  # [MPI] test only
         assert all(t == all_thetas[0] for t in all_thetas), "ranks differ after updates"
         adam.check_synced()  # must pass
+    # The sum is n times the mean, so m_t grows n-fold and so does sqrt(v_t): the step
+    # m_t / (sqrt(v_t) + eps) on the sum is the step on the mean with eps / n.
+    summed, _ = mpi_adam_after(local_grads, init, False, 0.5, comm)
+    averaged, _ = mpi_adam_after(local_grads, init, True, 0.5 / n, comm)
+    np.testing.assert_allclose(summed.getflat(), averaged.getflat(), rtol=1e-5, atol=1e-6)
     # A deliberate divergence on the last rank must make check_synced raise on EVERY rank.
     if rank == n - 1:
         params[1][0] += 1e-3
@@ -302,7 +304,20 @@ def mpi_case_mpi_adam(comm):
         raised = False
     except RuntimeError as e:
         raised = "diverged" in str(e)
-    assert all(comm.allgather(raised)), "check_synced did not fail on every rank"
+    assert all(comm.allgather(raised)), "check_synced did not fail on every rank"  # [MPI]
+
+
+def mpi_adam_after(local_grads, init, scale_grad_by_procs, epsilon, comm):
+    """An MpiAdam that started from diverged parameters, was synced and then took one step per
+    row of local_grads (steps, rank, size) with this rank's gradient. Returns (adam, params)."""
+    rank = comm.Get_rank()
+    params = [p + rank for p in init]  # diverged on purpose; sync() must repair it
+    adam = MpiAdam(params, epsilon=epsilon, scale_grad_by_procs=scale_grad_by_procs, comm=comm)
+    adam.sync()
+    np.testing.assert_array_equal(adam.getflat(), np.concatenate([p.ravel() for p in init]))
+    for t in range(len(local_grads)):
+        adam.update(local_grads[t, rank], stepsize=0.01)
+    return adam, params
 
 
 # ---------------------------------------------------------------- 4. normaliser
@@ -355,7 +370,7 @@ def mpi_case_normalizer(comm):
 # ---------------------------------------------------------------- 5. vec env
 
 class StubGoalEnv:
-    """A goal env without physics (picklable, for worker processes): observations are the step
+    """A goal env without physics (picklable, for env processes): observations are the step
     count; it raises at step `fail_at`, and is_success is 1 exactly at the steps in success_at."""
 
     def __init__(self, fail_at=None, success_at=()):
@@ -408,7 +423,7 @@ def test_subproc_vecenv_matches_sequential_envs():
     for pid in pids:  # reaped: not even a zombie is left
         try:
             os.waitpid(pid, os.WNOHANG)
-            raise AssertionError(f"worker {pid} still exists")
+            raise AssertionError(f"env process {pid} still exists")
         except ChildProcessError:
             pass
 
@@ -433,7 +448,7 @@ def test_subproc_vecenv_worker_exception_raises_clearly():
             venv.step(u)
             raise AssertionError("the failing env did not raise")
         except RuntimeError as e:
-            assert "env worker 1" in str(e) and "injected failure at step 3" in str(e)
+            assert "env process 1" in str(e) and "injected failure at step 3" in str(e)
     assert not any(p.is_alive() for p in venv.ps)
 
 
@@ -523,7 +538,7 @@ def test_replay_evicts_random_slots_once_full():
     assert (buf.buffers["u"][:2] == 9.).all(axis=(1, 2)).sum() == 1
 
 
-# ---------------------------------------------------------------- 7. rollout worker
+# ---------------------------------------------------------------- 7. RolloutWorker
 
 def test_rollout_worker_episode_shapes_and_no_dropped_step():
     rng = np.random.default_rng(9)
@@ -539,7 +554,7 @@ def test_rollout_worker_episode_shapes_and_no_dropped_step():
     assert all(v.dtype == np.float32 for v in ep.values())
     assert np.abs(ep["u"]).max() <= 1.0
     # Replaying the recorded actions in fresh envs with the same seed reproduces all T+1
-    # observations: the episode is aligned and no transition was dropped. The worker draws
+    # observations: the episode is aligned and no transition was dropped. The RolloutWorker draws
     # each episode's reset seed from its generator: here the first draw of default_rng(11).
     replay_venv = DummyVecEnv(env_fns)
     obs = replay_venv.reset(seed=int(np.random.default_rng(11).integers(2 ** 31 - 2)))
@@ -565,7 +580,7 @@ def test_vecenv_env_i_is_seeded_with_seed_plus_i():
 
 
 class RecordingPolicy:
-    """Stands in for DDPG: records what the rollout worker shows it, acts with zeros."""
+    """Stands in for DDPG: records what RolloutWorker shows it, acts with zeros."""
 
     def __init__(self, dim_u):
         self.dim_u, self.seen = dim_u, []
@@ -890,12 +905,29 @@ def assert_same_arrays(path_a, path_b, skip=()):
 
 
 @functools.lru_cache(maxsize=None)
-def straight_run(root):
-    """4 epochs of FetchReach in one go: the reference that resumed runs must equal bitwise."""
-    logdir = os.path.join(root, "straight")
-    rc, out = run_cmd(train_cmd("--n_epochs", "4", "--logdir", logdir, *TINY_RUN), 600)
+def straight_run(root, n_epochs=4):
+    """n_epochs of FetchReach in one go: the reference that resumed runs must equal bitwise."""
+    logdir = os.path.join(root, f"straight{n_epochs}")
+    rc, out = run_cmd(train_cmd("--n_epochs", str(n_epochs), "--logdir", logdir, *TINY_RUN), 600)
     assert rc == 0, out[-3000:]
     return logdir
+
+
+def resumable_copy(root, logdir):
+    """A copy of the 2-epoch straight run, to be resumed (the original stays as it is)."""
+    shutil.copytree(straight_run(root, n_epochs=2), logdir)
+    return logdir
+
+
+def assert_same_progress(logdir_a, logdir_b):
+    """Every progress.csv column, as written, except the wall-clock time/epoch_s."""
+    rows_a, rows_b = read_progress(logdir_a), read_progress(logdir_b)
+    assert [r["epoch"] for r in rows_a] == [r["epoch"] for r in rows_b]
+    for row_a, row_b in zip(rows_a, rows_b):
+        assert set(row_a) == set(row_b)
+        differ = {k: (row_a[k], row_b[k]) for k in row_a
+                  if k != "time/epoch_s" and row_a[k] != row_b[k]}
+        assert not differ, f"epoch {row_a['epoch']}: {differ}"
 
 
 def test_rank_failure_ends_whole_mpi_job_with_one_traceback(tmp_path):
@@ -920,14 +952,14 @@ def test_killed_env_worker_raises_naming_it_and_leaves_no_process():
         victim.join()
         try:
             venv.step(u)
-            raise AssertionError("stepping with a dead worker did not raise")
+            raise AssertionError("stepping with a dead env process did not raise")
         except RuntimeError as e:
-            assert f"env worker 1 (pid {victim.pid}) died" in str(e)
+            assert f"env process 1 (pid {victim.pid}) died" in str(e)
     assert not any(p.is_alive() for p in venv.ps)
     for p in venv.ps:
         try:
             os.waitpid(p.pid, os.WNOHANG)
-            raise AssertionError(f"worker {p.pid} still exists (zombie)")
+            raise AssertionError(f"env process {p.pid} still exists (zombie)")
         except ChildProcessError:
             pass
 
@@ -964,19 +996,69 @@ def test_sigint_saves_checkpoint_and_resume_is_bitwise_identical(tmp_path):
     assert rc == 0, out[-3000:]
     assert_same_arrays(os.path.join(reference, "policy_latest.npz"),
                        os.path.join(logdir, "policy_latest.npz"))
-    epochs = [int(r["epoch"]) for r in read_progress(logdir)]
-    assert epochs == [0, 1, 2, 3]
+    # the interrupted epoch's row too: its training success and losses span all its cycles
+    assert_same_progress(reference, logdir)
 
 
 def test_resume_at_epoch_boundary_is_bitwise_identical(tmp_path):
     reference = straight_run(str(tmp_path.parent))
-    logdir = str(tmp_path / "two_plus_two")
-    rc, out = run_cmd(train_cmd("--n_epochs", "2", "--logdir", logdir, *TINY_RUN), 600)
-    assert rc == 0, out[-3000:]
+    logdir = resumable_copy(str(tmp_path.parent), str(tmp_path / "two_plus_two"))
     rc, out = run_cmd(train_cmd("--resume", logdir, "--n_epochs", "4"), 600)
     assert rc == 0, out[-3000:]
     for name in ("policy_latest.npz", os.path.join("checkpoint", "rank0.npz")):
         assert_same_arrays(os.path.join(reference, name), os.path.join(logdir, name))
+    assert_same_progress(reference, logdir)
+
+
+def test_checkpoint_of_an_older_version_still_resumes(tmp_path):
+    """Checkpoints written before the epoch's training logs were saved lack their keys. At an
+    epoch boundary nothing is missing, so the run still continues exactly; mid-epoch it resumes
+    with a note."""
+    reference = straight_run(str(tmp_path.parent))
+    logdir = resumable_copy(str(tmp_path.parent), str(tmp_path / "old_checkpoint"))
+    path = train.checkpoint_path(logdir, 0)
+    old = {k: v for k, v in arrays_of(path).items() if not k.startswith("log/")}
+    assert len(old) < len(arrays_of(path))
+    np.savez(path, **old)
+    rc, out = run_cmd(train_cmd("--resume", logdir, "--n_epochs", "4"), 600)
+    assert rc == 0 and "note:" not in out, out[-3000:]
+    assert_same_arrays(os.path.join(reference, "policy_latest.npz"),
+                       os.path.join(logdir, "policy_latest.npz"))
+    assert_same_progress(reference, logdir)
+    # mid-epoch: resumable, the history starts empty, and the note says what that means
+    worker = RolloutWorker(DummyVecEnv([StubGoalEnv]), RecordingPolicy(2), {"o": 2, "g": 2},
+                           10, np.random.default_rng(0))
+    losses, note = train.restore_epoch_so_far(dict(old, cycle=np.array(3)), worker)
+    assert losses == [] and not worker.success_history and "epoch 2" in note
+
+
+def test_interrupt_after_the_last_cycle_resumes_with_the_same_row(tmp_path, monkeypatch):
+    """Stopped after an epoch's last cycle, before its test rollouts: the resumed run logs
+    that epoch from the saved history and losses alone (it runs no training cycle of it)."""
+    class StopAtRead:
+        """train.StopFlag's stand-in (no signal handlers): `requested`, read once per cycle,
+        is true at read number stop_at (None: never)."""
+        def __init__(self, stop_at):
+            self.stop_at, self.reads = stop_at, 0
+
+        @property
+        def requested(self):
+            self.reads += 1
+            return self.reads == self.stop_at
+    run = ["--n_epochs", "2", *TINY_RUN]  # 5 cycles per epoch: read 5 is epoch 0's last
+    reference, logdir = str(tmp_path / "reference"), str(tmp_path / "stopped")
+    monkeypatch.setattr(train, "StopFlag", lambda: StopAtRead(None))
+    assert train.main(["--logdir", reference, *run]) == 0
+    monkeypatch.setattr(train, "StopFlag", lambda: StopAtRead(5))
+    assert train.main(["--logdir", logdir, *run]) == 130
+    ckpt = arrays_of(train.checkpoint_path(logdir, 0))
+    assert (int(ckpt["epoch"]), int(ckpt["cycle"])) == (0, 5)
+    assert ckpt["log/train_losses"].shape == (5 * 20, 2)
+    monkeypatch.setattr(train, "StopFlag", lambda: StopAtRead(None))
+    assert train.main(["--resume", logdir]) == 0
+    assert_same_progress(reference, logdir)
+    assert_same_arrays(os.path.join(reference, "policy_latest.npz"),
+                       os.path.join(logdir, "policy_latest.npz"))
 
 
 def test_sigint_under_mpirun_then_resume_stays_in_sync(tmp_path):
@@ -1387,10 +1469,33 @@ def test_readme_results_table_matches_committed_csvs():
         "from `python plot.py results/FetchPush-v4-* --scaling FetchPush-v4 --table`"
 
 
+def test_every_mpi_call_is_tagged_and_in_the_readme_table():
+    """The README promises that `grep "# [MPI]"` lists every line that talks to other ranks and
+    that its table names every comm method the code calls: a new call must keep both true."""
+    import re
+    with open(os.path.join(HERE, "README.md")) as f:
+        readme = f.read()
+    start = readme.index("### Every call that crosses ranks")
+    table = readme[start:readme.index("\n#", start + 1)]
+    local = {"Get_rank", "Get_size"}  # queries: no communication
+    methods = set()
+    for name in sorted(f for f in os.listdir(HERE) if f.endswith(".py")):
+        with open(os.path.join(HERE, name)) as f:
+            for number, line in enumerate(f, start=1):
+                called = set(re.findall(r"\bcomm\.([A-Za-z_]+)\(", line))
+                methods |= called
+                if called - local:
+                    assert "# [MPI]" in line, f"{name}:{number} lacks the # [MPI] tag: {line}"
+    assert {"Allreduce", "Bcast", "bcast", "allgather", "Abort"} <= methods
+    for method in methods:
+        assert f"`{method}`" in table, f"comm.{method} is not in README's table of MPI calls"
+
+
 # ---------------------------------------------------------------- MPI cases (run under mpirun)
 
 def test_env_workers_never_touch_mpi_under_mpirun():
-    """A spawned worker that imported mpi4py would hang the job (DESIGN.md, Known traps)."""
+    """An env process that imported mpi4py would initialise MPI as a second copy of its rank
+    and hang the job (vecenv.py's docstring says why)."""
     run_mpi_case(2, "workers_without_mpi", timeout=120)
 
 
@@ -1413,10 +1518,10 @@ if __name__ == "__main__":
     case = sys.argv[1]
     try:
         MPI_CASES[case](comm)
-        comm.Barrier()
+        comm.Barrier()  # [MPI] test only: no rank reports success before all are done
     except BaseException:
         sys.stderr.write(f"[rank {comm.Get_rank()}] {traceback.format_exc()}")
         sys.stderr.flush()
-        comm.Abort(1)
+        comm.Abort(1)  # [MPI] test only: a failing rank ends the case instead of hanging it
     if comm.Get_rank() == 0:
         print(f"MPI_CASE_OK {case}", flush=True)

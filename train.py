@@ -12,12 +12,13 @@ Run:
     python train.py --play --load_path runs/<run>/policy_best.npz
 
 Failure handling (README "When things go wrong"): bad input is one line on stderr and exit
-code 2; Ctrl-C saves a checkpoint and exits 130; a non-finite loss stops with exit code 1
-after keeping the last good checkpoint; an exception on any rank aborts the whole MPI job.
+code 2; Ctrl-C saves a checkpoint and exits 130; a non-finite loss or actor/critic parameter
+stops with exit code 1 after keeping the last good checkpoint; an exception on any rank aborts
+the whole MPI job.
 """
 import os
 
-# One BLAS thread per process, set before numpy is imported: with 19 ranks x 2 env workers on
+# One BLAS thread per process, set before numpy is imported: with 19 ranks x 2 env processes on
 # a few cores, multi-threaded BLAS in every process only fights over the cores.
 for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
@@ -50,7 +51,7 @@ from vecenv import DummyVecEnv, SubprocVecEnv  # noqa: E402
 class Config:
     """Every setting of a run. Defaults: baselines her/experiment/config.py DEFAULT_PARAMS."""
     env: str = "FetchReach-v4"  # gymnasium-robotics id of a goal task (dict observation)
-    num_env: int = 1  # env worker processes per MPI rank = episodes per rollout per rank
+    num_env: int = 1  # envs per rank = episodes per rollout; > 1: one env process per env
     n_epochs: int = 50  # epochs to train
     n_cycles: int = 50  # cycles per epoch (FetchReach: 10)
     n_batches: int = 40  # gradient updates per cycle
@@ -70,7 +71,7 @@ class Config:
     random_eps: float = 0.3  # probability of a uniform random action (training only)
     replay_strategy: str = "future"  # HER relabelling: 'future' or 'none'
     replay_k: int = 4  # relabelled transitions per original one: future_p = 1 - 1/(1 + k)
-    clip_return: bool = True  # clip critic targets to [-1/(1 - gamma), 0]
+    clip_return: bool = True  # targets clipped to [-1/(1 - gamma), 0]; False: to (-inf, 0]
     seed: int = 0  # base seed; rank r uses seed + 1000000 * r
     logdir: str = ""  # where progress.csv and policies go ('' = runs/<env>-seed<seed>-<time>)
     policy_save_interval: int = 5  # save policy_<epoch>.npz every this many epochs (0 = never)
@@ -87,7 +88,7 @@ class UsageError(Exception):
 
 
 class NonFiniteError(Exception):
-    """A loss became NaN or inf: reported as one line, exit code 1."""
+    """A loss or an actor/critic parameter became NaN or inf: one line, exit code 1."""
 
 
 class Interrupted(Exception):
@@ -154,7 +155,7 @@ def _compute_reward(env, ag_2, g):
 
 def build_venv(cfg, render_mode=None):
     env_fns = [functools.partial(make_env, cfg.env, render_mode) for _ in range(cfg.num_env)]
-    # One env needs no worker process; baselines likewise uses DummyVecEnv for one env.
+    # One env runs inside the rank, with no env process; baselines too uses DummyVecEnv then.
     return SubprocVecEnv(env_fns) if cfg.num_env > 1 else DummyVecEnv(env_fns)
 
 
@@ -344,13 +345,39 @@ def checkpoint_path(logdir, rank):
     return os.path.join(logdir, "checkpoint", f"rank{rank}.npz")
 
 
-def save_checkpoint(logdir, epoch, cycle, best, policy, workers, comm):
-    """Every rank writes its own complete state; (epoch, cycle) is where training resumes."""
+def save_checkpoint(logdir, epoch, cycle, best, policy, workers, comm, losses=()):
+    """Every rank writes its own complete state; (epoch, cycle) is where training resumes.
+    losses: the epoch's (critic, actor) losses so far, for the epoch's progress.csv row."""
     arrays = policy.checkpoint_arrays()
+    arrays.update(epoch_so_far_arrays(workers[0], losses, cycle))
     arrays.update(epoch=np.array(epoch), cycle=np.array(cycle), best=np.array(best),
                   n_ranks=np.array(comm.Get_size()),
                   n_episodes=np.array([w.n_episodes for w in workers]))
     atomic_savez(checkpoint_path(logdir, comm.Get_rank()), arrays)
+
+
+def epoch_so_far_arrays(rollout_worker, losses, cycle):
+    """The training logs of the epoch in progress. Without them an epoch resumed mid-way would
+    log train/success_rate and the losses of its resumed cycles only (or 0.0 and NaN when the
+    interrupt came after its last cycle). At an epoch boundary (cycle 0) there are none."""
+    history = list(rollout_worker.success_history) if cycle > 0 else []
+    return {"log/train_success_history": np.array(history, np.float64),
+            "log/train_losses": np.array(list(losses) if cycle > 0 else [],
+                                         np.float64).reshape(-1, 2)}
+
+
+def restore_epoch_so_far(arrays, rollout_worker):
+    """Inverse of epoch_so_far_arrays(): refill the training success history and return the
+    epoch's losses so far. The keys are optional: checkpoints of older versions lack them, and
+    at an epoch boundary nothing is missing. Mid-epoch, such a checkpoint still resumes, with
+    a note (the second return value) that the epoch's row covers its resumed cycles only."""
+    rollout_worker.success_history.extend(arrays.get("log/train_success_history", ()))
+    losses = [tuple(row) for row in arrays.get("log/train_losses", np.zeros((0, 2)))]
+    note = None
+    if int(arrays["cycle"]) > 0 and "log/train_losses" not in arrays:
+        note = (f"note: this checkpoint holds no training logs of epoch {int(arrays['epoch'])} "
+                f"so far; that epoch's train/ columns will cover only the cycles run from now on")
+    return losses, note
 
 
 def read_checkpoint(run_dir, comm):
@@ -380,21 +407,22 @@ class StopFlag:
         self.requested = True
 
 
-def stop_safely_if_needed(cycle_losses, stop, epoch, cycle, best, policy, workers, logdir,
-                          comm):
+def stop_safely_if_needed(losses, stop, epoch, cycle, best, policy, workers, logdir, comm):
     """Collective, once per cycle: every rank learns whether any rank was interrupted or saw a
     non-finite loss, so all of them stop at the same point instead of hanging in Allreduce.
 
-    Interrupted: save checkpoint + policy_latest, raise Interrupted. Non-finite: save nothing
-    (the checkpoint on disk, from before this epoch, is the last good one), raise."""
-    critic_losses, actor_losses = np.transpose(cycle_losses)
+    losses: the epoch's (critic, actor) losses so far (earlier cycles' were finite, or the run
+    would have stopped there). Interrupted: save checkpoint + policy_latest, raise Interrupted.
+    Non-finite: save nothing (the checkpoint on disk, from before this epoch, is the last good
+    one), raise."""
+    critic_losses, actor_losses = np.transpose(losses)
     # The parameters too: the cycle's last update can turn them non-finite after its loss
     # was computed, and the epoch's checkpoint must not save such weights.
     quantities = {"train/critic_loss": critic_losses, "train/actor_loss": actor_losses,
                   "critic parameters": policy.main.Q.theta,
                   "actor parameters": policy.main.pi.theta}
     bad = [name for name, values in quantities.items() if not np.all(np.isfinite(values))]
-    statuses = comm.allgather((stop.requested, bad))
+    statuses = comm.allgather((stop.requested, bad))  # [MPI]
     nonfinite = [(rank, bad) for rank, (_, bad) in enumerate(statuses) if bad]
     if nonfinite:
         rank, names = nonfinite[0]
@@ -402,7 +430,7 @@ def stop_safely_if_needed(cycle_losses, stop, epoch, cycle, best, policy, worker
                              f"(rank {rank}); training stopped; the last good checkpoint, from "
                              f"before this epoch, is in {logdir} (--resume)")
     if any(requested for requested, _ in statuses):
-        save_checkpoint(logdir, epoch, cycle + 1, best, policy, workers, comm)
+        save_checkpoint(logdir, epoch, cycle + 1, best, policy, workers, comm, losses)
         if comm.Get_rank() == 0:
             policy.save(os.path.join(logdir, "policy_latest.npz"))
         raise Interrupted(f"interrupted in epoch {epoch} after cycle {cycle}: saved "
@@ -413,8 +441,9 @@ def stop_safely_if_needed(cycle_losses, stop, epoch, cycle, best, policy, worker
 # ---------------------------------------------------------------- the loop
 
 def train(cfg, policy, rollout_worker, evaluator, logger, progress, logdir, comm, stop,
-          start_epoch=0, start_cycle=0, best_success_rate=-1.):
-    """The epoch/cycle/batch loop (Plappert et al. 2018, Sec. 2.2; baselines her.py train)."""
+          start_epoch=0, start_cycle=0, best_success_rate=-1., start_losses=()):
+    """The epoch/cycle/batch loop (Plappert et al. 2018, Sec. 2.2; baselines her.py train).
+    A resumed run starts at (start_epoch, start_cycle) with that epoch's losses so far."""
     rank = comm.Get_rank()
     workers = (rollout_worker, evaluator)
     for epoch in range(start_epoch, cfg.n_epochs):
@@ -423,14 +452,13 @@ def train(cfg, policy, rollout_worker, evaluator, logger, progress, logdir, comm
         if first_cycle == 0:
             rollout_worker.clear_history()
         progress.start_epoch(epoch, first_cycle)
-        losses = []
+        losses = list(start_losses) if first_cycle > 0 else []
         for cycle in range(first_cycle, cfg.n_cycles):
             episode = rollout_worker.generate_rollouts()  # num_env episodes from this rank's envs
             policy.store_episode(episode)  # this rank's buffer; normaliser stats over all ranks
-            cycle_losses = [policy.train() for _ in range(cfg.n_batches)]  # MpiAdam inside
+            losses += [policy.train() for _ in range(cfg.n_batches)]  # MpiAdam inside
             policy.update_target_net()
-            losses += cycle_losses
-            stop_safely_if_needed(cycle_losses, stop, epoch, cycle, best_success_rate, policy,
+            stop_safely_if_needed(losses, stop, epoch, cycle, best_success_rate, policy,
                                   workers, logdir, comm)
             progress.cycle_done(cycle)
 
@@ -480,7 +508,7 @@ def save_policies(cfg, epoch, is_best, policy, logdir):
 def agree(comm, error):
     """Collective: raise UsageError on every rank if any rank hit one (first rank's message).
     Called after the purely local checks, before anything collective can hang."""
-    errors = comm.allgather(error)
+    errors = comm.allgather(error)  # [MPI]
     first = next((e for e in errors if e), None)
     if first:
         raise UsageError(first)
@@ -550,7 +578,8 @@ def run(cfg, args, comm):
         policy.restore_checkpoint(ckpt, checkpoint_path(cfg.logdir, rank))
         start = dict(start_epoch=int(ckpt["epoch"]), start_cycle=int(ckpt["cycle"]),
                      best_success_rate=float(ckpt["best"]))
-        if len(set(comm.allgather((start["start_epoch"], start["start_cycle"])))) != 1:
+        where = comm.allgather((start["start_epoch"], start["start_cycle"]))  # [MPI]
+        if len(set(where)) != 1:
             raise UsageError(f"the checkpoints in {cfg.logdir}/checkpoint are from different "
                              "epochs (a run killed while saving); start a new run")
     progress = CycleProgress(sys.stdout, cfg.n_cycles, enabled=(rank == 0),
@@ -565,6 +594,9 @@ def run(cfg, args, comm):
         if "checkpoint" in plan:
             n_episodes = plan["checkpoint"]["n_episodes"]
             rollout_worker.n_episodes, evaluator.n_episodes = map(int, n_episodes)
+            start["start_losses"], note = restore_epoch_so_far(plan["checkpoint"], rollout_worker)
+            if note and rank == 0:
+                print(note, flush=True)
         else:  # the state before any training, so a failure always has a checkpoint to go back to
             save_checkpoint(cfg.logdir, 0, 0, -1., policy, (rollout_worker, evaluator), comm)
         logger = EpochLogger(cfg.logdir, enabled=(rank == 0), start_epoch=start["start_epoch"])
@@ -618,7 +650,8 @@ def parse_args(argv=None):
     p = ArgumentParser(prog="train.py",
                        description="DDPG + HER (NumPy) on gymnasium-robotics goal tasks")
     p.add_argument("--env", help="env id (default FetchReach-v4); module:EnvId imports module")
-    p.add_argument("--num_env", type=int, help="env worker processes per MPI rank (default 1)")
+    p.add_argument("--num_env", type=int, help="envs per rank (default 1), each in its own env "
+                   "process when more than 1")
     p.add_argument("--n_epochs", type=int)
     p.add_argument("--n_cycles", type=int)
     p.add_argument("--n_batches", type=int)
@@ -671,7 +704,7 @@ def shared_config(args, comm):
             cfg = dataclasses.asdict(cfg)
         except UsageError as e:
             error = str(e)
-    cfg, error = comm.bcast((cfg, error), root=0)
+    cfg, error = comm.bcast((cfg, error), root=0)  # [MPI]
     if error:
         raise UsageError(error)
     return Config(**cfg)
@@ -679,8 +712,10 @@ def shared_config(args, comm):
 
 def main(argv=None):
     args = parse_args(argv)
-    # mpi4py is imported here, not at the top: env workers re-import this file under `spawn`
-    # and must never join the MPI job (DESIGN.md, "Known traps").
+    # mpi4py is imported here, not at the top, because importing it initialises MPI: every env
+    # process re-imports this file (the `spawn` start method runs it as __mp_main__), and with
+    # a top-level import each would initialise MPI as a second copy of its rank, which hangs
+    # the job.
     from mpi4py import MPI
     comm = MPI.COMM_WORLD
     try:
@@ -699,7 +734,7 @@ def main(argv=None):
         # print this rank's traceback and take the whole job down.
         sys.stderr.write(f"[rank {comm.Get_rank()} of {comm.Get_size()}] {traceback.format_exc()}")
         sys.stderr.flush()
-        comm.Abort(1)
+        comm.Abort(1)  # [MPI]
     return 0
 
 

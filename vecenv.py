@@ -2,19 +2,23 @@
 
 Mirrors openai/baselines `common/vec_env/vec_env.py` (VecEnv), `subproc_vec_env.py`
 (SubprocVecEnv) and `dummy_vec_env.py` (DummyVecEnv). In Plappert et al. (2018), Sec. 2.2,
-each of the 19 MPI workers runs 2 environments in parallel; this file is that "2".
+each of the 19 MPI workers (here: ranks) runs 2 environments in parallel; this file is that "2".
 
-This is where *rollouts* are aggregated, and nothing else: the parent sends one action per env
-down a pipe, each worker process steps its own env, and the parent stacks what comes back into
-arrays of shape (num_env, dim). Gradients never pass through here.
+This is where *rollouts* are aggregated, and nothing else: the rank sends one action per env
+down a pipe, each env process steps its own env, and the rank stacks what comes back into
+arrays of shape (num_env, dim). Gradients never pass through here, and nothing here is MPI.
 
 Deviations from baselines, on purpose:
   * No auto-reset. baselines resets an env inside step() when it reports done, which makes the
     HER rollout loop lose the last transition of each episode. Here the caller (her.RolloutWorker)
     steps exactly T times and then calls reset(), so every episode keeps all T transitions.
   * step() returns gymnasium's done = terminated or truncated, and the per-env info dicts.
-  * Workers are started with the `spawn` method and never import mpi4py: a forked or spawned
-    child that touches MPI hangs the job under mpirun (DESIGN.md, "Known traps").
+  * Env processes are started with the `spawn` method and never import mpi4py. A forked
+    child would share its rank's MPI state (sockets, shared memory), which MPI does not allow
+    to be shared; a spawned child starts clean but re-imports the main script, and if that
+    imported mpi4py, MPI would initialise in the child with its rank's environment, as a
+    second copy of that rank, and the job would hang or abort. That is why train.py imports
+    mpi4py inside main() and mpi_adam.py only on first use.
 
 Test: `python -m pytest -q test_all.py -k vecenv`.
 """
@@ -88,14 +92,14 @@ class DummyVecEnv(VecEnv):
 
 
 def worker(remote, parent_remote, env_fn):
-    """Body of one env worker process: serve step/reset/close commands until told to close.
+    """Body of one env process: serve step/reset/close commands until told to close.
 
-    Any exception is sent back as a formatted traceback so the parent can raise it, instead of
-    the worker dying silently and the parent waiting forever on the pipe.
+    Any exception is sent back as a formatted traceback so the rank can raise it, instead of
+    the env process dying silently and the rank waiting forever on the pipe.
     """
     parent_remote.close()  # this process only talks through its own end of the pipe
-    # Ctrl-C in a terminal reaches the whole process group: the parent decides when workers
-    # stop (after it has saved), so a worker must not die of SIGINT on its own.
+    # Ctrl-C in a terminal reaches the whole process group: the rank decides when env processes
+    # stop (after it has saved), so an env process must not die of SIGINT on its own.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     env = None
     try:
@@ -115,7 +119,7 @@ def worker(remote, parent_remote, env_fn):
             else:
                 raise ValueError(f"unknown command {cmd!r}")
     except (KeyboardInterrupt, EOFError, BrokenPipeError):
-        pass  # the parent is gone or interrupted: just exit
+        pass  # the rank is gone or interrupted: just exit
     except Exception:
         try:
             remote.send(("error", traceback.format_exc()))
@@ -140,8 +144,8 @@ class SubprocVecEnv(VecEnv):
                    for work_remote, remote, env_fn in zip(work_remotes, self.remotes, env_fns)]
         for p in self.ps:
             p.start()
-        # Easy to miss: the parent must close its copy of each child's end, or a dead child
-        # never produces EOF on our end and recv() blocks forever.
+        # Easy to miss: the rank must close its copy of each env process's end, or a dead env
+        # process never produces EOF on the rank's end and recv() blocks forever.
         for work_remote in work_remotes:
             work_remote.close()
         observation_space, action_space = self._recv(0)
@@ -150,18 +154,18 @@ class SubprocVecEnv(VecEnv):
         super().__init__(n, observation_space, action_space)
 
     def _recv(self, i):
-        """Receive worker i's answer; raise a clear error if it failed or died."""
+        """Receive env process i's answer; raise a clear error if it failed or died."""
         try:
             status, payload = self.remotes[i].recv()
         except (EOFError, ConnectionResetError, OSError):
-            self.ps[i].join(timeout=1)  # give a dying worker a moment to report its exit code
+            self.ps[i].join(timeout=1)  # a dying process needs a moment to report its exit code
             exitcode = self.ps[i].exitcode
             self.close(force=True)
-            raise RuntimeError(f"SubprocVecEnv: env worker {i} (pid {self.ps[i].pid}) died "
+            raise RuntimeError(f"SubprocVecEnv: env process {i} (pid {self.ps[i].pid}) died "
                                f"without answering (exit code {exitcode})") from None
         if status == "error":
             self.close(force=True)
-            raise RuntimeError(f"SubprocVecEnv: env worker {i} raised:\n{payload}")
+            raise RuntimeError(f"SubprocVecEnv: env process {i} raised:\n{payload}")
         return payload
 
     def _send_all(self, cmds):
@@ -169,7 +173,7 @@ class SubprocVecEnv(VecEnv):
             try:
                 remote.send(cmd)
             except (BrokenPipeError, OSError):
-                self._recv(i)  # raises the worker's own error or "died"
+                self._recv(i)  # raises the env process's own error or "died"
                 raise
 
     def reset(self, seed=None):
@@ -188,7 +192,7 @@ class SubprocVecEnv(VecEnv):
         return stack_obs(obs), np.array(r, dtype=np.float32), done, list(infos)
 
     def close(self, force=False):
-        """Stop every worker and reap it, so no child process outlives this object."""
+        """Stop every env process and reap it, so no child process outlives this object."""
         if self.closed:
             return
         self.closed = True
