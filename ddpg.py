@@ -6,7 +6,8 @@ Mirrors openai/baselines `her/ddpg.py` (DDPG), `her/actor_critic.py` (the two ne
 
     critic  Q(o, g, u)       MLP on [norm(o), norm(g), u / max_u]
     actor   pi(o, g)         max_u * tanh(MLP on [norm(o), norm(g)])
-    y      = clip(r + gamma * Q_targ(o_2, g, pi_targ(o_2, g)), -clip_return, 0)
+    y      = clip(r + gamma * Q_targ(o_2, g, pi_targ(o_2, g)), Q_min, Q_max)
+             [Q_min, Q_max] = [r_min, r_max] / (1 - gamma): the returns the env's rewards allow
     L_Q    = mean((y - Q(o, g, u))^2)
     L_pi   = -mean(Q(o, g, pi(o, g))) + action_l2 * mean((pi(o, g) / max_u)^2)
     theta_targ <- polyak * theta_targ + (1 - polyak) * theta
@@ -306,8 +307,9 @@ class DDPG:
     """DDPG + HER agent of one MPI rank: networks, targets, normalisers, replay buffer, Adams.
 
     params: dict with dims, T, hidden, layers, max_u, Q_lr, pi_lr, polyak, batch_size,
-    action_l2, clip_obs, norm_eps, norm_clip, gamma, clip_return, buffer_size, plus the
-    optional sync_check_interval; see train.Config for units and defaults.
+    action_l2, clip_obs, norm_eps, norm_clip, gamma, target_range, buffer_size, plus the
+    optional sync_check_interval; see train.Config for units and defaults. Policies saved
+    before target_range existed hold clip_return instead: their range is [-clip_return, 0].
     """
 
     def __init__(self, params, sample_transitions=None, rng=None, comm=None):
@@ -317,10 +319,11 @@ class DDPG:
         self.rng = rng if rng is not None else np.random.default_rng()
         self.comm = comm if comm is not None else world_comm()
         self.gamma = p["gamma"]
-        # -clip_return bounds the target from below (inf with --clip_return 0); 0 always bounds
-        # it from above: with rewards in {-1, 0} no return can be positive (baselines
-        # clip_pos_returns=True, which its --clip_return does not change either).
-        self.clip_return = p["clip_return"]
+        # [Q_min, Q_max]: no discounted sum of rewards in [r_min, r_max] leaves this range, so
+        # a target outside it is an error of Q_targ and is clipped (train.target_range). For
+        # Fetch and Hand, rewards {-1, 0}: [-1/(1 - gamma), 0], as baselines' clip_return with
+        # clip_pos_returns=True.
+        self.Q_min, self.Q_max = p.get("target_range", (-p.get("clip_return", np.inf), 0.))
 
         self.o_stats = Normalizer(self.dims["o"], p["norm_eps"], p["norm_clip"], self.comm)
         self.g_stats = Normalizer(self.dims["g"], p["norm_eps"], p["norm_clip"], self.comm)
@@ -399,9 +402,9 @@ class DDPG:
         batch = self.buffer.sample(self.params["batch_size"])  # {key: (batch, dim)}
         x_pi = self._preprocess_og(batch["o"], batch["g"])  # (batch, dim_o + dim_g)
         x_pi_2 = self._preprocess_og(batch["o_2"], batch["g"])
-        # y = clip(r + gamma * Q_targ(o_2, g, pi_targ(o_2, g)), -clip_return, 0)
+        # y = clip(r + gamma * Q_targ(o_2, g, pi_targ(o_2, g)), Q_min, Q_max)
         q_targ, _ = self.target.Q_forward(x_pi_2, self.target.pi_forward(x_pi_2)[0])
-        y = np.clip(batch["r"] + self.gamma * q_targ, -self.clip_return, 0.)  # (batch,)
+        y = np.clip(batch["r"] + self.gamma * q_targ, self.Q_min, self.Q_max)  # (batch,)
 
         # Both gradients are taken at the same (pre-update) parameters, as in baselines.
         critic_loss = critic_loss_and_grad(self.main, x_pi, batch["u"], y)

@@ -77,10 +77,14 @@ class RolloutWorker:
     """
 
     def __init__(self, venv, policy, dims, T, rng, exploit=False, use_target_net=False,
-                 compute_Q=False, noise_eps=0., random_eps=0., history_len=100):
+                 compute_Q=False, noise_eps=0., random_eps=0., history_len=100,
+                 success_key="is_success"):
         """dims: {'o': dim_o, 'g': dim_g, 'u': dim_u}. rng: this rank's np.random.Generator;
-        each episode's reset seed is drawn from it (see generate_rollouts)."""
+        each episode's reset seed is drawn from it (see generate_rollouts). success_key: the
+        info entry that reports a reached goal ('is_success' for Fetch and Hand, 'success' for
+        PointMaze and AntMaze; train.describe_env finds it)."""
         self.venv, self.policy, self.dims, self.T, self.rng = venv, policy, dims, T, rng
+        self.success_key = success_key
         self.rollout_batch_size = venv.num_envs
         self.exploit, self.use_target_net, self.compute_Q = exploit, use_target_net, compute_Q
         self.noise_eps = 0. if exploit else noise_eps
@@ -110,7 +114,7 @@ class RolloutWorker:
                 use_target_net=self.use_target_net, compute_Q=self.compute_Q)
             obs, _, _, infos = self.venv.step(u[:, t])
             o[:, t + 1], ag[:, t + 1] = obs["observation"], obs["achieved_goal"]
-            success[:, t, 0] = [info.get("is_success", 0.) for info in infos]
+            success[:, t, 0] = [info.get(self.success_key, 0.) for info in infos]
             if self.compute_Q:
                 Qs.append(Q)
         # An episode counts as a success if the goal is reached after its T-th action. baselines

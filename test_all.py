@@ -773,23 +773,113 @@ def test_save_load_round_trip_gives_identical_actions(tmp_path):
 
 # ---------------------------------------------------------------- every goal-task family
 
+FETCH_AND_HAND = ("FetchPush-v4", "FetchSlide-v4", "FetchPickAndPlace-v4", "HandReach-v3",
+                  "HandManipulateBlockRotateZ-v1", "HandManipulateEgg-v1", "HandManipulatePen-v1")
+MAZES = ("PointMaze_UMaze-v3", "AntMaze_UMaze-v5")  # T = 300 and 700; rewards {0, 1}
+
+
 def test_every_goal_task_family_runs_one_cycle():
-    """Dims, T and the reward come from the env: one rollout, store and update on each family."""
-    for env_id in ("FetchPush-v4", "FetchSlide-v4", "FetchPickAndPlace-v4", "HandReach-v3",
-                   "HandManipulateBlockRotateZ-v1", "HandManipulateEgg-v1", "HandManipulatePen-v1"):
-        dims, T, max_u, reward_fun = train.env_dims(env_id)
+    """Dims, T, the reward, its range and the success key come from the env: one rollout,
+    store and update on each family."""
+    for env_id in FETCH_AND_HAND + MAZES:
+        task = train.describe_env(env_id)
+        dims, T = task["dims"], task["T"]
         cfg = train.Config(env=env_id, hidden=32, buffer_size=10 * T, batch_size=16)
         rng = np.random.default_rng(0)
-        policy = DDPG(train.ddpg_params(cfg, dims, T, max_u),
-                      make_sample_her_transitions("future", 4, reward_fun), rng)
+        policy = DDPG(train.ddpg_params(cfg, dims, T, task["max_u"], task["r_range"]),
+                      make_sample_her_transitions("future", 4, task["reward_fun"]), rng)
         venv = DummyVecEnv([functools.partial(train.make_env, env_id)])
-        ep = RolloutWorker(venv, policy, dims, T, rng, noise_eps=0.2, random_eps=0.3) \
-            .generate_rollouts()
+        ep = RolloutWorker(venv, policy, dims, T, rng, noise_eps=0.2, random_eps=0.3,
+                           success_key=task["success_key"]).generate_rollouts()
         policy.store_episode(ep)
         critic_loss, actor_loss = policy.train()
         assert np.isfinite(critic_loss) and np.isfinite(actor_loss), env_id
         assert ep["o"].shape == (1, T + 1, dims["o"]), env_id
         venv.close()
+        expected = ("success", (0., 1.)) if env_id in MAZES else ("is_success", (-1., 0.))
+        assert (task["success_key"], task["r_range"]) == expected, env_id
+
+
+def test_fetch_and_hand_keep_baselines_target_range():
+    """rewards {-1, 0}: y is clipped to [-1/(1 - gamma), 0] = [-50, 0] at T = 50, as ever."""
+    for env_id in ("FetchPush-v4", "HandReach-v3"):
+        task = train.describe_env(env_id)
+        params = train.ddpg_params(train.Config(hidden=8), task["dims"], 50, 1.0, task["r_range"])
+        policy = DDPG(params, None, np.random.default_rng(0))
+        gamma = 1. - 1. / 50
+        assert (policy.Q_min, policy.Q_max) == (-1. / (1. - gamma), 0.), env_id  # bit for bit
+    assert train.target_range((-1., 0.), 0.98, clip_return=False) == [-np.inf, 0.]
+    # PointMaze's {0, 1} at T = 300; a dense reward has no lower end
+    assert np.allclose(train.target_range((0., 1.), 1 - 1 / 300, True), [0., 300.])
+    assert train.target_range((-np.inf, 0.), 0.98, True) == [-np.inf, 0.]
+
+
+def test_reward_range_tells_sparse_from_dense():
+    goals = np.random.default_rng(4).uniform(-1, 1, size=(5, 3))
+    distance = lambda ag, g: np.linalg.norm(ag - g, axis=-1)  # noqa: E731
+    for reward_fun, expected in (
+            (lambda ag, g: -(distance(ag, g) > 0.05).astype(np.float32), (-1., 0.)),  # Fetch
+            (lambda ag, g: (distance(ag, g) <= 0.45).astype(np.float64), (0., 1.)),  # maze
+            (lambda ag, g: -distance(ag, g), (-np.inf, 0.)),  # FetchReachDense
+            (lambda ag, g: np.exp(-distance(ag, g)), (-np.inf, 1.)),  # PointMazeDense
+            (lambda ag, g: distance(ag, g), (0., np.inf))):  # a reward that grows with distance
+        assert train.reward_range(reward_fun, goals) == expected, expected
+        assert all(not (np.signbit(v) and v == 0) for v in train.reward_range(reward_fun, goals))
+
+
+def test_success_key_is_read_from_the_env_or_refused():
+    assert train.success_key("x", {"is_success": 0.}) == "is_success"
+    assert train.success_key("x", {"success": False}) == "success"
+    try:
+        train.success_key("NoSuccess-v0", {"distance": 1.})
+        raise AssertionError("an env reporting no success was accepted")
+    except train.UsageError as e:
+        assert "NoSuccess-v0" in str(e) and "info['success']" in str(e)
+
+
+class PointGoal(gym.Env):
+    """A maze-like goal task without physics: a point in [-0.5, 0.5]^2 moves by 0.2 u per step;
+    reward 1 within 0.15 of the goal, else 0, and success reported as info['success'] (the
+    conventions of PointMaze and AntMaze, not Fetch's). Registered as test_all:PointGoal-v0."""
+
+    def __init__(self):
+        box = gym.spaces.Box(-.5, .5, (2,), np.float64)
+        self.observation_space = gym.spaces.Dict(
+            observation=box, achieved_goal=box, desired_goal=box)
+        self.action_space = gym.spaces.Box(-1., 1., (2,), np.float32)
+
+    def compute_reward(self, achieved_goal, desired_goal, info):
+        return (np.linalg.norm(achieved_goal - desired_goal, axis=-1) <= .15).astype(np.float64)
+
+    def _obs(self):
+        return {"observation": self.x.copy(), "achieved_goal": self.x.copy(),
+                "desired_goal": self.g.copy()}
+
+    def reset(self, seed=None, options=None):
+        super().reset(seed=seed)
+        self.x, self.g = self.np_random.uniform(-.5, .5, size=(2, 2))
+        return self._obs(), {}
+
+    def step(self, u):
+        self.x = np.clip(self.x + 0.2 * np.clip(u, -1, 1), -.5, .5)
+        r = float(self.compute_reward(self.x, self.g, None))
+        return self._obs(), r, False, False, {"success": r == 1.}
+
+
+gym.register("PointGoal-v0", entry_point="test_all:PointGoal", max_episode_steps=10)
+
+
+def test_goal_task_with_rewards_0_1_and_info_success_learns(tmp_path):
+    """Before rewards set the target's range, {0, 1} rewards were clipped to 0 and never
+    learned, and info['success'] was never read: success stayed 0."""
+    task = train.describe_env("test_all:PointGoal-v0")
+    assert (task["success_key"], task["r_range"]) == ("success", (0., 1.))
+    logdir = str(tmp_path / "point")
+    rc, out = run_cmd(train_cmd("--env", "test_all:PointGoal-v0", "--n_epochs", "4",
+                                "--n_cycles", "10", "--logdir", logdir), 600)
+    assert rc == 0, out[-3000:]
+    success = [float(r["test/success_rate"]) for r in read_progress(logdir)]
+    assert max(success) >= 0.8, f"test success per epoch: {success}"
 
 
 def test_config_defaults_env_overrides_and_cli():

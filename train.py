@@ -71,7 +71,7 @@ class Config:
     random_eps: float = 0.3  # probability of a uniform random action (training only)
     replay_strategy: str = "future"  # HER relabelling: 'future' or 'none'
     replay_k: int = 4  # relabelled transitions per original one: future_p = 1 - 1/(1 + k)
-    clip_return: bool = True  # targets clipped to [-1/(1 - gamma), 0]; False: to (-inf, 0]
+    clip_return: bool = True  # targets clipped to [r_min, r_max]/(1-gamma); False: no lower end
     seed: int = 0  # base seed; rank r uses seed + 1000000 * r
     logdir: str = ""  # where progress.csv and policies go ('' = runs/<env>-seed<seed>-<time>)
     policy_save_interval: int = 5  # save policy_<epoch>.npz every this many epochs (0 = never)
@@ -116,7 +116,15 @@ def make_env(env_id, render_mode=None):
 
 
 def env_dims(env_id):
-    """Read dims, T, max_u and the reward off a temporary env: nothing is task-specific."""
+    """(dims, T, max_u, reward_fun) of a goal task; see describe_env."""
+    d = describe_env(env_id)
+    return d["dims"], d["T"], d["max_u"], d["reward_fun"]
+
+
+def describe_env(env_id):
+    """Read everything task-specific off a temporary env, so that no task's conventions are
+    assumed: dims, horizon T, action bound max_u, the vectorised reward, the info key that
+    reports success, and the reward range [r_min, r_max]."""
     gym = import_gym()
     module, _, name = env_id.rpartition(":")
     if module:
@@ -146,11 +154,48 @@ def env_dims(env_id):
     # The env's own vectorised reward, used to relabel goals: r = compute_reward(ag_2, g).
     # The env stays open for it (baselines keeps a tmp env for the same reason).
     reward_fun = functools.partial(_compute_reward, env.unwrapped)
-    return dims, int(env.spec.max_episode_steps), float(high.flat[0]), reward_fun
+    goals = np.array([env.reset(seed=seed)[0]["desired_goal"] for seed in range(5)])
+    _, _, _, _, info = env.step(np.zeros(env.action_space.shape, env.action_space.dtype))
+    return dict(dims=dims, T=int(env.spec.max_episode_steps), max_u=float(high.flat[0]),
+                reward_fun=reward_fun, success_key=success_key(env_id, info),
+                r_range=reward_range(reward_fun, goals))
 
 
 def _compute_reward(env, ag_2, g):
     return env.compute_reward(ag_2, g, None)
+
+
+def success_key(env_id, info):
+    """Fetch and Hand report a reached goal as info['is_success'], PointMaze and AntMaze as
+    info['success']."""
+    for key in ("is_success", "success"):
+        if key in info:
+            return key
+    raise UsageError(f"env {env_id!r} reports neither info['is_success'] nor info['success'] "
+                     "after a step; a HER goal task must say when its goal is reached")
+
+
+def reward_range(reward_fun, goals):
+    """[r_min, r_max] of a goal reward, measured with the env's own compute_reward.
+
+    goals: (K, dim_g), the desired goals of K resets. Reached: every goal against itself.
+    Missed: every goal against another reset's goal (a real goal, so rotations stay valid
+    quaternions). A sparse reward (Fetch, Hand: {-1, 0}; PointMaze, AntMaze: {0, 1}) takes
+    at most two values. A dense one (FetchReachDense: minus the distance) takes a value per
+    distance and has no bound on the side away from the reached reward: that end is
+    infinite."""
+    K = len(goals)
+    i, j = np.nonzero(~np.eye(K, dtype=bool))  # (K * (K-1),) every ordered pair, i != j
+    reached = np.asarray(reward_fun(goals.copy(), goals), np.float64)  # (K,)
+    missed = np.asarray(reward_fun(goals[i], goals[j]), np.float64)  # (K * (K-1),)
+    values = np.unique(np.concatenate([reached, missed]))
+    r_min, r_max = float(values.min()) + 0., float(values.max()) + 0.  # + 0.: -0.0 -> 0.0
+    if len(values) > 2:  # dense
+        if missed.mean() < reached.mean():
+            r_min, r_max = -np.inf, float(reached.max()) + 0.
+        else:
+            r_min, r_max = float(reached.min()) + 0., np.inf
+    return r_min, r_max
 
 
 def build_venv(cfg, render_mode=None):
@@ -187,16 +232,30 @@ def validate_config(cfg):
             raise UsageError(f"--{name} must be 0 or more, got {getattr(cfg, name)}")
 
 
-def ddpg_params(cfg, dims, T, max_u):
-    """The agent's parameters (saved with each policy so it can be rebuilt)."""
+def ddpg_params(cfg, dims, T, max_u, r_range=(-1., 0.)):
+    """The agent's parameters (saved with each policy so it can be rebuilt). r_range: the
+    task's [r_min, r_max] (describe_env); the default is Fetch's and Hand's."""
     gamma = 1. - 1. / T  # baselines: discount matched to the horizon
     return dict(dims=dims, T=T, max_u=max_u, hidden=cfg.hidden, layers=cfg.layers,
                 Q_lr=cfg.Q_lr, pi_lr=cfg.pi_lr, polyak=cfg.polyak, batch_size=cfg.batch_size,
                 action_l2=cfg.action_l2, clip_obs=cfg.clip_obs, norm_eps=cfg.norm_eps,
                 norm_clip=cfg.norm_clip, gamma=gamma,
-                clip_return=(1. / (1. - gamma)) if cfg.clip_return else np.inf,
+                target_range=target_range(r_range, gamma, cfg.clip_return),
                 buffer_size=cfg.buffer_size, sync_check_interval=cfg.sync_check_interval,
                 env=cfg.env)
+
+
+def target_range(r_range, gamma, clip_return):
+    """[Q_min, Q_max] for the critic target y = clip(r + gamma * Q_targ, Q_min, Q_max).
+
+    A return sum_t gamma^t r_t with every r_t in [r_min, r_max] lies in
+    [r_min, r_max] / (1 - gamma). Fetch and Hand: [-1/(1 - gamma), 0], baselines' range.
+    clip_return=False drops the r_min end (baselines' clip_return) and keeps the r_max end
+    (baselines' clip_pos_returns, which its flag does not change)."""
+    r_min, r_max = r_range
+    # [Q_min, Q_max] = [r_min, r_max] / (1 - gamma)
+    Q_min, Q_max = r_min / (1. - gamma), r_max / (1. - gamma)
+    return [Q_min if clip_return else -np.inf, Q_max]
 
 
 def atomic_write_text(path, text):
@@ -519,7 +578,7 @@ def prepare(cfg, args, comm):
     plan = {}
     if args.resume:
         plan["checkpoint"] = read_checkpoint(args.resume, comm)
-    plan["dims"], plan["T"], plan["max_u"], plan["reward_fun"] = env_dims(cfg.env)
+    plan.update(describe_env(cfg.env))  # dims, T, max_u, reward_fun, success_key, r_range
     if args.load_path:
         plan["init_policy"] = load_npz(args.load_path, POLICY_KEYS, "policy")
         check_policy_fits(policy_params(plan["init_policy"], args.load_path), args.load_path,
@@ -569,7 +628,8 @@ def run(cfg, args, comm):
     rank_seed = cfg.seed + 1000000 * rank  # baselines: different data on every rank
     rng = np.random.default_rng(rank_seed)
     sampler = make_sample_her_transitions(cfg.replay_strategy, cfg.replay_k, plan["reward_fun"])
-    policy = DDPG(ddpg_params(cfg, plan["dims"], plan["T"], plan["max_u"]), sampler, rng, comm)
+    params = ddpg_params(cfg, plan["dims"], plan["T"], plan["max_u"], plan["r_range"])
+    policy = DDPG(params, sampler, rng, comm)
     start = dict(start_epoch=0, start_cycle=0, best_success_rate=-1.)
     if "init_policy" in plan:
         policy.set_policy_arrays(plan["init_policy"], args.load_path)
@@ -588,9 +648,10 @@ def run(cfg, args, comm):
     try:
         # Training and test rollouts share the envs, as in baselines (eval_env = env).
         rollout_worker = RolloutWorker(venv, policy, plan["dims"], plan["T"], rng,
-                                       noise_eps=cfg.noise_eps, random_eps=cfg.random_eps)
+                                       noise_eps=cfg.noise_eps, random_eps=cfg.random_eps,
+                                       success_key=plan["success_key"])
         evaluator = RolloutWorker(venv, policy, plan["dims"], plan["T"], rng, exploit=True,
-                                  compute_Q=True)
+                                  compute_Q=True, success_key=plan["success_key"])
         if "checkpoint" in plan:
             n_episodes = plan["checkpoint"]["n_episodes"]
             rollout_worker.n_episodes, evaluator.n_episodes = map(int, n_episodes)
@@ -616,8 +677,8 @@ def play(cfg, args, comm):
         arrays, error = load_npz(args.load_path, POLICY_KEYS, "policy"), None
         params = policy_params(arrays, args.load_path)
         env_id = args.env or params.get("env") or cfg.env
-        dims = env_dims(env_id)[0]
-        check_policy_fits(params, args.load_path, env_id, dims)
+        task = describe_env(env_id)
+        check_policy_fits(params, args.load_path, env_id, task["dims"])
     except (UsageError, BadFileError) as e:
         error = str(e)
     agree(comm, error)
@@ -627,7 +688,7 @@ def play(cfg, args, comm):
     venv = build_venv(cfg, render_mode="human" if args.render else None)
     try:
         evaluator = RolloutWorker(venv, policy, policy.dims, policy.T, rng, exploit=True,
-                                  compute_Q=True)
+                                  compute_Q=True, success_key=task["success_key"])
         for _ in range(cfg.n_test_rollouts):
             evaluator.generate_rollouts()
     finally:
