@@ -32,13 +32,14 @@ import traceback  # noqa: E402
 
 import gymnasium as gym  # noqa: E402
 import numpy as np  # noqa: E402
+import pytest  # noqa: E402
 
 import ddpg  # noqa: E402
 from ddpg import DDPG, MLP, ActorCritic, Normalizer  # noqa: E402
 from her import RolloutWorker, make_sample_her_transitions  # noqa: E402
 from mpi_adam import MpiAdam  # noqa: E402
 from replay import ReplayBuffer  # noqa: E402
-from vecenv import DummyVecEnv, SubprocVecEnv  # noqa: E402
+from vecenv import DummyVecEnv, ShmemVecEnv, SubprocVecEnv  # noqa: E402
 import train  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -399,13 +400,17 @@ class StubGoalEnv:
         pass
 
 
-def test_subproc_vecenv_matches_sequential_envs():
+PROCESS_VEC_ENVS = pytest.mark.parametrize("VecEnvClass", [SubprocVecEnv, ShmemVecEnv])
+
+
+@PROCESS_VEC_ENVS
+def test_subproc_vecenv_matches_sequential_envs(VecEnvClass):
     env_fns = [functools.partial(train.make_env, "FetchPush-v4") for _ in range(3)]
     rng = np.random.default_rng(6)
     actions = rng.uniform(-1, 1, size=(20, 3, 4)).astype(np.float32)
     seq = DummyVecEnv(env_fns)
     with hang_guard(120):
-        sub = SubprocVecEnv(env_fns)
+        sub = VecEnvClass(env_fns)
         try:
             for venv_obs in zip(*[_trajectory(v, actions) for v in (seq, sub)]):
                 a, b = venv_obs
@@ -435,11 +440,12 @@ def _trajectory(venv, actions):
     return steps
 
 
-def test_subproc_vecenv_worker_exception_raises_clearly():
+@PROCESS_VEC_ENVS
+def test_subproc_vecenv_worker_exception_raises_clearly(VecEnvClass):
     env_fns = [functools.partial(StubGoalEnv, fail_at=1000),
                functools.partial(StubGoalEnv, fail_at=3)]
     with hang_guard(60):
-        venv = SubprocVecEnv(env_fns)
+        venv = VecEnvClass(env_fns)
         venv.reset()
         u = np.zeros((2, 2), np.float32)
         venv.step(u)
@@ -450,6 +456,71 @@ def test_subproc_vecenv_worker_exception_raises_clearly():
         except RuntimeError as e:
             assert "env process 1" in str(e) and "injected failure at step 3" in str(e)
     assert not any(p.is_alive() for p in venv.ps)
+
+
+def test_shmem_vecenv_returns_arrays_that_the_next_step_leaves_alone():
+    venv = ShmemVecEnv([functools.partial(StubGoalEnv) for _ in range(2)])
+    try:
+        first = venv.reset()
+        kept = {k: v.copy() for k, v in first.items()}
+        second, _, _, _ = venv.step(np.zeros((2, 2), np.float32))
+        for key in kept:  # the stub counts steps: shared memory now holds 1, the copies 0
+            np.testing.assert_array_equal(first[key], kept[key])
+            assert (second[key] == 1).all() and (first[key] == 0).all()
+            assert not np.shares_memory(first[key], second[key])
+    finally:
+        venv.close()
+
+
+def shm_entries():
+    return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+
+
+def gone(pid):
+    """The process has ended (reaped, or a zombie waiting for whoever adopted it)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+PARENT_THAT_DIES = """
+import functools, os, signal, sys
+sys.path.insert(0, {here!r})
+import numpy as np
+import test_all, vecenv
+venv = vecenv.{cls}([functools.partial(test_all.StubGoalEnv) for _ in range(2)])
+venv.reset(); venv.step(np.zeros((2, 2), np.float32))
+print("PIDS", *[p.pid for p in venv.ps], flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+@PROCESS_VEC_ENVS
+def test_vec_env_leaves_no_process_or_shared_memory_whoever_ends_it(VecEnvClass):
+    """close(), a crashed env process and a parent killed outright: afterwards no env process
+    is left and /dev/shm holds what it held before."""
+    before = shm_entries()
+    for how in ("close", "env process killed"):
+        venv = VecEnvClass([functools.partial(StubGoalEnv) for _ in range(2)])
+        venv.reset()
+        if how == "env process killed":
+            os.kill(venv.ps[0].pid, signal.SIGKILL)
+            with pytest.raises(RuntimeError, match="env process 0"):
+                venv.step(np.zeros((2, 2), np.float32))
+        venv.close()
+        assert all(gone(p.pid) for p in venv.ps), how
+        del venv
+        assert not {e for e in shm_entries() - before if not e.startswith("mpich_")}, how
+    code = PARENT_THAT_DIES.format(here=HERE, cls=VecEnvClass.__name__)
+    rc, out = run_cmd([sys.executable, "-c", code], 120)
+    assert rc == -signal.SIGKILL, out[-3000:]
+    pids = [int(p) for p in out.split("PIDS", 1)[1].split()]
+    with hang_guard(30):  # orphaned env processes see their pipe close and exit
+        while not all(gone(pid) for pid in pids):
+            time.sleep(0.1)
+    assert not {e for e in shm_entries() - before if not e.startswith("mpich_")}
 
 
 # ---------------------------------------------------------------- 6. HER sampler and buffer
@@ -570,7 +641,7 @@ def test_rollout_worker_episode_shapes_and_no_dropped_step():
 
 def test_vecenv_env_i_is_seeded_with_seed_plus_i():
     env_fns = [functools.partial(train.make_env, "FetchPush-v4") for _ in range(3)]
-    for venv in (DummyVecEnv(env_fns), SubprocVecEnv(env_fns)):
+    for venv in (DummyVecEnv(env_fns), SubprocVecEnv(env_fns), ShmemVecEnv(env_fns)):
         obs = venv.reset(seed=40)
         for i in range(3):
             alone, _ = train.make_env("FetchPush-v4").reset(seed=40 + i)
@@ -926,7 +997,8 @@ def test_end_to_end_fetch_reach_learns_in_five_epochs(tmp_path):
 def test_end_to_end_mpirun_two_ranks_two_envs_stay_in_sync(tmp_path):
     logdir = str(tmp_path / "mpi")
     rc, out = run_cmd([mpirun_exe(), "-np", "2", sys.executable, "train.py", "--num_env", "2",
-                       "--n_epochs", "2", "--n_cycles", "3", "--n_batches", "40",
+                       "--vec_env", "shmem", "--n_epochs", "2", "--n_cycles", "3",
+                       "--n_batches", "40",
                        "--n_test_rollouts", "2", "--logdir", logdir], timeout=600)
     assert rc == 0, out[-4000:]
     assert "2 rank(s) in sync" in out
@@ -1030,10 +1102,11 @@ def test_rank_failure_ends_whole_mpi_job_with_one_traceback(tmp_path):
             out[-3000:]
 
 
-def test_killed_env_worker_raises_naming_it_and_leaves_no_process():
+@PROCESS_VEC_ENVS
+def test_killed_env_worker_raises_naming_it_and_leaves_no_process(VecEnvClass):
     env_fns = [functools.partial(train.make_env, "FetchReach-v4") for _ in range(3)]
     with hang_guard(60):
-        venv = SubprocVecEnv(env_fns)
+        venv = VecEnvClass(env_fns)
         venv.reset(seed=0)
         u = np.zeros((3, 4), np.float32)
         venv.step(u)
@@ -1258,6 +1331,7 @@ def test_bad_command_lines_get_one_line_errors(tmp_path, capsys):
              (["--n_batches", "0"], "--n_batches must be at least 1"),
              (["--replay_k", "-1"], "--replay_k must be 0 or more"),
              (["--play"], "--play needs --load_path"),
+             (["--vec_env", "fast"], "--vec_env"),
              (["--logdir", str(a_file / "sub")], "cannot write to log dir")]
     for argv, phrase in cases:
         try:

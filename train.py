@@ -44,7 +44,7 @@ from ddpg import (DDPG, POLICY_KEYS, BadFileError, atomic_savez, load_npz,  # no
                   policy_params)
 from her import RolloutWorker, make_sample_her_transitions  # noqa: E402
 from mpi_adam import mpi_average  # noqa: E402
-from vecenv import DummyVecEnv, SubprocVecEnv  # noqa: E402
+from vecenv import DummyVecEnv, ShmemVecEnv, SubprocVecEnv  # noqa: E402
 
 
 @dataclass
@@ -52,6 +52,7 @@ class Config:
     """Every setting of a run. Defaults: baselines her/experiment/config.py DEFAULT_PARAMS."""
     env: str = "FetchReach-v4"  # gymnasium-robotics id of a goal task (dict observation)
     num_env: int = 1  # envs per rank = episodes per rollout; > 1: one env process per env
+    vec_env: str = "subproc"  # env processes send observations by 'subproc' pipe or 'shmem'
     n_epochs: int = 50  # epochs to train
     n_cycles: int = 50  # cycles per epoch (FetchReach: 10)
     n_batches: int = 40  # gradient updates per cycle
@@ -198,10 +199,13 @@ def reward_range(reward_fun, goals):
     return r_min, r_max
 
 
+VEC_ENVS = {"subproc": SubprocVecEnv, "shmem": ShmemVecEnv}
+
+
 def build_venv(cfg, render_mode=None):
     env_fns = [functools.partial(make_env, cfg.env, render_mode) for _ in range(cfg.num_env)]
     # One env runs inside the rank, with no env process; baselines too uses DummyVecEnv then.
-    return SubprocVecEnv(env_fns) if cfg.num_env > 1 else DummyVecEnv(env_fns)
+    return VEC_ENVS[cfg.vec_env](env_fns) if cfg.num_env > 1 else DummyVecEnv(env_fns)
 
 
 # ---------------------------------------------------------------- configuration
@@ -713,6 +717,9 @@ def parse_args(argv=None):
     p.add_argument("--env", help="env id (default FetchReach-v4); module:EnvId imports module")
     p.add_argument("--num_env", type=int, help="envs per rank (default 1), each in its own env "
                    "process when more than 1")
+    p.add_argument("--vec_env", choices=sorted(VEC_ENVS),
+                   help="how env processes send observations: pipe (subproc, default) or "
+                        "shared memory (shmem)")
     p.add_argument("--n_epochs", type=int)
     p.add_argument("--n_cycles", type=int)
     p.add_argument("--n_batches", type=int)

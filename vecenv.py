@@ -1,7 +1,9 @@
 """Run num_env environments side by side and stack their dict observations.
 
 Mirrors openai/baselines `common/vec_env/vec_env.py` (VecEnv), `subproc_vec_env.py`
-(SubprocVecEnv) and `dummy_vec_env.py` (DummyVecEnv). In Plappert et al. (2018), Sec. 2.2,
+(SubprocVecEnv), `shmem_vec_env.py` (ShmemVecEnv: observations through shared memory instead
+of the pipe; `train.py --vec_env shmem`) and `dummy_vec_env.py` (DummyVecEnv), and
+`vec_video_recorder.py` (VecVideoRecorder). In Plappert et al. (2018), Sec. 2.2,
 each of the 19 MPI workers (here: ranks) runs 2 environments in parallel; this file is that "2".
 
 This is where *rollouts* are aggregated, and nothing else: the rank sends one action per env
@@ -91,8 +93,11 @@ class DummyVecEnv(VecEnv):
             env.close()
 
 
-def worker(remote, parent_remote, env_fn):
+def worker(remote, parent_remote, env_fn, obs_buffers=None):
     """Body of one env process: serve step/reset/close commands until told to close.
+
+    obs_buffers (ShmemVecEnv): {key: (shared array, dtype, shape)}; observations are written
+    there and the pipe carries None in their place.
 
     Any exception is sent back as a formatted traceback so the rank can raise it, instead of
     the env process dying silently and the rank waiting forever on the pipe.
@@ -101,6 +106,15 @@ def worker(remote, parent_remote, env_fn):
     # Ctrl-C in a terminal reaches the whole process group: the rank decides when env processes
     # stop (after it has saved), so an env process must not die of SIGINT on its own.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    views = shared_views(obs_buffers) if obs_buffers is not None else None
+
+    def out(obs):
+        if views is None:
+            return obs  # pickled into the pipe
+        for key, view in views.items():
+            view[...] = obs[key]  # the rank reads it after it receives this step's answer
+        return None
+
     env = None
     try:
         env = env_fn()
@@ -109,10 +123,10 @@ def worker(remote, parent_remote, env_fn):
             cmd, data = remote.recv()
             if cmd == "step":
                 obs, r, terminated, truncated, info = env.step(data)
-                remote.send(("ok", (obs, r, terminated, truncated, info)))
+                remote.send(("ok", (out(obs), r, terminated, truncated, info)))
             elif cmd == "reset":
                 obs, _ = env.reset(seed=data)
-                remote.send(("ok", obs))
+                remote.send(("ok", out(obs)))
             elif cmd == "close":
                 remote.send(("ok", None))
                 break
@@ -140,8 +154,11 @@ class SubprocVecEnv(VecEnv):
         self.waiting = False
         n = len(env_fns)
         self.remotes, work_remotes = zip(*[ctx.Pipe() for _ in range(n)])
-        self.ps = [ctx.Process(target=worker, args=(work_remote, remote, env_fn), daemon=True)
-                   for work_remote, remote, env_fn in zip(work_remotes, self.remotes, env_fns)]
+        self.ps = [ctx.Process(target=worker, args=(work_remote, remote, env_fn,
+                                                    self._obs_buffers(ctx, i, env_fns)),
+                               daemon=True)
+                   for i, (work_remote, remote, env_fn)
+                   in enumerate(zip(work_remotes, self.remotes, env_fns))]
         for p in self.ps:
             p.start()
         # Easy to miss: the rank must close its copy of each env process's end, or a dead env
@@ -153,6 +170,14 @@ class SubprocVecEnv(VecEnv):
             self._recv(i)
         super().__init__(n, observation_space, action_space)
 
+    def _obs_buffers(self, ctx, i, env_fns):
+        """Shared memory for env process i's observations: none here (they go by pipe)."""
+        return None
+
+    def _obs(self, i, sent):
+        """Env process i's observation, from what it sent down the pipe."""
+        return sent
+
     def _recv(self, i):
         """Receive env process i's answer; raise a clear error if it failed or died."""
         try:
@@ -161,11 +186,11 @@ class SubprocVecEnv(VecEnv):
             self.ps[i].join(timeout=1)  # a dying process needs a moment to report its exit code
             exitcode = self.ps[i].exitcode
             self.close(force=True)
-            raise RuntimeError(f"SubprocVecEnv: env process {i} (pid {self.ps[i].pid}) died "
-                               f"without answering (exit code {exitcode})") from None
+            raise RuntimeError(f"{type(self).__name__}: env process {i} (pid {self.ps[i].pid}) "
+                               f"died without answering (exit code {exitcode})") from None
         if status == "error":
             self.close(force=True)
-            raise RuntimeError(f"SubprocVecEnv: env process {i} raised:\n{payload}")
+            raise RuntimeError(f"{type(self).__name__}: env process {i} raised:\n{payload}")
         return payload
 
     def _send_all(self, cmds):
@@ -178,7 +203,7 @@ class SubprocVecEnv(VecEnv):
 
     def reset(self, seed=None):
         self._send_all([("reset", _seed_for(seed, i)) for i in range(self.num_envs)])
-        return stack_obs([self._recv(i) for i in range(self.num_envs)])
+        return stack_obs([self._obs(i, self._recv(i)) for i in range(self.num_envs)])
 
     def step_async(self, u):
         self._send_all([("step", u[i]) for i in range(self.num_envs)])
@@ -189,6 +214,8 @@ class SubprocVecEnv(VecEnv):
         self.waiting = False
         obs, r, terminated, truncated, infos = zip(*results)
         done = np.logical_or(terminated, truncated)
+        # stack_obs copies: what is returned is the rank's own, whatever the next step writes
+        obs = [self._obs(i, sent) for i, sent in enumerate(obs)]
         return stack_obs(obs), np.array(r, dtype=np.float32), done, list(infos)
 
     def close(self, force=False):
@@ -219,3 +246,46 @@ class SubprocVecEnv(VecEnv):
     def __del__(self):
         if not getattr(self, "closed", True):
             self.close(force=True)
+
+
+def shared_views(obs_buffers):
+    """{key: ndarray view} onto the shared arrays of one env process's observation."""
+    return {key: np.frombuffer(buf, dtype=dtype).reshape(shape)
+            for key, (buf, dtype, shape) in obs_buffers.items()}
+
+
+class ShmemVecEnv(SubprocVecEnv):
+    """SubprocVecEnv whose env processes write their observations into shared memory; the
+    pipe carries only commands, rewards, dones and infos (baselines shmem_vec_env.py). Worth
+    it when observations are large (images): a pipe pickles and copies every byte twice.
+
+    The shared arrays are multiprocessing RawArrays: memory-mapped files that are unlinked as
+    soon as they are made, so nothing is ever left in /dev/shm, whoever exits or crashes; the
+    memory goes when the last process holding it does. No lock: an env process writes only
+    while the rank waits for its answer, and the rank copies before the next command.
+    """
+
+    def __init__(self, env_fns, context="spawn"):
+        # The shapes must be known before the env processes start (the arrays are handed to
+        # them at start), so one env is built here to read its observation space, as baselines
+        # does.
+        env = env_fns[0]()
+        spaces = dict(getattr(env.observation_space, "spaces", {}))
+        env.close()
+        if not spaces:
+            raise TypeError("ShmemVecEnv needs envs with a dict observation space; "
+                            "use SubprocVecEnv for others")
+        self._layout = {key: (np.dtype(space.dtype), tuple(space.shape))
+                        for key, space in spaces.items()}
+        self._buffers, self._views = {}, {}
+        super().__init__(env_fns, context)
+
+    def _obs_buffers(self, ctx, i, env_fns):
+        buffers = {key: (ctx.RawArray("b", int(np.prod(shape)) * dtype.itemsize), dtype, shape)
+                   for key, (dtype, shape) in self._layout.items()}
+        self._buffers[i] = buffers  # the rank keeps them alive as long as this object
+        self._views[i] = shared_views(buffers)
+        return buffers
+
+    def _obs(self, i, sent):
+        return self._views[i]
