@@ -17,8 +17,17 @@ rank's MPI environment and try to take part in the job as that rank: the job han
 
 Every line that talks to other ranks carries the comment tag `[MPI]`.
 
+Also here, for what MPICH leaves behind: each job's ranks share a memory segment
+/dev/shm/mpich_shm_*, which MPICH unlinks in MPI_Finalize. A job that ends in MPI_Abort (a rank
+raised, see train.main) or is killed by a signal never gets there, and its segment (about 5 MB)
+stays until the machine reboots. `remove_orphaned_mpich_segments()` deletes those that no
+process has open or mapped any more:
+    python -c "import mpi_adam; print(mpi_adam.remove_orphaned_mpich_segments())"
+
 Test: `python -m pytest -q test_all.py -k adam` (runs `mpirun -np 2` and `-np 3` itself).
 """
+import os
+
 import numpy as np
 
 
@@ -148,3 +157,47 @@ class MpiAdam:
         if n_mismatched[0]:
             raise RuntimeError(f"MpiAdam.check_synced: {n_mismatched[0]} rank(s) hold parameters "
                                f"different from rank 0 after {self.t} updates; ranks diverged")
+
+
+# ---------------------------------------------------------------- what MPICH leaves behind
+
+def shm_files_in_use(shm_dir="/dev/shm"):
+    """Paths under shm_dir that a live process has open or memory-mapped (Linux /proc).
+    Processes that end while being read, or whose /proc entries this user may not read
+    (other users', which cannot hold this user's 0600 segments), are skipped."""
+    prefix, in_use = os.path.join(shm_dir, ""), set()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+            in_use.update(os.readlink(f"/proc/{pid}/fd/{fd}") for fd in fds)
+            with open(f"/proc/{pid}/maps") as f:
+                # a maps line: address perms offset dev inode [path]
+                in_use.update(line.split(maxsplit=5)[-1].strip() for line in f
+                              if line.count(" ") >= 5)
+        except OSError:
+            continue
+    return {path for path in in_use if path.startswith(prefix)}
+
+
+def orphaned_mpich_segments(shm_dir="/dev/shm"):
+    """MPICH segments that no process uses: left by jobs that ended without MPI_Finalize.
+    A running job always holds its segment open or mapped on every rank of the machine, from
+    its creation on, so it never counts as orphaned."""
+    if not os.path.isdir(shm_dir):
+        return []
+    paths = [os.path.join(shm_dir, name) for name in sorted(os.listdir(shm_dir))
+             if name.startswith("mpich_shm_")]
+    in_use = shm_files_in_use(shm_dir) if paths else set()
+    return [path for path in paths if path not in in_use]
+
+
+def remove_orphaned_mpich_segments(shm_dir="/dev/shm"):
+    """Delete orphaned_mpich_segments(); return the paths removed."""
+    removed = []
+    for path in orphaned_mpich_segments(shm_dir):
+        try:
+            os.unlink(path)
+            removed.append(path)
+        except FileNotFoundError:  # another cleaner was first
+            pass
+    return removed

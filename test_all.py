@@ -35,6 +35,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 import ddpg  # noqa: E402
+import mpi_adam  # noqa: E402
 from ddpg import DDPG, MLP, ActorCritic, Normalizer  # noqa: E402
 from her import RolloutWorker, make_sample_her_transitions  # noqa: E402
 from mpi_adam import MpiAdam  # noqa: E402
@@ -112,9 +113,31 @@ def mpirun_exe():
 
 
 def run_cmd(cmd, timeout):
-    """Run a command with a hang guard; return (returncode, combined output)."""
+    """Run a command with a hang guard; return (returncode, combined output). An MPI job that
+    ended in MPI_Abort leaves MPICH's segment in /dev/shm (mpi_adam.py says why): once the
+    job is over, the segments it orphaned are removed."""
+    is_mpi = os.path.basename(cmd[0]).startswith(("mpirun", "mpiexec"))
+    orphans_before = set(mpi_adam.orphaned_mpich_segments()) if is_mpi else set()
     proc = subprocess.run(cmd, cwd=HERE, capture_output=True, text=True, timeout=timeout)
+    if is_mpi:
+        for path in set(mpi_adam.orphaned_mpich_segments()) - orphans_before:
+            os.unlink(path)
     return proc.returncode, proc.stdout + proc.stderr
+
+
+def shm_entries():
+    return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def dev_shm_left_as_found():
+    """The suite leaves /dev/shm as it found it: whatever is new at the end and used by no
+    live process (a segment of an MPI job running beside the suite is in use) was leaked."""
+    before = shm_entries()
+    yield
+    in_use = {os.path.basename(path) for path in mpi_adam.shm_files_in_use()}
+    leaked = sorted(shm_entries() - before - in_use)
+    assert not leaked, f"the tests left {leaked} in /dev/shm"
 
 
 def run_mpi_case(n_ranks, case, timeout=180):
@@ -470,10 +493,6 @@ def test_shmem_vecenv_returns_arrays_that_the_next_step_leaves_alone():
             assert not np.shares_memory(first[key], second[key])
     finally:
         venv.close()
-
-
-def shm_entries():
-    return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
 
 
 def gone(pid):
@@ -1090,6 +1109,39 @@ def assert_same_progress(logdir_a, logdir_b):
         differ = {k: (row_a[k], row_b[k]) for k in row_a
                   if k != "time/epoch_s" and row_a[k] != row_b[k]}
         assert not differ, f"epoch {row_a['epoch']}: {differ}"
+
+
+def test_orphaned_mpich_segments_are_found_and_removed_but_live_ones_kept(tmp_path):
+    """A job that aborts leaves its segment; it is an orphan once the job is over, while the
+    segment of a job still running (held open by its ranks) never is."""
+    code = ("from mpi4py import MPI; c = MPI.COMM_WORLD; c.Barrier(); "
+            "c.Abort(1) if c.Get_rank() == 1 else c.Barrier()")
+    before = set(mpi_adam.orphaned_mpich_segments())
+    subprocess.run([mpirun_exe(), "-np", "2", sys.executable, "-c", code], cwd=HERE,
+                   capture_output=True, timeout=120)  # not run_cmd: it would clean up
+    orphans = set(mpi_adam.orphaned_mpich_segments()) - before
+    assert len(orphans) == 1 and os.path.basename(min(orphans)).startswith("mpich_shm_")
+    # a running job: two ranks that wait for a file to appear, then finish normally
+    go = tmp_path / "go"
+    waiting = ("import os, time; from mpi4py import MPI; MPI.COMM_WORLD.Barrier(); "
+               f"print('UP', flush=True)\nwhile not os.path.exists({str(go)!r}): time.sleep(0.1)")
+    entries_before = shm_entries()
+    job = subprocess.Popen([mpirun_exe(), "-np", "2", sys.executable, "-c", waiting], cwd=HERE,
+                           stdout=subprocess.PIPE, text=True)
+    try:
+        with hang_guard(120):
+            assert job.stdout.readline().strip() == "UP"
+            running = {e for e in shm_entries() - entries_before if e.startswith("mpich_shm_")}
+            assert len(running) == 1
+            assert orphans <= set(mpi_adam.remove_orphaned_mpich_segments())
+            assert not mpi_adam.orphaned_mpich_segments()
+            assert running <= shm_entries(), "the running job's segment was removed"
+            go.touch()
+            assert job.wait() == 0
+    finally:
+        if job.poll() is None:
+            job.kill()
+    assert not running & shm_entries()  # a job that finalises removes its own segment
 
 
 def test_rank_failure_ends_whole_mpi_job_with_one_traceback(tmp_path):
