@@ -547,16 +547,16 @@ def atomic_savez(path, arrays):
         raise
 
 
-def load_npz(path, required_keys, what):
+def load_npz(path, required_keys, what, writer="train.py"):
     """All arrays of an .npz as a dict, loaded with allow_pickle=False (safe on untrusted
-    files); any problem becomes a one-line BadFileError naming the file."""
+    files); any problem becomes a one-line BadFileError naming the file and its `writer`."""
     try:
         with np.load(path, allow_pickle=False) as data:
             if not hasattr(data, "files"):
-                raise BadFileError(f"{path}: a bare .npy array, not a {what} .npz from train.py")
+                raise BadFileError(f"{path}: a bare .npy array, not a {what} .npz from {writer}")
             missing = [k for k in required_keys if k not in data.files]
             if missing:
-                raise BadFileError(f"{path}: not a {what} written by train.py "
+                raise BadFileError(f"{path}: not a {what} written by {writer} "
                                    f"(no {missing[0]!r} array)")
             return {key: data[key] for key in data.files}
     except BadFileError:
@@ -566,4 +566,4 @@ def load_npz(path, required_keys, what):
     except Exception as e:  # BadZipFile, EOFError, ValueError (pickled objects), OSError
         reason = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise BadFileError(f"{path}: cannot read it as a {what} ({reason}); "
-                           "the file is truncated, corrupt or not from train.py") from None
+                           f"the file is truncated, corrupt or not from {writer}") from None
