@@ -151,6 +151,15 @@ def make_hint(env_id, num_demo, path):
             f"--out {path}")
 
 
+def is_baselines_file(path):
+    """Whether `path` is an .npz with the arrays of baselines' fetch_data_generation.py."""
+    try:
+        with np.load(path, allow_pickle=False) as data:  # lists the names, loads nothing
+            return {"obs", "acs", "info"} <= set(getattr(data, "files", ()))
+    except Exception:  # unreadable: load_npz has said why
+        return False
+
+
 def load_demos(path, env_id, dims, T, num_demo):
     """The first num_demo episodes of a demo file, checked against the task:
     {key: (num_demo, T or T+1, dim) float32}. Every problem is a one-line BadFileError that
@@ -159,7 +168,11 @@ def load_demos(path, env_id, dims, T, num_demo):
     try:
         arrays = load_npz(path, FILE_KEYS, "demo file", writer="demos.py")
     except BadFileError as e:
-        raise BadFileError(f"{e}; {hint}") from None
+        problem = str(e)
+        if is_baselines_file(path):
+            problem = (f"{path}: a demo file in baselines' format (obs, acs, info: pickled "
+                       "dicts, which this project never unpickles)")
+        raise BadFileError(f"{problem}; {hint}") from None
     expected = {"o": (T + 1, dims["o"]), "ag": (T + 1, dims["g"]), "g": (T, dims["g"]),
                 "u": (T, dims["u"]), "info_is_success": (T, 1)}
     shapes = {key: arrays[key].shape[1:] for key in DEMO_KEYS}
