@@ -31,7 +31,7 @@ failed one are not worth copying; a Q filter would discard some of them, but not
 Run:  python demos.py --env FetchPickAndPlace-v4 --num_demo 100 --out demos/pick100.npz
 Test: python -m pytest -q test_all.py -k demo
 """
-import argparse
+import os
 import sys
 
 import numpy as np
@@ -212,6 +212,7 @@ def main(argv=None):
     try:
         train.env_dims(args.env)  # an unknown id: one line with the close matches
         episodes, T, attempts = generate(args.env, args.num_demo, args.seed)
+        os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
         save_demos(args.out, episodes, args.env, T)
     except (train.UsageError, RuntimeError, OSError) as e:
         print(f"demos.py: error: {e}", file=sys.stderr)

@@ -8,7 +8,10 @@ test_vec_env.py, common/mpi_adam.py's test_MpiAdam), gathered in one file:
     under mpirun: `mpirun -np 2 python test_all.py mpi_adam` runs one MPI case by hand);
   * SubprocVecEnv vs the same envs stepped sequentially;
   * the HER sampler (Andrychowicz et al. 2017, Sec. 4.5) and RolloutWorker;
-  * save/load, every goal-task family, and end-to-end learning on FetchReach-v4.
+  * save/load, every goal-task family, and end-to-end learning on FetchReach-v4;
+  * demonstrations (Nair et al. 2018): the controller, the batch, the Q filter and the cloning
+    loss, and a run without them bitwise equal to the code before them (taken from git);
+  * the command line: every Config field a flag, every bad input one line and exit code 2.
 
 Run: `python -m pytest -q` (1-2 minutes on 2 cores with nothing else running).
 """

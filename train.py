@@ -3,13 +3,17 @@
 Mirrors openai/baselines `her/her.py` (learn, train), `her/experiment/config.py` (defaults,
 per-env overrides, configure_*) and `her/experiment/play.py`. Implements the training schedule
 of Plappert et al. (2018), Sec. 2.2: each epoch is n_cycles x (collect num_env episodes per
-rank, store them, n_batches updates), a target update per cycle, then test rollouts.
+rank, store them, n_batches updates), a target update per cycle, then test rollouts; with
+--demo_file, the demonstrations of Nair et al. (2018) are loaded into every rank's agent first.
 
 Run:
     python train.py                                                # FetchReach-v4, one process
     mpirun -np 19 python train.py --num_env 2 --env FetchPush-v4   # Plappert et al. setup
     python train.py --resume runs/<run>                            # continue after Ctrl-C
     python train.py --play --load_path runs/<run>/policy_best.npz
+    python demos.py --num_demo 100 --out pick100.npz               # FetchPickAndPlace demos
+    python train.py --env FetchPickAndPlace-v4 --demo_file pick100.npz --bc_loss 1 --q_filter 1
+    python train.py --help                                         # every Config field a flag
 
 Failure handling (README "When things go wrong"): bad input is one line on stderr and exit
 code 2; Ctrl-C saves a checkpoint and exits 130; a non-finite loss or actor/critic parameter
