@@ -1732,9 +1732,10 @@ def test_output_is_terminal_sees_through_mpirun():
 
 # ---------------------------------------------------------------- plots and the README's numbers
 
-def write_synthetic_run(run_dir, seed, success, n_ranks=2, epoch_s=20.0):
+def write_synthetic_run(run_dir, seed, success, n_ranks=2, epoch_s=20.0, **config):
     os.makedirs(run_dir)
-    cfg = dict(vars(train.Config(env="FetchPush-v4", num_env=2, n_cycles=50, seed=seed)))
+    cfg = dict(vars(train.Config(env="FetchPush-v4", num_env=2, n_cycles=50, seed=seed,
+                                 **config)))
     with open(os.path.join(run_dir, "config.json"), "w") as f:
         json.dump(cfg, f)
     with open(os.path.join(run_dir, "progress.csv"), "w", newline="") as f:
@@ -1758,6 +1759,17 @@ def test_plot_writes_a_png_and_the_table_reads_the_csvs(tmp_path):
     table = plot.results_table(runs, at_epochs=(0, 1, 3))
     # median over the 3 seeds at epoch 1 is 0.2; only seeds 1 and 2 reach epoch 3 (0.95)
     assert "| FetchPush-v4 | 2 x 2 | 3 | 0.00 | 0.20 | 0.95 | -, 3, 3 | 20.0 |" in table
+
+
+def test_plot_never_takes_a_run_with_demos_for_another_seed_of_one_without(tmp_path):
+    import plot
+    plain, demo = str(tmp_path / "nodemo-seed0"), str(tmp_path / "demo100-seed0")
+    write_synthetic_run(plain, 0, [0.0, 0.1], n_ranks=1)
+    write_synthetic_run(demo, 0, [0.3, 0.7], n_ranks=1, demo_file="pick.npz", bc_loss=True)
+    table = plot.results_table([plain, demo], at_epochs=(0, 1))
+    assert "| FetchPush-v4 | 1 x 2 | 1 | 0.00 | 0.10 | - | 20.0 |" in table
+    assert "| FetchPush-v4, 100 demos | 1 x 2 | 1 | 0.30 | 0.70 | - | 20.0 |" in table
+    assert plot.main([plain, demo, "-o", str(tmp_path / "curves.png")]) == 0
 
 
 def test_scaling_figure_and_table_one_row_per_rank_count(tmp_path):
