@@ -11,7 +11,7 @@ Mirrors openai/baselines `her/ddpg.py` (DDPG), `her/actor_critic.py` (the two ne
     L_pi   = -mean(Q(o, g, pi(o, g))) + action_l2 * mean((pi(o, g) / max_u)^2)
     theta_targ <- polyak * theta_targ + (1 - polyak) * theta
 
-With demonstrations (Nair et al. 2018, Sec. 4; baselines' bc_loss and q_filter), the last
+With demonstrations (Nair et al. 2018, Sec. IV; baselines' bc_loss and q_filter), the last
 demo_batch_size rows of every batch come from a demo buffer, and with bc_loss the actor loss is
 
     L_pi   = prm_loss_weight * (-mean(Q(o, g, pi)) + action_l2 * mean((pi / max_u)^2))
@@ -240,7 +240,7 @@ def actor_loss_and_grad(ac, x_pi, action_l2):
 
 def q_filter_mask(q_u, q_pi):
     """m_i = [Q(o_i, g_i, u_i) > Q(o_i, g_i, pi(o_i, g_i))]: the critic rates the demonstrated
-    action above the actor's own (Nair et al. 2018, Sec. 4, the Q filter). (n,), (n,) -> (n,)"""
+    action above the actor's own (the Q filter of Nair et al. 2018, Sec. IV). (n,), (n,) -> (n,)"""
     return q_u > q_pi
 
 

@@ -2,10 +2,10 @@
 
 Mirrors openai/baselines `her/experiment/data_generation/fetch_data_generation.py` (the
 controller and the file) and the file-reading half of `her/ddpg.py` `init_demo_buffer`.
-Implements the demonstrations of Nair et al. (2018), "Overcoming Exploration in Reinforcement
-Learning with Demonstrations", Sec. 4 and 6: 100 episodes of a scripted controller on the
-pick-and-place task, which ddpg.py then replays next to the agent's own episodes and clones with
-the behaviour-cloning loss.
+Provides the demonstrations of Nair et al. (2018), "Overcoming Exploration in Reinforcement
+Learning with Demonstrations", Sec. IV (Method): episodes that ddpg.py keeps in a demo buffer,
+replays next to the agent's own and clones with the behaviour-cloning loss. As in baselines,
+they come from a scripted controller on the pick-and-place task, 100 episodes by default.
 
 The controller sees only the observation and the goal, and moves through four phases:
     above    gripper open, move to a point HOVER above the object;
