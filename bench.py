@@ -3,7 +3,9 @@
 Mirrors nothing in baselines (which has no benchmark); measures the pieces of the training loop
 of Plappert et al. (2018), Sec. 2.2, on one CPU thread per process:
   * one DDPG.train() update vs the GEMM floor: the same matrix products (forward passes, input
-    and weight gradients that the update needs), timed alone with preallocated outputs;
+    and weight gradients that the update needs), timed alone with preallocated outputs; at
+    batch 256, and at batch 1024 with demonstrations (Nair et al. 2018: 128 demo rows,
+    bc_loss, q_filter), whose cloning loss and Q filter add no matrix product;
   * HER sampling + normalisation of a batch, as a share of the update;
   * environment steps per second: raw env, DummyVecEnv, SubprocVecEnv at num_env 1, 2, 4, with
     policy inference as RolloutWorker does it;
@@ -11,7 +13,8 @@ of Plappert et al. (2018), Sec. 2.2, on one CPU thread per process:
   * one FetchPush-v4 epoch (50 cycles) of one rank split into its phases;
   * a full 1e6-transition buffer: resident memory, and sampling time against buffer size.
 
-Run: `python bench.py` (about 3 minutes), `python bench.py --quick`, and
+Run: `python bench.py` (about 3 minutes), `python bench.py --quick`, one section alone with
+`--only` (e.g. `python bench.py --only update1024 --quick`), and
 `mpirun -np 2 python bench.py --mpi` for the MPI rows. Timings are medians of repeats, taken
 side by side in one process so that ratios hold even on a busy machine.
 """
@@ -50,10 +53,11 @@ def row(name, value, unit, note=""):
     print(f"{name:<58} {value:>10.3f} {unit:<8} {note}", flush=True)
 
 
-def make_policy(buffer_size=1_000_000, n_episodes=200, seed=0):
-    """A FetchPush-sized agent with n_episodes of random episodes stored."""
-    dims, T, max_u, reward_fun = train.env_dims(ENV)
-    cfg = train.Config(env=ENV, buffer_size=buffer_size)
+def make_policy(buffer_size=1_000_000, n_episodes=200, seed=0, env=ENV, **config):
+    """A FetchPush-sized agent with n_episodes of random episodes stored; `config` overrides
+    train.Config fields."""
+    dims, T, max_u, reward_fun = train.env_dims(env)
+    cfg = train.Config(env=env, buffer_size=buffer_size, **config)
     rng = np.random.default_rng(seed)
     policy = DDPG(train.ddpg_params(cfg, dims, T, max_u),
                   make_sample_her_transitions("future", 4, reward_fun), rng)
@@ -103,18 +107,24 @@ def gemm_floor_fn(shapes, rng):
     return run
 
 
+def time_update_and_floor(policy, repeats, number):
+    """(ms of the GEMM floor, ms of one policy.train(), the floor's shapes) at the policy's
+    batch size, interleaved so that both see the same machine."""
+    shapes = update_gemm_shapes(policy, policy.params["batch_size"])
+    floor = gemm_floor_fn(shapes, np.random.default_rng(1))
+    t_floor, t_update = [], []
+    for _ in range(3):
+        t_floor.append(timeit(floor, repeats, number))
+        t_update.append(timeit(policy.train, repeats, number))
+    return min(t_floor), min(t_update), shapes
+
+
 def bench_update(quick):
     policy, dims, T = make_policy(n_episodes=200)
     N = policy.params["batch_size"]
-    shapes = update_gemm_shapes(policy, N)
-    floor = gemm_floor_fn(shapes, np.random.default_rng(1))
-    flops = sum(2 * m * k * n for m, k, n in shapes)
     repeats, number = (5, 20) if quick else (15, 40)
-    t_floor, t_update = [], []
-    for _ in range(3):  # interleave so that both see the same machine
-        t_floor.append(timeit(floor, repeats, number))
-        t_update.append(timeit(policy.train, repeats, number))
-    t_floor, t_update = min(t_floor), min(t_update)
+    t_floor, t_update, shapes = time_update_and_floor(policy, repeats, number)
+    flops = sum(2 * m * k * n for m, k, n in shapes)
     row("GEMM floor of one update (batch 256, 3x256, FetchPush)", t_floor, "ms",
         f"{len(shapes)} products, {flops / t_floor / 1e6:.1f} GFLOP/s")
     row("DDPG.train() update", t_update, "ms", f"ratio to floor {t_update / t_floor:.2f}x")
@@ -128,6 +138,21 @@ def bench_update(quick):
     t_adam = timeit(lambda: policy.Q_adam.update(policy.main.Q.grad * 0, 0.), repeats, number)
     row("MpiAdam.update, critic (1 rank)", t_adam, "ms", f"{t_adam / t_update:.1%} of an update")
     return t_update
+
+
+def bench_update1024(quick):
+    """The demo configuration of baselines' her/README (batch 1024, 128 of them from 100 demo
+    episodes, bc_loss 1, q_filter 1) on FetchPickAndPlace: its update against its floor."""
+    policy, dims, T = make_policy(n_episodes=200, env="FetchPickAndPlace-v4", batch_size=1024,
+                                  demo_batch_size=128, bc_loss=True, q_filter=True)
+    policy.init_demo_buffer(random_episodes(np.random.default_rng(2), dims, T, 100))
+    repeats, number = (3, 5) if quick else (10, 10)
+    t_floor, t_update, shapes = time_update_and_floor(policy, repeats, number)
+    flops = sum(2 * m * k * n for m, k, n in shapes)
+    row("GEMM floor of one update (batch 1024, 3x256, PickAndPlace)", t_floor, "ms",
+        f"{len(shapes)} products, {flops / t_floor / 1e6:.1f} GFLOP/s")
+    row("DDPG.train() update, 128 demo rows, bc_loss + q_filter", t_update, "ms",
+        f"ratio to floor {t_update / t_floor:.2f}x (target <= 1.15x)")
 
 
 # ---------------------------------------------------------------- environment steps
@@ -270,13 +295,13 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="fewer repeats, 10-cycle epoch")
     p.add_argument("--mpi", action="store_true", help="only the MpiAdam rows (use mpirun)")
-    p.add_argument("--only", choices=["update", "env", "epoch", "buffer"])
+    p.add_argument("--only", choices=["update", "update1024", "env", "epoch", "buffer"])
     args = p.parse_args()
     if args.mpi:
         return bench_mpi()
     print(f"numpy {np.__version__}, {os.cpu_count()} cores, 1 BLAS thread per process")
-    sections = {"update": bench_update, "env": bench_env_steps, "epoch": bench_epoch,
-                "buffer": bench_full_buffer}
+    sections = {"update": bench_update, "update1024": bench_update1024, "env": bench_env_steps,
+                "epoch": bench_epoch, "buffer": bench_full_buffer}
     for name, fn in sections.items():
         if args.only in (None, name):
             fn(args.quick)

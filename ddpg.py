@@ -12,6 +12,13 @@ Mirrors openai/baselines `her/ddpg.py` (DDPG), `her/actor_critic.py` (the two ne
     L_pi   = -mean(Q(o, g, pi(o, g))) + action_l2 * mean((pi(o, g) / max_u)^2)
     theta_targ <- polyak * theta_targ + (1 - polyak) * theta
 
+With demonstrations (Nair et al. 2018, Sec. IV; baselines' bc_loss and q_filter), the last
+demo_batch_size rows of every batch come from a demo buffer, and with bc_loss the actor loss is
+
+    L_pi   = prm_loss_weight * (-mean(Q(o, g, pi)) + action_l2 * mean((pi / max_u)^2))
+             + aux_loss_weight * sum over the demo rows i with m_i = 1 of |pi(o_i, g_i) - u_i|^2
+    m_i    = [Q(o_i, g_i, u_i) > Q(o_i, g_i, pi(o_i, g_i))] with q_filter, else 1
+
 There is no autodiff: every layer below is a pure forward function returning (output, cache)
 next to its backward function taking (upstream gradient, cache). Gradients go to MpiAdam
 (mpi_adam.py), the only place they are combined across MPI ranks.
@@ -25,7 +32,7 @@ sums are float64 (baselines: float32), so that mean and std stay exact after mil
 samples, while the normalised inputs are float32; they are summed over ranks (baselines
 averages them); its count starts at 0 (baselines: 1, one phantom zero sample).
 
-Test: `python -m pytest -q test_all.py -k "grad or normalizer or save"`.
+Test: `python -m pytest -q test_all.py -k "grad or normalizer or save or demo"`.
 """
 import json
 import os
@@ -205,12 +212,13 @@ class ActorCritic:
 # ---------------------------------------------------------------- losses (pure functions)
 
 def critic_loss_and_grad(ac, x_pi, u, y):
-    """L_Q = mean((y - Q(o, g, u))^2); fills ac.Q.grad with dL_Q/dtheta_Q. Returns L_Q."""
+    """L_Q = mean((y - Q(o, g, u))^2); fills ac.Q.grad with dL_Q/dtheta_Q. Returns L_Q and
+    Q(o, g, u) (N,), which the Q filter reuses (the backward pass leaves it intact)."""
     q, cache = ac.Q_forward(x_pi, u)
     td = q - y  # (N,)
     # dL_Q/dq = 2 (q - y) / N
     ac.Q_backward(2 * td / len(td), cache)
-    return float(np.mean(td * td))
+    return float(np.mean(td * td)), q
 
 
 def actor_loss_and_grad(ac, x_pi, action_l2):
@@ -229,6 +237,43 @@ def actor_loss_and_grad(ac, x_pi, action_l2):
     dpi += action_l2 * 2 * pi / (ac.max_u ** 2 * pi.size)
     ac.pi_backward(dpi, c_pi)
     return float(loss)
+
+
+def q_filter_mask(q_u, q_pi):
+    """m_i = [Q(o_i, g_i, u_i) > Q(o_i, g_i, pi(o_i, g_i))]: the critic rates the demonstrated
+    action above the actor's own (the Q filter of Nair et al. 2018, Sec. IV). (n,), (n,) -> (n,)"""
+    return q_u > q_pi
+
+
+def bc_actor_loss_and_grad(ac, x_pi, u, q_u, n_demo, action_l2, prm_loss_weight,
+                           aux_loss_weight, q_filter):
+    """The actor loss with behaviour cloning on the last n_demo rows (baselines bc_loss = 1);
+    fills ac.pi.grad only. u: (N, dim_u) the batch's actions, q_u: (N,) Q(o, g, u) at the same
+    parameters. Returns the loss and the mask m (n_demo,) of the demo rows that were cloned.
+
+    The mask is a step function of the parameters: it has no gradient, and none flows into it
+    (as TensorFlow's boolean_mask in baselines); the gradient is that of the loss with the mask
+    held fixed, which equals the true gradient wherever no demo row sits on the mask's edge."""
+    pi, c_pi = ac.pi_forward(x_pi)  # (N, dim_u)
+    q_pi, c_q = ac.Q_forward(x_pi, pi)  # (N,)
+    N = len(q_pi)
+    demo = slice(N - n_demo, N)
+    # m_i = [Q(o_i, g_i, u_i) > Q(o_i, g_i, pi_i)] with q_filter, else 1
+    mask = q_filter_mask(q_u[demo], q_pi[demo]) if q_filter else np.ones(n_demo, bool)
+    diff = (pi[demo] - u[demo]) * mask[:, None]  # (n_demo, dim_u) pi - u on cloned rows, else 0
+    # L = prm_loss_weight * (-mean(Q(o, g, pi)) + action_l2 * mean((pi / max_u)^2))
+    #     + aux_loss_weight * sum_{demo rows with m_i = 1} |pi - u|^2
+    loss = (prm_loss_weight * (-np.mean(q_pi) + action_l2 * np.mean((pi / ac.max_u) ** 2))
+            + aux_loss_weight * np.sum(diff * diff))
+    # dL/dq_pi = -prm_loss_weight / N
+    dq_pi = np.full(N, -prm_loss_weight / N, dtype=pi.dtype)
+    dpi = ac.Q_backward(dq_pi, c_q, param_grads=False, need_du=True)  # (N, dim_u)
+    # dL/dpi += prm_loss_weight * action_l2 * 2 pi / (max_u^2 * N * dim_u)
+    dpi += prm_loss_weight * action_l2 * 2 * pi / (ac.max_u ** 2 * pi.size)
+    # dL/dpi_i += aux_loss_weight * 2 (pi_i - u_i) m_i   on the demo rows
+    dpi[demo] += aux_loss_weight * 2 * diff
+    ac.pi_backward(dpi, c_pi)
+    return float(loss), mask
 
 
 # ---------------------------------------------------------------- running input normaliser
@@ -308,8 +353,10 @@ class DDPG:
 
     params: dict with dims, T, hidden, layers, max_u, Q_lr, pi_lr, polyak, batch_size,
     action_l2, clip_obs, norm_eps, norm_clip, gamma, target_range, buffer_size, plus the
-    optional sync_check_interval; see train.Config for units and defaults. Policies saved
-    before target_range existed hold clip_return instead: their range is [-clip_return, 0].
+    optional sync_check_interval, bc_loss, q_filter, demo_batch_size, prm_loss_weight and
+    aux_loss_weight (policy files of earlier versions lack them); see train.Config for units
+    and defaults. Policies saved before target_range existed hold clip_return instead: their
+    range is [-clip_return, 0]. Demonstrations, if any, come in through init_demo_buffer().
     """
 
     def __init__(self, params, sample_transitions=None, rng=None, comm=None):
@@ -324,6 +371,11 @@ class DDPG:
         # Fetch and Hand, rewards {-1, 0}: [-1/(1 - gamma), 0], as baselines' clip_return with
         # clip_pos_returns=True.
         self.Q_min, self.Q_max = p.get("target_range", (-p.get("clip_return", np.inf), 0.))
+        # Demonstrations (Nair et al. 2018); the defaults are baselines' DEFAULT_PARAMS.
+        self.bc_loss, self.q_filter = bool(p.get("bc_loss", 0)), bool(p.get("q_filter", 0))
+        self.demo_batch_size = int(p.get("demo_batch_size", 128))
+        self.prm_loss_weight = float(p.get("prm_loss_weight", 0.001))
+        self.aux_loss_weight = float(p.get("aux_loss_weight", 0.0078))
 
         self.o_stats = Normalizer(self.dims["o"], p["norm_eps"], p["norm_clip"], self.comm)
         self.g_stats = Normalizer(self.dims["g"], p["norm_eps"], p["norm_clip"], self.comm)
@@ -339,13 +391,16 @@ class DDPG:
         self.n_updates = 0
 
         self.buffer = None
+        self.demo_buffer = None  # filled once by init_demo_buffer(), with --demo_file only
         if sample_transitions is not None:
-            T, d = self.T, self.dims
-            buffer_shapes = {"o": (T + 1, d["o"]), "ag": (T + 1, d["g"]), "g": (T, d["g"]),
-                             "u": (T, d["u"]), "info_is_success": (T, 1)}
-            self.buffer = ReplayBuffer(buffer_shapes, p["buffer_size"], T, sample_transitions,
-                                       self.rng)
+            self.buffer = ReplayBuffer(self._buffer_shapes(), p["buffer_size"], self.T,
+                                       sample_transitions, self.rng)
             self.sample_transitions = sample_transitions
+
+    def _buffer_shapes(self):
+        T, d = self.T, self.dims
+        return {"o": (T + 1, d["o"]), "ag": (T + 1, d["g"]), "g": (T, d["g"]),
+                "u": (T, d["u"]), "info_is_success": (T, 1)}
 
     # -------------------------------------------------- acting
 
@@ -386,20 +441,57 @@ class DDPG:
         new episodes, so g statistics describe the goals the networks will actually be shown."""
         self.buffer.store_episode(episode_batch)
         if update_stats:
-            ep = dict(episode_batch)
-            ep["o_2"] = ep["o"][:, 1:, :]  # (n_episodes, T, dim_o)
-            ep["ag_2"] = ep["ag"][:, 1:, :]  # (n_episodes, T, dim_g)
-            num_normalizing_transitions = ep["u"].shape[0] * ep["u"].shape[1]
-            tr = self.sample_transitions(ep, num_normalizing_transitions, self.rng)
-            c = self.params["clip_obs"]
-            self.o_stats.update(np.clip(tr["o"], -c, c))
-            self.g_stats.update(np.clip(tr["g"], -c, c))
-            self.o_stats.recompute_stats()
-            self.g_stats.recompute_stats()
+            self._update_normalizers(episode_batch)
+
+    def _update_normalizers(self, episode_batch):
+        """Feed the normalisers as many HER transitions as the episodes hold (collective)."""
+        ep = dict(episode_batch)
+        ep["o_2"] = ep["o"][:, 1:, :]  # (n_episodes, T, dim_o)
+        ep["ag_2"] = ep["ag"][:, 1:, :]  # (n_episodes, T, dim_g)
+        num_normalizing_transitions = ep["u"].shape[0] * ep["u"].shape[1]
+        tr = self.sample_transitions(ep, num_normalizing_transitions, self.rng)
+        c = self.params["clip_obs"]
+        self.o_stats.update(np.clip(tr["o"], -c, c))
+        self.g_stats.update(np.clip(tr["g"], -c, c))
+        self.o_stats.recompute_stats()
+        self.g_stats.recompute_stats()
+
+    def init_demo_buffer(self, episodes, update_stats=True):
+        """Store the demo episodes {key: (num_demo, T or T+1, dim)} in a demo buffer of exactly
+        their size, which nothing else ever writes to, so no demo is ever evicted; sampled with
+        the same HER sampler as the rank's own buffer (baselines DDPG.init_demo_buffer).
+        update_stats: the normalisers see the demo transitions too, as baselines; collective,
+        so every rank calls it at the same point. A resumed run passes False: its restored
+        normaliser sums already hold them.
+
+        Deviation: baselines feeds the normalisers one demo episode at a time (num_demo
+        Allreduces); here all of them at once, the same number of transitions."""
+        if self.demo_batch_size >= self.params["batch_size"]:
+            raise ValueError(f"demo_batch_size {self.demo_batch_size} must be below batch_size "
+                             f"{self.params['batch_size']}")
+        n_episodes = len(episodes["u"])
+        self.demo_buffer = ReplayBuffer(self._buffer_shapes(), n_episodes * self.T, self.T,
+                                        self.sample_transitions, self.rng)
+        self.demo_buffer.store_episode(episodes)
+        if update_stats:
+            self._update_normalizers(episodes)
+
+    def sample_batch(self):
+        """batch_size HER transitions {key: (batch_size, dim)}: all from this rank's buffer, or
+        with demos, rows [0, batch_size - demo_batch_size) from it and the last demo_batch_size
+        rows from the demo buffer (baselines DDPG.sample_batch)."""
+        batch_size = self.params["batch_size"]
+        if self.demo_buffer is None:
+            return self.buffer.sample(batch_size)
+        transitions = self.buffer.sample(batch_size - self.demo_batch_size)
+        demo = self.demo_buffer.sample(self.demo_batch_size)
+        return {key: np.concatenate([transitions[key], demo[key]]) for key in transitions}
 
     def train(self):
         """One minibatch update of critic and actor. Returns (critic_loss, actor_loss)."""
-        batch = self.buffer.sample(self.params["batch_size"])  # {key: (batch, dim)}
+        if self.bc_loss and self.demo_buffer is None:
+            raise RuntimeError("bc_loss clones demonstrations: call init_demo_buffer() first")
+        batch = self.sample_batch()  # {key: (batch, dim)}
         x_pi = self._preprocess_og(batch["o"], batch["g"])  # (batch, dim_o + dim_g)
         x_pi_2 = self._preprocess_og(batch["o_2"], batch["g"])
         # y = clip(r + gamma * Q_targ(o_2, g, pi_targ(o_2, g)), Q_min, Q_max)
@@ -407,8 +499,14 @@ class DDPG:
         y = np.clip(batch["r"] + self.gamma * q_targ, self.Q_min, self.Q_max)  # (batch,)
 
         # Both gradients are taken at the same (pre-update) parameters, as in baselines.
-        critic_loss = critic_loss_and_grad(self.main, x_pi, batch["u"], y)
-        actor_loss = actor_loss_and_grad(self.main, x_pi, self.params["action_l2"])
+        critic_loss, q_u = critic_loss_and_grad(self.main, x_pi, batch["u"], y)
+        if self.bc_loss:
+            actor_loss, _ = bc_actor_loss_and_grad(
+                self.main, x_pi, batch["u"], q_u, self.demo_batch_size,
+                self.params["action_l2"], self.prm_loss_weight, self.aux_loss_weight,
+                self.q_filter)
+        else:
+            actor_loss = actor_loss_and_grad(self.main, x_pi, self.params["action_l2"])
         self.Q_adam.update(self.main.Q.grad, self.params["Q_lr"])
         self.pi_adam.update(self.main.pi.grad, self.params["pi_lr"])
 
@@ -550,16 +648,16 @@ def atomic_savez(path, arrays):
         raise
 
 
-def load_npz(path, required_keys, what):
+def load_npz(path, required_keys, what, writer="train.py"):
     """All arrays of an .npz as a dict, loaded with allow_pickle=False (safe on untrusted
-    files); any problem becomes a one-line BadFileError naming the file."""
+    files); any problem becomes a one-line BadFileError naming the file and its `writer`."""
     try:
         with np.load(path, allow_pickle=False) as data:
             if not hasattr(data, "files"):
-                raise BadFileError(f"{path}: a bare .npy array, not a {what} .npz from train.py")
+                raise BadFileError(f"{path}: a bare .npy array, not a {what} .npz from {writer}")
             missing = [k for k in required_keys if k not in data.files]
             if missing:
-                raise BadFileError(f"{path}: not a {what} written by train.py "
+                raise BadFileError(f"{path}: not a {what} written by {writer} "
                                    f"(no {missing[0]!r} array)")
             return {key: data[key] for key in data.files}
     except BadFileError:
@@ -569,4 +667,4 @@ def load_npz(path, required_keys, what):
     except Exception as e:  # BadZipFile, EOFError, ValueError (pickled objects), OSError
         reason = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise BadFileError(f"{path}: cannot read it as a {what} ({reason}); "
-                           "the file is truncated, corrupt or not from train.py") from None
+                           f"the file is truncated, corrupt or not from {writer}") from None

@@ -8,7 +8,10 @@ test_vec_env.py, common/mpi_adam.py's test_MpiAdam), gathered in one file:
     under mpirun: `mpirun -np 2 python test_all.py mpi_adam` runs one MPI case by hand);
   * SubprocVecEnv vs the same envs stepped sequentially;
   * the HER sampler (Andrychowicz et al. 2017, Sec. 4.5) and RolloutWorker;
-  * save/load, every goal-task family, and end-to-end learning on FetchReach-v4.
+  * save/load, every goal-task family, and end-to-end learning on FetchReach-v4;
+  * demonstrations (Nair et al. 2018): the controller, the batch, the Q filter and the cloning
+    loss, and a run without them bitwise equal to the code before them (taken from git);
+  * the command line: every Config field a flag, every bad input one line and exit code 2.
 
 Run: `python -m pytest -q` (1-2 minutes on 2 cores with nothing else running).
 """
@@ -19,6 +22,7 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 
 import contextlib  # noqa: E402
 import csv  # noqa: E402
+import dataclasses  # noqa: E402
 import json  # noqa: E402
 import functools  # noqa: E402
 import io  # noqa: E402
@@ -35,6 +39,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 import ddpg  # noqa: E402
+import demos  # noqa: E402
 import mpi_adam  # noqa: E402
 from ddpg import DDPG, MLP, ActorCritic, Normalizer  # noqa: E402
 from her import RolloutWorker, make_sample_her_transitions  # noqa: E402
@@ -1398,6 +1403,329 @@ def test_bad_command_lines_get_one_line_errors(tmp_path, capsys):
     assert_one_line_error(rc, out, 2, "--num_env")
 
 
+# ---------------------------------------------------------------- demonstrations (Nair et al.)
+
+def test_demo_controller_succeeds_and_writes_the_buffer_layout(tmp_path, capsys):
+    """demos.py on FetchPickAndPlace: its success rate printed, the file in the replay buffer's
+    layout, loadable without pickle, and every stored step replays in a fresh env."""
+    path = str(tmp_path / "demos.npz")
+    assert demos.main(["--num_demo", "4", "--out", path]) == 0
+    out = capsys.readouterr().out
+    rate = float(out.split("success rate ")[1].split()[0])
+    assert rate >= 0.8, out
+    dims, T, _, _ = train.env_dims("FetchPickAndPlace-v4")
+    with np.load(path, allow_pickle=False) as data:
+        assert str(data["env"]) == "FetchPickAndPlace-v4" and int(data["T"]) == T
+    ep = demos.load_demos(path, "FetchPickAndPlace-v4", dims, T, num_demo=4)
+    assert ep["o"].shape == (4, T + 1, dims["o"]) and ep["ag"].shape == (4, T + 1, dims["g"])
+    assert ep["g"].shape == (4, T, dims["g"]) and ep["u"].shape == (4, T, dims["u"])
+    assert ep["info_is_success"].shape == (4, T, 1)
+    assert all(v.dtype == np.float32 for v in ep.values())
+    assert np.all(ep["info_is_success"][:, -1, 0] == 1)  # only successful episodes are kept
+    assert np.abs(ep["u"]).max() <= 1
+    # Episode 0 of a fully successful run reset with seed 0: replay its actions.
+    if rate == 1:
+        env = train.make_env("FetchPickAndPlace-v4")
+        obs, _ = env.reset(seed=0)
+        for t in range(T):
+            np.testing.assert_allclose(ep["o"][0, t], obs["observation"], rtol=1e-5, atol=1e-6)
+            np.testing.assert_allclose(ep["g"][0, t], obs["desired_goal"], rtol=1e-6)
+            obs, _, _, _, _ = env.step(ep["u"][0, t])
+        np.testing.assert_allclose(ep["ag"][0, T], obs["achieved_goal"], rtol=1e-5, atol=1e-6)
+        env.close()
+
+
+DEMO_T, DEMO_ROWS = 5, 8  # episode length and demo_batch_size of the small agents below
+
+
+def demo_ddpg(bc_loss=True, q_filter=True, buffer_size=4 * DEMO_T, seed=21):
+    """A small agent (o 2, g 3, u 4) with DEMO_ROWS demo rows in its batches of 32."""
+    def reward_fun(ag_2, g):  # Fetch's form: 0 within 0.05 of the goal, else -1
+        return -(np.linalg.norm(ag_2 - g, axis=-1) > 0.05).astype(np.float32)
+    cfg = train.Config(hidden=16, layers=2, batch_size=32, buffer_size=buffer_size,
+                       demo_batch_size=DEMO_ROWS, bc_loss=bc_loss, q_filter=q_filter)
+    params = train.ddpg_params(cfg, {"o": 2, "g": 3, "u": 4}, DEMO_T, 1.0)
+    rng = np.random.default_rng(seed)
+    return DDPG(params, make_sample_her_transitions("future", 4, reward_fun), rng), rng
+
+
+def marked_episodes(n, rng, offset):
+    """synthetic_episodes with o and ag shifted by `offset`: which buffer a row came from."""
+    ep = synthetic_episodes(n, DEMO_T, rng)
+    ep["o"] += offset
+    ep["ag"] += offset
+    return ep
+
+
+def test_demo_batch_is_own_rows_then_demo_rows_and_demos_are_never_evicted():
+    policy, rng = demo_ddpg()
+    demo_eps = marked_episodes(3, rng, offset=100.)
+    policy.init_demo_buffer(demo_eps)
+    stored = {k: v.copy() for k, v in policy.demo_buffer.buffers.items()}
+    assert policy.demo_buffer.sample_transitions is policy.sample_transitions  # same HER
+    for _ in range(10):  # 20 episodes into a buffer of 4: the rank's buffer evicts all along
+        policy.store_episode(marked_episodes(2, rng, offset=0.))
+        batch = policy.sample_batch()
+        assert all(len(v) == 32 for v in batch.values())
+        own, demo = slice(0, 32 - DEMO_ROWS), slice(32 - DEMO_ROWS, 32)
+        assert np.all(batch["o"][own] < 50) and np.all(batch["o"][demo] > 50)
+        assert np.all(batch["o_2"][demo] > 50) and np.all(batch["ag_2"][demo] > 50)
+        # a demo row's action is the demo's action at the row's (episode, step)
+        e, t = batch["o"][demo, 0] - 100., batch["o"][demo, 1] - 100.
+        np.testing.assert_array_equal(batch["u"][demo],
+                                      demo_eps["u"][e.astype(int), t.astype(int)])
+    assert policy.demo_buffer.current_size == 3 == policy.demo_buffer.size
+    for key, value in stored.items():
+        np.testing.assert_array_equal(policy.demo_buffer.buffers[key], value)
+
+
+def test_normalisers_see_the_demo_transitions():
+    policy, rng = demo_ddpg()
+    demo_eps = marked_episodes(3, rng, offset=100.)
+    policy.init_demo_buffer(demo_eps)
+    assert policy.o_stats.total_count[0] == 3 * DEMO_T == policy.g_stats.total_count[0]
+    assert np.all(policy.o_stats.mean > 100.)  # the demos' o (below clip_obs), nothing else
+    resumed, _ = demo_ddpg()
+    resumed.init_demo_buffer(demo_eps, update_stats=False)  # --resume: sums are restored
+    assert resumed.o_stats.total_count[0] == 0
+
+
+def reference_mlp(net, *xs):
+    """The forward pass written out here, row by row of the weights, for the checks below."""
+    h = np.concatenate(xs, axis=1)
+    for i in range(0, len(net.params), 2):
+        h = h @ net.params[i] + net.params[i + 1]
+        if i + 2 < len(net.params):
+            h = np.maximum(h, 0)
+    return h
+
+
+def reference_bc_loss(ac, x_pi, u, n_demo, action_l2, prm, aux, q_filter):
+    """The issue's actor loss, mask recomputed at the current parameters: (loss, mask)."""
+    pi = ac.max_u * np.tanh(reference_mlp(ac.pi, x_pi))
+    q_pi = reference_mlp(ac.Q, x_pi, pi / ac.max_u)[:, 0]
+    q_u = reference_mlp(ac.Q, x_pi, u / ac.max_u)[:, 0]
+    loss = prm * (-np.mean(q_pi) + action_l2 * np.mean((pi / ac.max_u) ** 2))
+    mask = []
+    for i in range(len(x_pi) - n_demo, len(x_pi)):
+        keep = q_u[i] > q_pi[i] if q_filter else True
+        mask.append(keep)
+        if keep:
+            loss += aux * np.sum((pi[i] - u[i]) ** 2)
+    return loss, np.array(mask), q_u - q_pi
+
+
+def bc_case(seed):
+    rng = np.random.default_rng(seed)
+    ac, dims, x_pi = small_actor_critic(rng)  # float64, 12 rows, max_u 2
+    u = rng.uniform(-2, 2, size=(12, 2))
+    q_u, _ = ac.Q_forward(x_pi, u)
+    return ac, x_pi, u, q_u
+
+
+def test_q_filter_mask_matches_a_direct_computation():
+    ac, x_pi, u, q_u = bc_case(31)
+    _, mask = ddpg.bc_actor_loss_and_grad(ac, x_pi, u, q_u, 6, 1.0, 0.3, 0.7, q_filter=True)
+    _, expected, _ = reference_bc_loss(ac, x_pi, u, 6, 1.0, 0.3, 0.7, q_filter=True)
+    np.testing.assert_array_equal(mask, expected)
+    assert mask.any() and not mask.all(), "both outcomes needed for the check to mean anything"
+    _, mask = ddpg.bc_actor_loss_and_grad(ac, x_pi, u, q_u, 6, 1.0, 0.3, 0.7, q_filter=False)
+    assert mask.all() and mask.shape == (6,)
+
+
+def test_grad_bc_actor_loss_with_and_without_q_filter():
+    """Loss and dL/dtheta_pi against the loss written out above and centred finite
+    differences of it, the Q filter's mask recomputed at every perturbed point."""
+    for q_filter in (True, False):
+        ac, x_pi, u, q_u = bc_case(31)
+        ac.Q.grad[...] = 123.  # the actor loss never touches the critic's gradient
+        loss, _ = ddpg.bc_actor_loss_and_grad(ac, x_pi, u, q_u, 6, 0.7, 0.3, 0.9, q_filter)
+        analytic = ac.pi.grad.copy()
+        expected, mask, margin = reference_bc_loss(ac, x_pi, u, 6, 0.7, 0.3, 0.9, q_filter)
+        np.testing.assert_allclose(loss, expected, rtol=1e-12)
+        # no demo row near the mask's edge, where the loss is discontinuous
+        assert np.abs(margin[-6:]).min() > 1e-3
+
+        def f():
+            return reference_bc_loss(ac, x_pi, u, 6, 0.7, 0.3, 0.9, q_filter)[0]
+        assert_grad_close(analytic, numerical_grad(f, ac.pi.theta))
+        # the mask matters here: the loss with every demo row cloned has another gradient
+        if q_filter:
+            assert mask.any() and not mask.all()
+            ddpg.bc_actor_loss_and_grad(ac, x_pi, u, q_u, 6, 0.7, 0.3, 0.9, q_filter=False)
+            assert not np.allclose(ac.pi.grad, analytic)
+        assert np.all(ac.Q.grad == 123.)
+
+
+def test_ddpg_train_with_bc_loss_steps_along_the_bc_gradient():
+    """train() feeds the demo rows, Q(o, g, u) of its critic pass and the weights to the loss
+    above, all at the pre-update parameters."""
+    policy, rng = demo_ddpg()
+    policy.init_demo_buffer(marked_episodes(3, rng, offset=0.5))
+    policy.store_episode(marked_episodes(2, rng, offset=0.))
+    batch = policy.sample_batch()
+    policy.sample_batch = lambda: batch
+    grads = {}
+
+    def spy(g, stepsize, real_update=policy.pi_adam.update):
+        grads["pi"] = g.copy()
+        real_update(g, stepsize)
+    policy.pi_adam.update = spy
+    before = ActorCritic(policy.dims, 16, 2, 1.0, rng)
+    before.copy_from(policy.main)
+    policy.train()
+    x_pi = policy._preprocess_og(batch["o"], batch["g"])
+    q_u, _ = before.Q_forward(x_pi, batch["u"])
+    ddpg.bc_actor_loss_and_grad(before, x_pi, batch["u"], q_u, DEMO_ROWS, 1.0, 0.001, 0.0078,
+                                q_filter=True)
+    np.testing.assert_allclose(grads["pi"], before.pi.grad, rtol=1e-5, atol=1e-8)
+
+
+# The last commit before demonstrations: a run without --demo_file must be this commit's run.
+BEFORE_DEMOS = "9d04e90bf381ccdb043ab01fac13f68548f52510"
+CORE_FILES = ("train.py", "ddpg.py", "her.py", "replay.py", "mpi_adam.py", "vecenv.py")
+
+
+def test_without_demo_file_a_run_is_bitwise_the_run_before_demos(tmp_path):
+    """The same tiny FetchReach run with the code of BEFORE_DEMOS (taken out of git) and with
+    this code: identical weights, targets, normaliser sums, Adam states, replay buffer and
+    generator state (so the same random numbers were drawn), and the same progress.csv. Only
+    the policy's config_json differs: by the new demo keys at their defaults, and by
+    target_range = [-clip_return, 0] in place of clip_return (the reward-derived range is
+    Fetch's old one, bit for bit). A deliberate
+    change to what a plain run computes must move BEFORE_DEMOS to a commit that has it."""
+    import tarfile
+    archive = subprocess.run(["git", "-C", HERE, "archive", BEFORE_DEMOS, *CORE_FILES],
+                             capture_output=True)
+    if archive.returncode != 0:
+        import pytest
+        pytest.skip(f"no git history with commit {BEFORE_DEMOS} here")
+    before = tmp_path / "before"
+    with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
+        tar.extractall(before, filter="data")
+    runs = {}
+    for name, code in (("before", str(before)), ("now", HERE)):
+        runs[name] = str(tmp_path / f"run_{name}")
+        rc, out = run_cmd([sys.executable, os.path.join(code, "train.py"), "--n_epochs", "1",
+                           "--n_cycles", "2", "--n_batches", "5", "--n_test_rollouts", "1",
+                           "--seed", "3", "--logdir", runs[name]], 300)
+        assert rc == 0, out[-3000:]
+    for name in ("policy_latest.npz", os.path.join("checkpoint", "rank0.npz")):
+        a, b = (os.path.join(runs[r], name) for r in ("before", "now"))
+        assert_same_arrays(a, b, skip=("config_json",))
+        old, new = (json.loads(str(arrays_of(p)["config_json"])) for p in (a, b))
+        clip_return = old.pop("clip_return")
+        assert {k: new[k] for k in old} == old
+        assert {k: new[k] for k in set(new) - set(old)} == {
+            "bc_loss": False, "q_filter": False, "demo_batch_size": 128,
+            "prm_loss_weight": 0.001, "aux_loss_weight": 0.0078,
+            "target_range": [-clip_return, 0.]}
+    assert_same_progress(runs["before"], runs["now"])
+
+
+def random_demo_file(path, env_id, dims, T, n, seed=0):
+    rng = np.random.default_rng(seed)
+    episodes = {"o": rng.normal(size=(n, T + 1, dims["o"])),
+                "ag": rng.normal(size=(n, T + 1, dims["g"])),
+                "g": rng.normal(size=(n, T, dims["g"])),
+                "u": rng.uniform(-1, 1, size=(n, T, dims["u"])),
+                "info_is_success": np.zeros((n, T, 1))}
+    demos.save_demos(path, episodes, env_id, T)
+    return path
+
+
+def test_resume_with_demos_is_bitwise_identical(tmp_path):
+    """A demo run resumed at an epoch boundary re-reads the demo file, and its normalisers
+    (restored) do not count the demos twice."""
+    dims, T, _, _ = train.env_dims("FetchReach-v4")
+    path = random_demo_file(str(tmp_path / "reach.npz"), "FetchReach-v4", dims, T, n=6)
+    demo_run = ["--demo_file", path, "--num_demo", "5", "--bc_loss", "1", "--q_filter", "1",
+                "--demo_batch_size", "64", "--n_cycles", "2", "--n_batches", "5",
+                "--n_test_rollouts", "1", "--seed", "4"]
+    straight, resumed = str(tmp_path / "straight"), str(tmp_path / "resumed")
+    for logdir, n_epochs in ((straight, "2"), (resumed, "1")):
+        rc, out = run_cmd(train_cmd("--n_epochs", n_epochs, "--logdir", logdir, *demo_run), 300)
+        assert rc == 0, out[-3000:]
+    rc, out = run_cmd(train_cmd("--resume", resumed, "--n_epochs", "2"), 300)
+    assert rc == 0, out[-3000:]
+    for name in ("policy_latest.npz", os.path.join("checkpoint", "rank0.npz")):
+        assert_same_arrays(os.path.join(straight, name), os.path.join(resumed, name))
+    assert_same_progress(straight, resumed)
+
+
+def test_every_config_field_is_a_flag_with_its_comment_as_help():
+    comments = train.config_comments()
+    actions = {a.dest: a for a in train.make_parser()._actions}
+    argv, expected = [], {}
+    for f in dataclasses.fields(train.Config):
+        action = actions[f.name]
+        assert action.option_strings == [f"--{f.name}"] and action.default is None
+        assert action.help.startswith(comments[f.name]) and len(comments[f.name]) > 10
+        # a value other than the default, of the field's type, through the command line
+        if f.type is bool:
+            value, text = not f.default, str(int(not f.default))
+        elif f.name in train.CHOICES:
+            value = next(c for c in train.CHOICES[f.name] if c != f.default)
+            text = value
+        elif f.type is str:
+            value = text = f"x{f.name}"
+        else:
+            value = f.type(f.default) + f.type(3)
+            text = repr(value)
+        argv += [f"--{f.name}", text]
+        expected[f.name] = value
+    cfg = train.make_config(train.parse_args(argv))
+    assert dataclasses.asdict(cfg) == expected
+
+
+def test_bad_demo_input_gets_one_line_errors(tmp_path, capsys):
+    dims, T, _, _ = train.env_dims("FetchReach-v4")
+    good = random_demo_file(str(tmp_path / "reach.npz"), "FetchReach-v4", dims, T, n=3)
+    truncated = str(tmp_path / "truncated.npz")
+    with open(good, "rb") as f, open(truncated, "wb") as g:
+        g.write(f.read()[:3000])
+    pickled = str(tmp_path / "pickled.npz")  # our arrays, one of them needing pickle
+    np.savez(pickled, **dict(arrays_of(good), u=np.array([{"u": 1}], dtype=object)))
+    baselines_format = str(tmp_path / "data_fetch_random_100.npz")
+    np.savez(baselines_format, acs=np.zeros((1, T, 4)), obs=np.array([[{}]], dtype=object),
+             info=np.array([[{}]], dtype=object))
+    foreign = str(tmp_path / "foreign.npz")
+    np.savez(foreign, weights=np.ones(3))
+    push_dims = train.env_dims("FetchPush-v4")[0]
+    push = random_demo_file(str(tmp_path / "push.npz"), "FetchPush-v4", push_dims, T, n=3)
+    fix = "make demos with: python demos.py"
+    cases = [(["--demo_file", str(tmp_path / "none.npz")], ["no such file", fix]),
+             (["--demo_file", truncated], ["truncated", fix]),
+             (["--demo_file", pickled], ["cannot read it", fix]),
+             (["--demo_file", baselines_format], ["baselines' format", fix]),
+             (["--demo_file", foreign], ["no 'o' array", fix]),
+             (["--demo_file", push], ["do not fit FetchReach-v4", "--env FetchPush-v4"]),
+             (["--demo_file", good, "--num_demo", "5"],
+              ["holds 3 episodes, fewer than --num_demo 5", "--num_demo 3"]),
+             (["--demo_file", good, "--num_demo", "3", "--batch_size", "64"],
+              ["--demo_batch_size 128 must be below --batch_size 64"]),
+             (["--bc_loss", "1"], ["--bc_loss 1 clones demonstrations: give --demo_file"]),
+             (["--demo_file", good, "--num_demo", "3", "--q_filter", "1"],
+              ["--q_filter 1 filters the cloning loss of --bc_loss 1"]),
+             (["--random_eps", "2"], ["--random_eps must be between 0 and 1"]),
+             (["--norm_eps", "0"], ["--norm_eps must be above 0"]),
+             (["--Q_lr", "nan"], ["--Q_lr must be 0 or more"])]
+    for argv, phrases in cases:
+        argv = argv + ["--logdir", str(tmp_path / "never_made")]
+        try:
+            rc = train.main(argv)
+        except SystemExit as e:  # argparse's own errors
+            rc = e.code
+        err = capsys.readouterr().err
+        assert rc == 2, (argv, err)
+        assert len(err.strip().splitlines()) == 1, (argv, err)
+        assert all(phrase in err for phrase in phrases), (argv, err)
+    assert not os.path.exists(tmp_path / "never_made")
+    # and once through a real process: exit code 2, one line, no traceback
+    rc, out = run_cmd(train_cmd("--demo_file", push, "--logdir", str(tmp_path / "x")), 120)
+    assert_one_line_error(rc, out, 2, push, "do not fit")
+
+
 # ---------------------------------------------------------------- many ranks, many machines
 
 def test_ranks_without_a_shared_file_system_each_save_and_resume(tmp_path):
@@ -1624,9 +1952,10 @@ def test_output_is_terminal_sees_through_mpirun():
 
 # ---------------------------------------------------------------- plots and the README's numbers
 
-def write_synthetic_run(run_dir, seed, success, n_ranks=2, epoch_s=20.0):
+def write_synthetic_run(run_dir, seed, success, n_ranks=2, epoch_s=20.0, **config):
     os.makedirs(run_dir)
-    cfg = dict(vars(train.Config(env="FetchPush-v4", num_env=2, n_cycles=50, seed=seed)))
+    cfg = dict(vars(train.Config(env="FetchPush-v4", num_env=2, n_cycles=50, seed=seed,
+                                 **config)))
     with open(os.path.join(run_dir, "config.json"), "w") as f:
         json.dump(cfg, f)
     with open(os.path.join(run_dir, "progress.csv"), "w", newline="") as f:
@@ -1650,6 +1979,17 @@ def test_plot_writes_a_png_and_the_table_reads_the_csvs(tmp_path):
     table = plot.results_table(runs, at_epochs=(0, 1, 3))
     # median over the 3 seeds at epoch 1 is 0.2; only seeds 1 and 2 reach epoch 3 (0.95)
     assert "| FetchPush-v4 | 2 x 2 | 3 | 0.00 | 0.20 | 0.95 | -, 3, 3 | 20.0 |" in table
+
+
+def test_plot_never_takes_a_run_with_demos_for_another_seed_of_one_without(tmp_path):
+    import plot
+    plain, demo = str(tmp_path / "nodemo-seed0"), str(tmp_path / "demo100-seed0")
+    write_synthetic_run(plain, 0, [0.0, 0.1], n_ranks=1)
+    write_synthetic_run(demo, 0, [0.3, 0.7], n_ranks=1, demo_file="pick.npz", bc_loss=True)
+    table = plot.results_table([plain, demo], at_epochs=(0, 1))
+    assert "| FetchPush-v4 | 1 x 2 | 1 | 0.00 | 0.10 | - | 20.0 |" in table
+    assert "| FetchPush-v4, 100 demos | 1 x 2 | 1 | 0.30 | 0.70 | - | 20.0 |" in table
+    assert plot.main([plain, demo, "-o", str(tmp_path / "curves.png")]) == 0
 
 
 def test_scaling_figure_and_table_one_row_per_rank_count(tmp_path):

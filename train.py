@@ -3,13 +3,17 @@
 Mirrors openai/baselines `her/her.py` (learn, train), `her/experiment/config.py` (defaults,
 per-env overrides, configure_*) and `her/experiment/play.py`. Implements the training schedule
 of Plappert et al. (2018), Sec. 2.2: each epoch is n_cycles x (collect num_env episodes per
-rank, store them, n_batches updates), a target update per cycle, then test rollouts.
+rank, store them, n_batches updates), a target update per cycle, then test rollouts; with
+--demo_file, the demonstrations of Nair et al. (2018) are loaded into every rank's agent first.
 
 Run:
     python train.py                                                # FetchReach-v4, one process
     mpirun -np 19 python train.py --num_env 2 --env FetchPush-v4   # Plappert et al. setup
     python train.py --resume runs/<run>                            # continue after Ctrl-C
     python train.py --play --load_path runs/<run>/policy_best.npz
+    python demos.py --num_demo 100 --out pick100.npz               # FetchPickAndPlace demos
+    python train.py --env FetchPickAndPlace-v4 --demo_file pick100.npz --bc_loss 1 --q_filter 1
+    python train.py --help                                         # every Config field a flag
 
 Failure handling (README "When things go wrong"): bad input is one line on stderr and exit
 code 2; Ctrl-C saves a checkpoint and exits 130; a non-finite loss or actor/critic parameter
@@ -30,8 +34,10 @@ import dataclasses  # noqa: E402
 import difflib  # noqa: E402
 import functools  # noqa: E402
 import importlib  # noqa: E402
+import inspect  # noqa: E402
 import io  # noqa: E402
 import json  # noqa: E402
+import re  # noqa: E402
 import signal  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
@@ -42,6 +48,7 @@ import numpy as np  # noqa: E402
 
 from ddpg import (DDPG, POLICY_KEYS, BadFileError, atomic_savez, load_npz,  # noqa: E402
                   policy_params)
+from demos import load_demos  # noqa: E402
 from her import RolloutWorker, make_sample_her_transitions  # noqa: E402
 from mpi_adam import mpi_average  # noqa: E402
 from vecenv import DummyVecEnv, ShmemVecEnv, SubprocVecEnv  # noqa: E402
@@ -49,8 +56,12 @@ from vecenv import DummyVecEnv, ShmemVecEnv, SubprocVecEnv  # noqa: E402
 
 @dataclass
 class Config:
-    """Every setting of a run. Defaults: baselines her/experiment/config.py DEFAULT_PARAMS."""
-    env: str = "FetchReach-v4"  # gymnasium-robotics id of a goal task (dict observation)
+    """Every setting of a run. Defaults: baselines her/experiment/config.py DEFAULT_PARAMS.
+
+    Every field is a command-line flag --<name>, made by config_flags() from the field's type,
+    default and trailing comment (its help text): a new field needs that comment, and nothing
+    else, to be on the command line (a str field with fixed values adds them to CHOICES)."""
+    env: str = "FetchReach-v4"  # gymnasium-robotics goal task; module:EnvId imports module first
     num_env: int = 1  # envs per rank = episodes per rollout; > 1: one env process per env
     vec_env: str = "subproc"  # env processes send observations by 'subproc' pipe or 'shmem'
     n_epochs: int = 50  # epochs to train
@@ -77,6 +88,18 @@ class Config:
     logdir: str = ""  # where progress.csv and policies go ('' = runs/<env>-seed<seed>-<time>)
     policy_save_interval: int = 5  # save policy_<epoch>.npz every this many epochs (0 = never)
     sync_check_interval: int = 100  # verify ranks hold identical weights every this many updates
+    # Demonstrations (Nair et al. 2018; baselines' demo_file, bc_loss, q_filter, ...)
+    demo_file: str = ""  # demos .npz from demos.py ('' = none): the last rows of every batch
+    num_demo: int = 100  # demo episodes read from --demo_file (its first num_demo)
+    demo_batch_size: int = 128  # demo transitions in each batch of batch_size (with --demo_file)
+    bc_loss: bool = False  # 1: add the behaviour-cloning loss on the demo rows (needs --demo_file)
+    q_filter: bool = False  # 1: clone a demo action only where Q(o, g, u) > Q(o, g, pi) (bc_loss)
+    prm_loss_weight: float = 0.001  # with bc_loss: weight of the usual actor loss (Q, action_l2)
+    aux_loss_weight: float = 0.0078  # with bc_loss: weight of sum |pi - u|^2 over the cloned rows
+
+
+# Fixed values of str fields, offered as the flag's choices (argparse rejects the rest).
+CHOICES = {"replay_strategy": ("future", "none"), "vec_env": ("subproc", "shmem")}
 
 
 # baselines her/experiment/config.py DEFAULT_ENV_PARAMS, keyed by env-id prefix
@@ -231,9 +254,38 @@ def validate_config(cfg):
     for name in positive:
         if getattr(cfg, name) < 1:
             raise UsageError(f"--{name} must be at least 1, got {getattr(cfg, name)}")
-    for name in ("n_epochs", "n_test_rollouts", "replay_k", "policy_save_interval"):
-        if getattr(cfg, name) < 0:
+    for name in ("n_epochs", "n_test_rollouts", "replay_k", "policy_save_interval",
+                 "sync_check_interval", "Q_lr", "pi_lr", "action_l2", "noise_eps",
+                 "prm_loss_weight", "aux_loss_weight"):
+        if not getattr(cfg, name) >= 0:  # written so that NaN fails too
             raise UsageError(f"--{name} must be 0 or more, got {getattr(cfg, name)}")
+    for name in ("clip_obs", "norm_eps", "norm_clip"):
+        if not getattr(cfg, name) > 0:
+            raise UsageError(f"--{name} must be above 0, got {getattr(cfg, name)}")
+    for name in ("polyak", "random_eps"):
+        if not 0 <= getattr(cfg, name) <= 1:
+            raise UsageError(f"--{name} must be between 0 and 1, got {getattr(cfg, name)}")
+    validate_demo_config(cfg)
+
+
+def validate_demo_config(cfg):
+    """The demo flags only make sense together; the file itself is checked in prepare()."""
+    make = "make one with: python demos.py --env FetchPickAndPlace-v4 --out demos.npz"
+    if cfg.bc_loss and not cfg.demo_file:
+        raise UsageError(f"--bc_loss 1 clones demonstrations: give --demo_file PATH ({make})")
+    if cfg.q_filter and not cfg.bc_loss:
+        raise UsageError("--q_filter 1 filters the cloning loss of --bc_loss 1: give --bc_loss 1 "
+                         "too, or drop --q_filter")
+    if not cfg.demo_file:
+        return
+    for name in ("num_demo", "demo_batch_size"):
+        if getattr(cfg, name) < 1:
+            raise UsageError(f"--{name} must be at least 1 with --demo_file, "
+                             f"got {getattr(cfg, name)}")
+    if cfg.demo_batch_size >= cfg.batch_size:
+        raise UsageError(f"--demo_batch_size {cfg.demo_batch_size} must be below --batch_size "
+                         f"{cfg.batch_size} (the rest of each batch is the rank's own data): "
+                         f"lower --demo_batch_size or raise --batch_size")
 
 
 def ddpg_params(cfg, dims, T, max_u, r_range=(-1., 0.)):
@@ -246,7 +298,9 @@ def ddpg_params(cfg, dims, T, max_u, r_range=(-1., 0.)):
                 norm_clip=cfg.norm_clip, gamma=gamma,
                 target_range=target_range(r_range, gamma, cfg.clip_return),
                 buffer_size=cfg.buffer_size, sync_check_interval=cfg.sync_check_interval,
-                env=cfg.env)
+                env=cfg.env, bc_loss=cfg.bc_loss, q_filter=cfg.q_filter,
+                demo_batch_size=cfg.demo_batch_size, prm_loss_weight=cfg.prm_loss_weight,
+                aux_loss_weight=cfg.aux_loss_weight)
 
 
 def target_range(r_range, gamma, clip_return):
@@ -587,6 +641,9 @@ def prepare(cfg, args, comm):
         plan["init_policy"] = load_npz(args.load_path, POLICY_KEYS, "policy")
         check_policy_fits(policy_params(plan["init_policy"], args.load_path), args.load_path,
                           cfg.env, plan["dims"])
+    if cfg.demo_file:  # every rank reads the whole file, as in baselines
+        plan["demos"] = load_demos(cfg.demo_file, cfg.env, plan["dims"], plan["T"],
+                                   cfg.num_demo)
     return plan
 
 
@@ -646,6 +703,8 @@ def run(cfg, args, comm):
         if len(set(where)) != 1:
             raise UsageError(f"the checkpoints in {cfg.logdir}/checkpoint are from different "
                              "epochs (a run killed while saving); start a new run")
+    if "demos" in plan:  # after the restore: a resumed run's normaliser sums hold the demos
+        policy.init_demo_buffer(plan["demos"], update_stats="checkpoint" not in plan)
     progress = CycleProgress(sys.stdout, cfg.n_cycles, enabled=(rank == 0),
                              terminal=output_is_terminal(sys.stdout))
     venv = build_venv(cfg)
@@ -711,34 +770,51 @@ class ArgumentParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
-def parse_args(argv=None):
+def config_comments():
+    """{field: its trailing comment} from Config's source: the help text of each flag."""
+    source = inspect.getsource(Config)
+    comments = dict(re.findall(r"^    (\w+): [\w.]+ = [^#\n]*#\s*(.*)$", source, re.M))
+    missing = [f.name for f in dataclasses.fields(Config) if not comments.get(f.name)]
+    if missing:
+        raise TypeError(f"Config field {missing[0]} needs a trailing comment: its --help text")
+    return comments
+
+
+def config_flags(p):
+    """Add --<field> for every Config field. Every default is None, so that make_config can
+    tell a flag given from one left out (the env's overrides apply to those left out).
+    bool fields take 0 or 1, as baselines' --clip_return; str fields in CHOICES take those."""
+    comments = config_comments()
+    for f in dataclasses.fields(Config):
+        default = int(f.default) if f.type is bool else f.default
+        # argparse %-formats help texts: a literal % must be doubled
+        help_text = f"{comments[f.name]} (default {default!r})".replace("%", "%%")
+        if f.type is bool:
+            kind = dict(type=int, choices=(0, 1))
+        elif f.name in CHOICES:
+            kind = dict(choices=CHOICES[f.name])
+        else:
+            kind = dict(type=f.type)
+        p.add_argument(f"--{f.name}", default=None, help=help_text, **kind)
+
+
+def make_parser():
     p = ArgumentParser(prog="train.py",
                        description="DDPG + HER (NumPy) on gymnasium-robotics goal tasks")
-    p.add_argument("--env", help="env id (default FetchReach-v4); module:EnvId imports module")
-    p.add_argument("--num_env", type=int, help="envs per rank (default 1), each in its own env "
-                   "process when more than 1")
-    p.add_argument("--vec_env", choices=sorted(VEC_ENVS),
-                   help="how env processes send observations: pipe (subproc, default) or "
-                        "shared memory (shmem)")
-    p.add_argument("--n_epochs", type=int)
-    p.add_argument("--n_cycles", type=int)
-    p.add_argument("--n_batches", type=int)
-    p.add_argument("--batch_size", type=int)
-    p.add_argument("--n_test_rollouts", type=int)
-    p.add_argument("--buffer_size", type=int)
-    p.add_argument("--seed", type=int)
-    p.add_argument("--logdir")
-    p.add_argument("--replay_strategy", choices=["future", "none"])
-    p.add_argument("--replay_k", type=int)
-    p.add_argument("--clip_return", type=int, choices=[0, 1], help="1 (default) or 0")
-    p.add_argument("--policy_save_interval", type=int)
+    config_flags(p)
     p.add_argument("--load_path", help="policy .npz: to --play, or to start training from")
     p.add_argument("--play", action="store_true", help="run test episodes with --load_path")
     p.add_argument("--render", action="store_true", help="with --play: show a MuJoCo window")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its checkpoint")
+    return p
+
+
+def parse_args(argv=None):
+    p = make_parser()
     args = p.parse_args(argv)
-    if args.clip_return is not None:
-        args.clip_return = bool(args.clip_return)
+    for f in dataclasses.fields(Config):
+        if f.type is bool and getattr(args, f.name) is not None:
+            setattr(args, f.name, bool(getattr(args, f.name)))
     if args.play and not args.load_path:
         p.error("--play needs --load_path PATH_TO_POLICY.npz")
     if args.resume and (args.play or args.load_path):

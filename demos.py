@@ -1,0 +1,227 @@
+"""Demonstrations for HER: a scripted pick-and-place controller, and the demo file it writes.
+
+Mirrors openai/baselines `her/experiment/data_generation/fetch_data_generation.py` (the
+controller and the file) and the file-reading half of `her/ddpg.py` `init_demo_buffer`.
+Provides the demonstrations of Nair et al. (2018), "Overcoming Exploration in Reinforcement
+Learning with Demonstrations", Sec. IV (Method): episodes that ddpg.py keeps in a demo buffer,
+replays next to the agent's own and clones with the behaviour-cloning loss. As in baselines,
+they come from a scripted controller on the pick-and-place task, 100 episodes by default.
+
+The controller sees only the observation and the goal, and moves through four phases:
+    above    gripper open, move to a point HOVER above the object;
+    descend  gripper open, move down until the gripper is at the object's centre;
+    grasp    close the gripper for GRASP_STEPS steps without moving;
+    carry    gripper closed, move so that the object goes to the goal, and hold it there
+             until the episode ends (the object must be at the goal after the T-th action).
+If the object slips out of the gripper while carrying, it starts again from `above`.
+Positions are reached with a proportional step u = clip(GAIN * error, -1, 1); the env moves the
+gripper by 0.05 m per unit of u.
+
+The file: one float32 array per key in the replay buffer's own layout (replay.py), episodes
+first: o, ag (n, T+1, dim); g, u, info_is_success (n, T, dim); plus the env id and T, as a plain
+.npz that loads with allow_pickle=False. baselines pickles lists of observation dicts instead
+(README, deviations).
+
+Failed episodes are NOT kept: an episode whose object is not at the goal after its T-th action
+is dropped and another one is run in its place, until --num_demo successful ones are stored.
+The cloning loss pulls the actor towards every action of a demo episode, and the actions of a
+failed one are not worth copying; a Q filter would discard some of them, but not without it
+(--q_filter 0). The success rate printed is over all episodes run, failed ones included.
+
+Run:  python demos.py --env FetchPickAndPlace-v4 --num_demo 100 --out demos/pick100.npz
+Test: python -m pytest -q test_all.py -k demo
+"""
+import os
+import sys
+
+import numpy as np
+
+from ddpg import BadFileError, atomic_savez, load_npz
+
+# train.py imports this file (load_demos); this file imports train only inside the functions
+# that need an env, so that the two never import each other at import time.
+
+DEMO_KEYS = ("o", "ag", "g", "u", "info_is_success")
+FILE_KEYS = DEMO_KEYS + ("env", "T")
+
+HOVER = 0.05  # m above the object's centre where the descent starts
+TOLERANCE = 0.01  # m: close enough to the phase's target point to move on
+GRASP_STEPS = 3  # steps with the gripper closing before lifting (it closes in about 2)
+SLIP = 0.03  # m between gripper and object centre beyond which the object was lost
+GAIN = 10.  # u = GAIN * error in metres: an error of 0.1 m or more is a full step
+OPEN, CLOSE = 1., -1.  # gripper action
+
+
+# ---------------------------------------------------------------- the controller
+
+class PickAndPlaceController:
+    """u = controller(o, g) for FetchPickAndPlace: (dim_o,), (3,) -> (4,) in [-1, 1]."""
+
+    def __init__(self):
+        self.reset()
+
+    def reset(self):
+        """Call at the start of every episode."""
+        self.phase, self.grasp_steps = "above", 0
+
+    def __call__(self, o, g):
+        grip, obj = o[0:3], o[3:6]  # gripper and object positions (m)
+        self._advance(grip, obj)
+        if self.phase == "above":
+            target, gripper = obj + np.array([0., 0., HOVER]), OPEN
+        elif self.phase == "descend":
+            target, gripper = obj, OPEN
+        elif self.phase == "grasp":
+            target, gripper = grip, CLOSE
+        else:  # carry, then hold: move the gripper by the object's remaining way to the goal
+            target, gripper = grip + (g - obj), CLOSE
+        u = np.empty(4, np.float32)  # (dim_u,) = dx, dy, dz, gripper
+        # u_xyz = clip(GAIN * (target - grip), -1, 1)
+        u[:3] = np.clip(GAIN * (target - grip), -1., 1.)
+        u[3] = gripper
+        return u
+
+    def _advance(self, grip, obj):
+        """Move to the next phase when this one's condition holds (several in one step, if so)."""
+        if self.phase == "carry" and np.linalg.norm(obj - grip) > SLIP:
+            self.phase = "above"  # the object slipped out: go and fetch it again
+        if self.phase == "above" and np.linalg.norm(obj + [0., 0., HOVER] - grip) < TOLERANCE:
+            self.phase = "descend"
+        if self.phase == "descend" and np.linalg.norm(obj - grip) < TOLERANCE:
+            self.phase, self.grasp_steps = "grasp", 0
+        if self.phase == "grasp":
+            self.grasp_steps += 1
+            if self.grasp_steps > GRASP_STEPS:
+                self.phase = "carry"
+
+
+def run_episode(env, controller, T, seed):
+    """One episode of T steps from reset(seed): {key: (1, T or T+1, dim) float32}, and whether
+    it succeeded (info['is_success'] after the T-th action, as her.RolloutWorker reads it)."""
+    obs, _ = env.reset(seed=seed)
+    dim_o, dim_g = obs["observation"].size, obs["desired_goal"].size
+    o = np.empty((1, T + 1, dim_o), np.float32)  # (1, T+1, dim_o)
+    ag = np.empty((1, T + 1, dim_g), np.float32)  # (1, T+1, dim_g)
+    g = np.empty((1, T, dim_g), np.float32)  # (1, T, dim_g)
+    u = np.empty((1, T, 4), np.float32)  # (1, T, dim_u)
+    success = np.zeros((1, T, 1), np.float32)  # (1, T, 1) info_is_success
+    controller.reset()
+    o[0, 0], ag[0, 0] = obs["observation"], obs["achieved_goal"]
+    for t in range(T):
+        g[0, t] = obs["desired_goal"]
+        u[0, t] = controller(obs["observation"], obs["desired_goal"])
+        obs, _, _, _, info = env.step(u[0, t])
+        o[0, t + 1], ag[0, t + 1] = obs["observation"], obs["achieved_goal"]
+        success[0, t, 0] = info.get("is_success", 0.)
+    return dict(o=o, ag=ag, g=g, u=u, info_is_success=success), bool(success[0, -1, 0])
+
+
+def generate(env_id, num_demo, seed=0, max_attempts=None):
+    """Run the controller until num_demo episodes succeeded (episode i resets with seed + i).
+    Returns ({key: (num_demo, T or T+1, dim)}, T, number of episodes run)."""
+    import train
+    env = train.make_env(env_id)
+    T = int(env.spec.max_episode_steps)
+    max_attempts = max_attempts or 10 * num_demo
+    controller, kept, attempts = PickAndPlaceController(), [], 0
+    try:
+        while len(kept) < num_demo and attempts < max_attempts:
+            episode, succeeded = run_episode(env, controller, T, seed + attempts)
+            attempts += 1
+            if succeeded:  # failed episodes are dropped: see the module docstring
+                kept.append(episode)
+    finally:
+        env.close()
+    if len(kept) < num_demo:
+        raise RuntimeError(f"the controller succeeded in only {len(kept)} of {attempts} "
+                           f"episodes of {env_id}")
+    return {key: np.concatenate([ep[key] for ep in kept]) for key in DEMO_KEYS}, T, attempts
+
+
+# ---------------------------------------------------------------- the file
+
+def save_demos(path, episodes, env_id, T):
+    """Write the episodes (DEMO_KEYS) with the env id and T, atomically; no pickle needed."""
+    arrays = {key: np.asarray(episodes[key], np.float32) for key in DEMO_KEYS}
+    atomic_savez(path, dict(arrays, env=np.array(env_id), T=np.array(T)))
+
+
+def make_hint(env_id, num_demo, path):
+    return (f"make demos with: python demos.py --env {env_id} --num_demo {num_demo} "
+            f"--out {path}")
+
+
+def is_baselines_file(path):
+    """Whether `path` is an .npz with the arrays of baselines' fetch_data_generation.py."""
+    try:
+        with np.load(path, allow_pickle=False) as data:  # lists the names, loads nothing
+            return {"obs", "acs", "info"} <= set(getattr(data, "files", ()))
+    except Exception:  # unreadable: load_npz has said why
+        return False
+
+
+def load_demos(path, env_id, dims, T, num_demo):
+    """The first num_demo episodes of a demo file, checked against the task:
+    {key: (num_demo, T or T+1, dim) float32}. Every problem is a one-line BadFileError that
+    names the file, the problem and the fix."""
+    hint = make_hint(env_id, num_demo, path)
+    try:
+        arrays = load_npz(path, FILE_KEYS, "demo file", writer="demos.py")
+    except BadFileError as e:
+        problem = str(e)
+        if is_baselines_file(path):
+            problem = (f"{path}: a demo file in baselines' format (obs, acs, info: pickled "
+                       "dicts, which this project never unpickles)")
+        raise BadFileError(f"{problem}; {hint}") from None
+    expected = {"o": (T + 1, dims["o"]), "ag": (T + 1, dims["g"]), "g": (T, dims["g"]),
+                "u": (T, dims["u"]), "info_is_success": (T, 1)}
+    shapes = {key: arrays[key].shape[1:] for key in DEMO_KEYS}
+    if shapes != expected:
+        raise BadFileError(f"{path}: demos of {arrays['env']} (T={int(arrays['T'])}, o "
+                           f"{shapes['o'][-1:]}, g {shapes['g'][-1:]}, u {shapes['u'][-1:]}) "
+                           f"do not fit {env_id} (T={T}, o ({dims['o']},), g ({dims['g']},), "
+                           f"u ({dims['u']},)); pass --env {arrays['env']}, or {hint}")
+    counts = {len(arrays[key]) for key in DEMO_KEYS}
+    if len(counts) != 1:
+        raise BadFileError(f"{path}: its arrays hold different numbers of episodes; {hint}")
+    n = counts.pop()
+    if n < num_demo:
+        raise BadFileError(f"{path} holds {n} episodes, fewer than --num_demo {num_demo}; "
+                           f"pass --num_demo {n}, or {hint}")
+    episodes = {key: arrays[key][:num_demo].astype(np.float32, copy=False) for key in DEMO_KEYS}
+    if not all(np.all(np.isfinite(v)) for v in episodes.values()):
+        raise BadFileError(f"{path}: holds NaN or inf values; {hint}")
+    return episodes
+
+
+# ---------------------------------------------------------------- command line
+
+def main(argv=None):
+    import train
+    p = train.ArgumentParser(prog="demos.py", description=__doc__.splitlines()[0])
+    p.add_argument("--env", default="FetchPickAndPlace-v4",
+                   help="FetchPickAndPlace-v<n> (default v4): the controller's only task")
+    p.add_argument("--num_demo", type=int, default=100, help="successful episodes to store")
+    p.add_argument("--out", required=True, help="the .npz to write")
+    p.add_argument("--seed", type=int, default=0, help="episode i resets with seed + i")
+    args = p.parse_args(argv)
+    if not args.env.startswith("FetchPickAndPlace"):
+        p.error(f"--env {args.env}: the scripted controller knows FetchPickAndPlace only")
+    if args.num_demo < 1:
+        p.error(f"--num_demo must be at least 1, got {args.num_demo}")
+    try:
+        train.env_dims(args.env)  # an unknown id: one line with the close matches
+        episodes, T, attempts = generate(args.env, args.num_demo, args.seed)
+        os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+        save_demos(args.out, episodes, args.env, T)
+    except (train.UsageError, RuntimeError, OSError) as e:
+        print(f"demos.py: error: {e}", file=sys.stderr)
+        return 2
+    print(f"{args.env}: controller success rate {args.num_demo / attempts:.3f} "
+          f"({args.num_demo} of {attempts} episodes); wrote the {args.num_demo} successful "
+          f"ones to {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
