@@ -1726,6 +1726,49 @@ def test_bad_demo_input_gets_one_line_errors(tmp_path, capsys):
     assert_one_line_error(rc, out, 2, push, "do not fit")
 
 
+# ---------------------------------------------------------------- watching a policy
+
+def saved_reach_policy(tmp_path):
+    policy, _, _ = fetch_reach_policy(np.random.default_rng(8), hidden=16)
+    path = str(tmp_path / "reach.npz")
+    policy.save(path)
+    return path
+
+
+def test_play_save_video_writes_every_frame_of_an_episode(tmp_path):
+    path, gif = saved_reach_policy(tmp_path), str(tmp_path / "reach.gif")
+    env = {k: v for k, v in os.environ.items() if k not in ("MUJOCO_GL", "DISPLAY")}
+    proc = subprocess.run(train_cmd("--play", "--load_path", path, "--n_test_rollouts", "1",
+                                    "--save_video", gif), cwd=HERE, capture_output=True,
+                          text=True, timeout=300, env=env)  # no screen: train.py picks EGL
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    from PIL import Image
+    with Image.open(gif) as im:
+        assert im.size == (240, 240)  # 480 x 480 renders, halved
+        total_ms = 0
+        for i in range(im.n_frames):
+            im.seek(i)
+            total_ms += im.info["duration"]
+    # T + 1 = 51 frames of 40 ms (Pillow merges identical neighbours, adding their durations)
+    assert total_ms == 51 * 40 and im.n_frames > 10
+    assert not [f for f in os.listdir(tmp_path) if ".tmp" in f]
+
+
+def test_save_video_bad_input_gets_one_line_and_writes_nothing(tmp_path):
+    path = saved_reach_policy(tmp_path)
+    play = ["--play", "--load_path", path, "--n_test_rollouts", "1"]
+    cases = [(play + ["--save_video", str(tmp_path / "no" / "dir.gif")], {}, "not writable"),
+             (play + ["--save_video", str(tmp_path / "out.avi")], {}, "only animated GIFs"),
+             (["--save_video", str(tmp_path / "x.gif")], {}, "--play"),
+             (play + ["--save_video", str(tmp_path / "x.gif")], {"MUJOCO_GL": "nonsense"},
+              "cannot render off screen")]
+    for argv, env, phrase in cases:
+        proc = subprocess.run(train_cmd(*argv), cwd=HERE, capture_output=True, text=True,
+                              timeout=120, env={**os.environ, **env})
+        assert_one_line_error(proc.returncode, proc.stdout + proc.stderr, 2, phrase)
+    assert sorted(os.listdir(tmp_path)) == ["reach.npz"]
+
+
 # ---------------------------------------------------------------- many ranks, many machines
 
 def test_ranks_without_a_shared_file_system_each_save_and_resume(tmp_path):

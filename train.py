@@ -51,7 +51,7 @@ from ddpg import (DDPG, POLICY_KEYS, BadFileError, atomic_savez, load_npz,  # no
 from demos import load_demos  # noqa: E402
 from her import RolloutWorker, make_sample_her_transitions  # noqa: E402
 from mpi_adam import mpi_average  # noqa: E402
-from vecenv import DummyVecEnv, ShmemVecEnv, SubprocVecEnv  # noqa: E402
+from vecenv import DummyVecEnv, ShmemVecEnv, SubprocVecEnv, VecVideoRecorder  # noqa: E402
 
 
 @dataclass
@@ -735,8 +735,11 @@ def run(cfg, args, comm):
 
 
 def play(cfg, args, comm):
-    """Run test episodes with a saved policy and print the success rate (baselines play.py)."""
+    """Run test episodes with a saved policy and print the success rate (baselines play.py);
+    with --save_video, also write env 0's episodes as an animated GIF (rank 0)."""
     try:
+        if args.save_video:
+            check_render_backend()
         arrays, error = load_npz(args.load_path, POLICY_KEYS, "policy"), None
         params = policy_params(arrays, args.load_path)
         env_id = args.env or params.get("env") or cfg.env
@@ -748,7 +751,11 @@ def play(cfg, args, comm):
     cfg = dataclasses.replace(cfg, env=env_id)
     rng = np.random.default_rng(cfg.seed + 1000000 * comm.Get_rank())
     policy = DDPG.from_arrays(arrays, args.load_path, comm=comm, rng=rng)
-    venv = build_venv(cfg, render_mode="human" if args.render else None)
+    record = args.save_video and comm.Get_rank() == 0
+    render_mode = "rgb_array" if record else ("human" if args.render else None)
+    venv = build_venv(cfg, render_mode=render_mode)
+    if record:
+        venv = VecVideoRecorder(venv)
     try:
         evaluator = RolloutWorker(venv, policy, policy.dims, policy.T, rng, exploit=True,
                                   compute_Q=True, success_key=task["success_key"])
@@ -760,6 +767,35 @@ def play(cfg, args, comm):
     if comm.Get_rank() == 0:
         print(f"{cfg.env}: test success rate {success_rate:.3f} over "
               f"{evaluator.n_episodes * comm.Get_size()} episodes", flush=True)
+    if record:
+        venv.save_gif(args.save_video)
+        print(f"wrote {args.save_video}: {len(venv.frames)} frames of env 0 "
+              f"({cfg.n_test_rollouts} episode(s) of T+1 = {policy.T + 1})", flush=True)
+
+
+def check_render_backend():
+    """--save_video renders off screen; fail early, in one line, if MuJoCo cannot."""
+    try:
+        import mujoco
+        context = mujoco.GLContext(16, 16)
+        context.make_current()
+        context.free()
+    except Exception as e:  # an unknown MUJOCO_GL raises at import; a missing library later
+        raise UsageError(f"--save_video: MuJoCo cannot render off screen with MUJOCO_GL="
+                         f"{os.environ.get('MUJOCO_GL', '')!r} ({type(e).__name__}: {e}); "
+                         "install EGL (Debian: libegl1) and set MUJOCO_GL=egl, or OSMesa and "
+                         "MUJOCO_GL=osmesa") from None
+
+
+def check_video_path(path):
+    """The GIF goes where the user said, or the run stops before doing any work."""
+    if not path.lower().endswith(".gif"):
+        raise UsageError(f"--save_video {path}: can write only animated GIFs; "
+                         "give a path ending in .gif")
+    folder = os.path.dirname(os.path.abspath(path))
+    if not (os.path.isdir(folder) and os.access(folder, os.W_OK)):
+        raise UsageError(f"--save_video {path}: folder {folder} does not exist or is not "
+                         "writable; give a path in a writable folder")
 
 
 # ---------------------------------------------------------------- command line
@@ -805,6 +841,9 @@ def make_parser():
     p.add_argument("--load_path", help="policy .npz: to --play, or to start training from")
     p.add_argument("--play", action="store_true", help="run test episodes with --load_path")
     p.add_argument("--render", action="store_true", help="with --play: show a MuJoCo window")
+    p.add_argument("--save_video", metavar="PATH.gif",
+                   help="with --play: write env 0's test episodes, rendered off screen, as an "
+                        "animated GIF")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its checkpoint")
     return p
 
@@ -817,6 +856,13 @@ def parse_args(argv=None):
             setattr(args, f.name, bool(getattr(args, f.name)))
     if args.play and not args.load_path:
         p.error("--play needs --load_path PATH_TO_POLICY.npz")
+    if args.save_video and not args.play:
+        p.error("--save_video records test episodes: give --play --load_path POLICY.npz too")
+    if args.save_video:
+        try:
+            check_video_path(args.save_video)
+        except UsageError as e:
+            p.error(str(e))
     if args.resume and (args.play or args.load_path):
         p.error("--resume cannot be combined with --play or --load_path")
     if args.resume and set(given_config_args(args)) - {"n_epochs"}:
@@ -856,6 +902,11 @@ def shared_config(args, comm):
 
 def main(argv=None):
     args = parse_args(argv)
+    if args.save_video and "MUJOCO_GL" not in os.environ and not os.environ.get("DISPLAY"):
+        # No screen: render through EGL, which needs no display server. Set before MuJoCo is
+        # first imported (it reads MUJOCO_GL once) and before env processes start (they
+        # inherit it).
+        os.environ["MUJOCO_GL"] = "egl"
     # mpi4py is imported here, not at the top, because importing it initialises MPI: every env
     # process re-imports this file (the `spawn` start method runs it as __mp_main__), and with
     # a top-level import each would initialise MPI as a second copy of its rank, which hangs

@@ -25,6 +25,7 @@ Deviations from baselines, on purpose:
 Test: `python -m pytest -q test_all.py -k vecenv`.
 """
 import multiprocessing as mp
+import os
 import signal
 import traceback
 
@@ -52,6 +53,11 @@ class VecEnv:
         raise NotImplementedError
 
     def close(self):
+        raise NotImplementedError
+
+    def get_images(self):
+        """One rendered frame per env, (height, width, 3) uint8 (envs made with
+        render_mode='rgb_array')."""
         raise NotImplementedError
 
     def step(self, u):
@@ -87,6 +93,9 @@ class DummyVecEnv(VecEnv):
         obs, r, terminated, truncated, infos = zip(*self._results)
         done = np.logical_or(terminated, truncated)
         return stack_obs(obs), np.array(r, dtype=np.float32), done, list(infos)
+
+    def get_images(self):
+        return [env.render() for env in self.envs]
 
     def close(self):
         for env in self.envs:
@@ -127,6 +136,8 @@ def worker(remote, parent_remote, env_fn, obs_buffers=None):
             elif cmd == "reset":
                 obs, _ = env.reset(seed=data)
                 remote.send(("ok", out(obs)))
+            elif cmd == "render":
+                remote.send(("ok", env.render()))
             elif cmd == "close":
                 remote.send(("ok", None))
                 break
@@ -218,6 +229,10 @@ class SubprocVecEnv(VecEnv):
         obs = [self._obs(i, sent) for i, sent in enumerate(obs)]
         return stack_obs(obs), np.array(r, dtype=np.float32), done, list(infos)
 
+    def get_images(self):
+        self._send_all([("render", None)] * self.num_envs)
+        return [self._recv(i) for i in range(self.num_envs)]
+
     def close(self, force=False):
         """Stop every env process and reap it, so no child process outlives this object."""
         if self.closed:
@@ -289,3 +304,43 @@ class ShmemVecEnv(SubprocVecEnv):
 
     def _obs(self, i, sent):
         return self._views[i]
+
+
+class VecVideoRecorder(VecEnv):
+    """Wraps a VecEnv and keeps a frame of env 0 after every reset and step: T+1 frames an
+    episode (baselines vec_video_recorder.py, which writes MP4 through ffmpeg; here frames go
+    to an animated GIF with Pillow, which matplotlib already needs)."""
+
+    def __init__(self, venv, scale=0.5):
+        super().__init__(venv.num_envs, venv.observation_space, venv.action_space)
+        self.venv, self.scale, self.frames = venv, scale, []
+
+    def _record(self):
+        frame = self.venv.get_images()[0]  # (height, width, 3) uint8
+        step = max(1, int(round(1 / self.scale)))
+        self.frames.append(np.ascontiguousarray(frame[::step, ::step]))  # smaller GIF
+
+    def reset(self, seed=None):
+        obs = self.venv.reset(seed=seed)
+        self._record()
+        return obs
+
+    def step_async(self, u):
+        self.venv.step_async(u)
+
+    def step_wait(self):
+        result = self.venv.step_wait()
+        self._record()
+        return result
+
+    def close(self):
+        self.venv.close()
+
+    def save_gif(self, path, fps=25):
+        """Every recorded frame, as one looping animated GIF, written atomically."""
+        from PIL import Image
+        images = [Image.fromarray(frame) for frame in self.frames]
+        tmp = f"{path}.tmp{os.getpid()}.gif"
+        images[0].save(tmp, save_all=True, append_images=images[1:], duration=1000 // fps,
+                       loop=0, optimize=True)
+        os.replace(tmp, path)
