@@ -7,8 +7,10 @@ of Plappert et al. (2018), Sec. 2.2, on one CPU thread per process:
     batch 256, and at batch 1024 with demonstrations (Nair et al. 2018: 128 demo rows,
     bc_loss, q_filter), whose cloning loss and Q filter add no matrix product;
   * HER sampling + normalisation of a batch, as a share of the update;
-  * environment steps per second: raw env, DummyVecEnv, SubprocVecEnv at num_env 1, 2, 4, with
-    policy inference as RolloutWorker does it;
+  * environment steps per second: raw env, DummyVecEnv, SubprocVecEnv and ShmemVecEnv at
+    num_env 1, 2, 4, with policy inference as RolloutWorker does it;
+  * SubprocVecEnv against ShmemVecEnv on a large observation (a 480 x 480 x 3 uint8 image per
+    step, the size of a MuJoCo render), where the pipe's copies should cost most;
   * MpiAdam.update and its Allreduce with R ranks (`mpirun -np R python bench.py --mpi`);
   * one FetchPush-v4 epoch (50 cycles) of one rank split into its phases;
   * a full 1e6-transition buffer: resident memory, and sampling time against buffer size.
@@ -32,7 +34,7 @@ import numpy as np  # noqa: E402
 import train  # noqa: E402
 from ddpg import DDPG  # noqa: E402
 from her import RolloutWorker, make_sample_her_transitions  # noqa: E402
-from vecenv import DummyVecEnv, SubprocVecEnv  # noqa: E402
+from vecenv import DummyVecEnv, ShmemVecEnv, SubprocVecEnv  # noqa: E402
 
 ENV = "FetchPush-v4"
 
@@ -171,10 +173,10 @@ def bench_env_steps(quick):
     row("raw env.step loop (1 env)", raw, "steps/s")
     policy, dims, T = make_policy(buffer_size=10_000, n_episodes=2)
     env_fns = [functools.partial(train.make_env, ENV)]
-    for name, n, make in (("DummyVecEnv, num_env 1", 1, DummyVecEnv),
-                          ("SubprocVecEnv, num_env 1", 1, SubprocVecEnv),
-                          ("SubprocVecEnv, num_env 2", 2, SubprocVecEnv),
-                          ("SubprocVecEnv, num_env 4", 4, SubprocVecEnv)):
+    cases = [("DummyVecEnv, num_env 1", 1, DummyVecEnv)] + [
+        (f"{make.__name__}, num_env {n}", n, make)
+        for make in (SubprocVecEnv, ShmemVecEnv) for n in (1, 2, 4)]
+    for name, n, make in cases:
         venv = make(env_fns * n)
         worker = RolloutWorker(venv, policy, dims, T, np.random.default_rng(0), noise_eps=0.2,
                                random_eps=0.3)
@@ -186,6 +188,53 @@ def bench_env_steps(quick):
         rate = n_rollouts * T * n / (time.perf_counter() - t)
         venv.close()
         row(f"RolloutWorker + {name}", rate, "steps/s", f"{rate / raw:.2f}x raw (with policy)")
+
+
+class ImageObsEnv:
+    """A goal-task-shaped env with no physics whose observation is a 480 x 480 x 3 uint8
+    image, new at every step: the transport cost of a rendered frame, alone."""
+
+    def __init__(self):
+        import gymnasium as gym
+        image = gym.spaces.Box(0, 255, (480, 480, 3), np.uint8)
+        goal = gym.spaces.Box(-1., 1., (3,), np.float64)
+        self.observation_space = gym.spaces.Dict(observation=image, achieved_goal=goal,
+                                                 desired_goal=goal)
+        self.action_space = gym.spaces.Box(-1., 1., (4,), np.float32)
+        self.t = 0
+
+    def _obs(self):
+        return {"observation": np.full((480, 480, 3), self.t % 256, np.uint8),
+                "achieved_goal": np.zeros(3), "desired_goal": np.ones(3)}
+
+    def reset(self, seed=None):
+        self.t = 0
+        return self._obs(), {}
+
+    def step(self, u):
+        self.t += 1
+        return self._obs(), -1., False, False, {"is_success": 0.}
+
+    def close(self):
+        pass
+
+
+def bench_large_observations(quick):
+    steps = 100 if quick else 400
+    for n in (1, 2, 4):
+        rates = {}
+        for make in (SubprocVecEnv, ShmemVecEnv):
+            venv = make([functools.partial(ImageObsEnv)] * n)
+            venv.reset()
+            u = np.zeros((n, 4), np.float32)
+            t = time.perf_counter()
+            for _ in range(steps):
+                venv.step(u)
+            rates[make] = steps * n / (time.perf_counter() - t)
+            venv.close()
+            row(f"{make.__name__}, num_env {n}, 480x480x3 image", rates[make], "steps/s")
+        row(f"   ShmemVecEnv / SubprocVecEnv, num_env {n}",
+            rates[ShmemVecEnv] / rates[SubprocVecEnv], "x")
 
 
 # ---------------------------------------------------------------- one epoch, phase by phase
@@ -295,13 +344,15 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="fewer repeats, 10-cycle epoch")
     p.add_argument("--mpi", action="store_true", help="only the MpiAdam rows (use mpirun)")
-    p.add_argument("--only", choices=["update", "update1024", "env", "epoch", "buffer"])
+    p.add_argument("--only", choices=["update", "update1024", "env", "image", "epoch",
+                                      "buffer"])
     args = p.parse_args()
     if args.mpi:
         return bench_mpi()
     print(f"numpy {np.__version__}, {os.cpu_count()} cores, 1 BLAS thread per process")
     sections = {"update": bench_update, "update1024": bench_update1024, "env": bench_env_steps,
-                "epoch": bench_epoch, "buffer": bench_full_buffer}
+                "image": bench_large_observations, "epoch": bench_epoch,
+                "buffer": bench_full_buffer}
     for name, fn in sections.items():
         if args.only in (None, name):
             fn(args.quick)
