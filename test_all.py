@@ -1376,6 +1376,18 @@ def test_bad_policy_and_checkpoint_files_get_one_line_errors(tmp_path):
     assert_one_line_error(rc, out, 2, "FetchReach-v4", "FetchPush-v4")
 
 
+def assert_main_refuses(argv, capsys, *phrases):
+    """train.main(argv) in this process: exit code 2 and one line on stderr with the phrases."""
+    try:
+        rc = train.main(argv)
+    except SystemExit as e:  # argparse's own errors
+        rc = e.code
+    err = capsys.readouterr().err
+    assert rc == 2, (argv, err)
+    assert len(err.strip().splitlines()) == 1, (argv, err)
+    assert all(phrase in err for phrase in phrases), (argv, err)
+
+
 def test_bad_command_lines_get_one_line_errors(tmp_path, capsys):
     a_file = tmp_path / "a_file"
     a_file.write_text("")
@@ -1391,13 +1403,7 @@ def test_bad_command_lines_get_one_line_errors(tmp_path, capsys):
              (["--vec_env", "fast"], "--vec_env"),
              (["--logdir", str(a_file / "sub")], "cannot write to log dir")]
     for argv, phrase in cases:
-        try:
-            rc = train.main(argv)
-        except SystemExit as e:  # argparse's own errors
-            rc = e.code
-        err = capsys.readouterr().err
-        assert rc == 2, (argv, err)
-        assert len(err.strip().splitlines()) == 1 and phrase in err, (argv, err)
+        assert_main_refuses(argv, capsys, phrase)
     # and once through a real process: exit code 2, one line, no traceback
     rc, out = run_cmd(train_cmd("--num_env", "0"), 120)
     assert_one_line_error(rc, out, 2, "--num_env")
@@ -1711,15 +1717,7 @@ def test_bad_demo_input_gets_one_line_errors(tmp_path, capsys):
              (["--norm_eps", "0"], ["--norm_eps must be above 0"]),
              (["--Q_lr", "nan"], ["--Q_lr must be 0 or more"])]
     for argv, phrases in cases:
-        argv = argv + ["--logdir", str(tmp_path / "never_made")]
-        try:
-            rc = train.main(argv)
-        except SystemExit as e:  # argparse's own errors
-            rc = e.code
-        err = capsys.readouterr().err
-        assert rc == 2, (argv, err)
-        assert len(err.strip().splitlines()) == 1, (argv, err)
-        assert all(phrase in err for phrase in phrases), (argv, err)
+        assert_main_refuses(argv + ["--logdir", str(tmp_path / "never_made")], capsys, *phrases)
     assert not os.path.exists(tmp_path / "never_made")
     # and once through a real process: exit code 2, one line, no traceback
     rc, out = run_cmd(train_cmd("--demo_file", push, "--logdir", str(tmp_path / "x")), 120)
