@@ -151,7 +151,7 @@ def remove_orphans_of_job(entries_before, patience_s=10.):
     return removed
 
 
-@pytest.fixture(scope="session", autouse=True)
+@pytest.fixture(scope="module", autouse=True)  # every test is in this one module
 def dev_shm_left_as_found():
     """The suite leaves /dev/shm as it found it: whatever is new at the end and used by no
     live process (a segment of an MPI job running beside the suite is in use) was leaked."""

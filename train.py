@@ -98,8 +98,10 @@ class Config:
     aux_loss_weight: float = 0.0078  # with bc_loss: weight of sum |pi - u|^2 over the cloned rows
 
 
+# --vec_env: how env processes send their observations to the rank (vecenv.py).
+VEC_ENVS = {"subproc": SubprocVecEnv, "shmem": ShmemVecEnv}
 # Fixed values of str fields, offered as the flag's choices (argparse rejects the rest).
-CHOICES = {"replay_strategy": ("future", "none"), "vec_env": ("subproc", "shmem")}
+CHOICES = {"replay_strategy": ("future", "none"), "vec_env": tuple(VEC_ENVS)}
 
 
 # baselines her/experiment/config.py DEFAULT_ENV_PARAMS, keyed by env-id prefix
@@ -220,9 +222,6 @@ def reward_range(reward_fun, goals):
         else:
             r_min, r_max = float(reached.min()) + 0., np.inf
     return r_min, r_max
-
-
-VEC_ENVS = {"subproc": SubprocVecEnv, "shmem": ShmemVecEnv}
 
 
 def build_venv(cfg, render_mode=None):
