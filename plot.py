@@ -29,14 +29,24 @@ import numpy as np
 
 # Published test success rates to mark beside our curves: (source, ranks, envs, epoch, success).
 # TianhongDai/hindsight-experience-replay (a PyTorch port of baselines HER), README results
-# figure; baselines issue #591 (maintainer: FetchPush solved after 20 epochs at 19 x 2).
+# figure; baselines issue #591 (maintainer: FetchPush solved after 20 epochs at 19 x 2);
+# baselines her/README.md, figure fetchPickAndPlaceContrast (median with 100 demos, read off
+# the figure; its ranks x envs are not stated, so that mark goes on the epoch axis only).
 ANCHORS = {
     "FetchPush-v4": [("port 8x2", 8, 2, 10, 0.3), ("port 8x2", 8, 2, 20, 0.97),
                      ("baselines 19x2", 19, 2, 20, 1.0)],
-    "FetchPickAndPlace-v4": [("port 16x2", 16, 2, 20, 0.76), ("port 16x2", 16, 2, 48, 0.92)],
+    "FetchPickAndPlace-v4": [("port 16x2", 16, 2, 20, 0.76), ("port 16x2", 16, 2, 48, 0.92),
+                             ("baselines, 100 demos", None, None, 50, 0.7)],
     "FetchSlide-v4": [("port 8x2", 8, 2, 50, 0.57)],
 }
-N_CYCLES, T_FETCH = 50, 50  # of those runs: an epoch is 50 cycles, an episode 50 steps
+N_CYCLES, T_FETCH = 50, 50  # of the runs with known ranks x envs: 50 cycles, 50-step episodes
+
+
+def anchor_points(n_ranks, num_env, epoch):
+    """The (x on the epoch axis, x on the env-step axis) of an anchor; None where unknown."""
+    if n_ranks is None:
+        return epoch, None
+    return epoch, epoch * N_CYCLES * n_ranks * num_env * T_FETCH
 
 
 def read_run(run_dir):
@@ -110,14 +120,15 @@ def plot(run_dirs, out_path):
                 ax.plot(x, med, label=label)
                 ax.fill_between(x, lo, hi, alpha=0.25)
         for source, n_ranks, num_env, epoch, success in ANCHORS.get(env, []):
-            steps = epoch * N_CYCLES * n_ranks * num_env * T_FETCH
             marker = "x" if source.startswith("port") else "*"
-            for ax, x in ((axes[0, col], epoch), (axes[1, col], steps)):
-                ax.plot([x], [success], marker, color="k", markersize=9,
-                        label=f"{source} (published)")
+            for ax, x in zip(axes[:, col], anchor_points(n_ranks, num_env, epoch)):
+                if x is not None:
+                    ax.plot([x], [success], marker, color="k", markersize=9,
+                            label=f"{source} (published)")
         axes[0, col].set_title(env)
         axes[0, col].set_xlabel("epoch")
         axes[1, col].set_xlabel("total env steps (all ranks)")
+        axes[1, col].set_xscale("log")  # 1 x 2 runs and 16 x 2 anchors: decades apart
         for ax in axes[:, col]:
             ax.set_ylabel("test success rate")
             ax.set_ylim(-0.02, 1.02)
@@ -125,7 +136,8 @@ def plot(run_dirs, out_path):
             handles, labels = ax.get_legend_handles_labels()
             unique = dict(zip(labels, handles))  # one legend entry per anchor source
             ax.legend(unique.values(), unique.keys(), fontsize=8, loc="best")
-    fig.suptitle("DDPG + HER (NumPy): median and interquartile range over seeds")
+    title = "DDPG + HER (NumPy): median and interquartile range over seeds"
+    fig.suptitle(title if len(envs) > 1 else title.replace(": ", ":\n"))  # one column: 2 lines
     fig.tight_layout()
     save_figure(fig, out_path)
     plt.close(fig)
@@ -154,11 +166,12 @@ def plot_scaling(run_dirs, env, out_path):
             if len(runs) > 1:
                 ax.fill_between(x, lo, hi, alpha=0.2, color=line.get_color())
     for source, n_ranks, num_env, epoch, success in ANCHORS.get(env, []):
-        steps = epoch * N_CYCLES * n_ranks * num_env * T_FETCH
         marker = "x" if source.startswith("port") else "*"
-        for ax, x in zip(axes[:2], (epoch, steps)):  # published wall-clock times: none
-            ax.plot([x], [success], marker, color="k", markersize=10,
-                    label=f"{source} (published)")
+        # published wall-clock times: none, so the hours axis has no marks
+        for ax, x in zip(axes[:2], anchor_points(n_ranks, num_env, epoch)):
+            if x is not None:
+                ax.plot([x], [success], marker, color="k", markersize=10,
+                        label=f"{source} (published)")
     for ax, xlabel in zip(axes, ("epoch", "total env steps (all ranks)",
                                  "hours of training (sum of time/epoch_s)")):
         ax.set_xlabel(xlabel)

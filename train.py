@@ -75,6 +75,7 @@ class Config:
     Q_lr: float = 1e-3  # critic Adam step size
     pi_lr: float = 1e-3  # actor Adam step size
     polyak: float = 0.95  # target <- polyak * target + (1 - polyak) * main, once per cycle
+    gamma: float = 0.  # discount in [0, 1); 0 = baselines' 1 - 1/T (0.98 for Fetch's T = 50)
     action_l2: float = 1.0  # weight of mean((pi / max_u)^2) in the actor loss
     clip_obs: float = 200.  # o and g are clipped to [-clip_obs, clip_obs] before normalising
     norm_eps: float = 0.01  # lower bound on the normaliser's std
@@ -264,6 +265,8 @@ def validate_config(cfg):
     for name in ("polyak", "random_eps"):
         if not 0 <= getattr(cfg, name) <= 1:
             raise UsageError(f"--{name} must be between 0 and 1, got {getattr(cfg, name)}")
+    if not 0 <= cfg.gamma < 1:  # gamma = 1 would make the target's bounds r / (1 - gamma) infinite
+        raise UsageError(f"--gamma must be at least 0 and below 1 (0: 1 - 1/T), got {cfg.gamma}")
     validate_demo_config(cfg)
 
 
@@ -290,7 +293,7 @@ def validate_demo_config(cfg):
 def ddpg_params(cfg, dims, T, max_u, r_range=(-1., 0.)):
     """The agent's parameters (saved with each policy so it can be rebuilt). r_range: the
     task's [r_min, r_max] (describe_env); the default is Fetch's and Hand's."""
-    gamma = 1. - 1. / T  # baselines: discount matched to the horizon
+    gamma = cfg.gamma or 1. - 1. / T  # baselines: discount matched to the horizon T
     return dict(dims=dims, T=T, max_u=max_u, hidden=cfg.hidden, layers=cfg.layers,
                 Q_lr=cfg.Q_lr, pi_lr=cfg.pi_lr, polyak=cfg.polyak, batch_size=cfg.batch_size,
                 action_l2=cfg.action_l2, clip_obs=cfg.clip_obs, norm_eps=cfg.norm_eps,
