@@ -4,9 +4,10 @@ Mirrors baselines `her/experiment/plot.py` (which plots test/success_rate per ep
 and a percentile band over seeds); shows the quantity Plappert et al. (2018), Sec. 3, report.
 
 A run folder is what train.py writes: progress.csv and config.json. Runs are grouped into one
-curve per (env, MPI ranks, num_env, demos: how many demonstration episodes it learnt from, if
-any); the seeds of a group give the median and the interquartile band. One panel column per
-env: the top row against epoch, the bottom against total environment steps (all ranks).
+curve per (env, MPI ranks, num_env, variant: how many demonstration episodes it learnt from and
+its --gamma, where given); the seeds of a group give the median and the interquartile band.
+One panel column per env: the top row against epoch, the bottom against total environment
+steps (all ranks).
 
 With `--scaling ENV`, one env against the number of MPI ranks instead: one curve per
 (ranks, num_env), against epoch, env steps and hours of training, with the published anchors.
@@ -50,8 +51,9 @@ def anchor_points(n_ranks, num_env, epoch):
 
 
 def read_run(run_dir):
-    """{'env', 'n_ranks', 'num_env', 'demos', 'seed', 'epoch', 'success', 'steps', 'epoch_s'}
-    of a run; demos is "" without demonstrations (and for runs of versions without them)."""
+    """{'env', 'n_ranks', 'num_env', 'variant', 'seed', 'epoch', 'success', 'steps', 'epoch_s'}
+    of a run; variant names what sets the run apart from baselines' defaults for its env
+    (demonstrations, a --gamma of its own), "" for none (and for versions without them)."""
     with open(os.path.join(run_dir, "config.json")) as f:
         cfg = json.load(f)
     with open(os.path.join(run_dir, "progress.csv"), newline="") as f:
@@ -64,8 +66,9 @@ def read_run(run_dir):
     n_ranks = int(rows[0]["total/episodes"]) // episodes_per_rank
     T = int(rows[0]["total/timesteps"]) // int(rows[0]["total/episodes"])
     epoch_s = column("time/epoch_s")
-    demos = f"{cfg['num_demo']} demos" if cfg.get("demo_file") else ""
-    return dict(env=cfg["env"], n_ranks=n_ranks, num_env=cfg["num_env"], demos=demos,
+    variant = ", ".join(([f"{cfg['num_demo']} demos"] if cfg.get("demo_file") else [])
+                        + ([f"gamma {cfg['gamma']}"] if cfg.get("gamma") else []))
+    return dict(env=cfg["env"], n_ranks=n_ranks, num_env=cfg["num_env"], variant=variant,
                 seed=cfg["seed"],
                 n_cycles=cfg["n_cycles"], n_batches=cfg["n_batches"], T=T,
                 epoch=column("epoch", int), success=column("test/success_rate"),
@@ -74,17 +77,17 @@ def read_run(run_dir):
 
 
 def group_runs(runs):
-    """{(env, n_ranks, num_env, demos): [run, ...]} with seeds in order: a run with
-    demonstrations is never taken for another seed of one without."""
+    """{(env, n_ranks, num_env, variant): [run, ...]} with seeds in order: a run with
+    demonstrations or its own gamma is never taken for another seed of one without."""
     groups = {}
     for run in sorted(runs, key=lambda r: r["seed"]):
-        key = (run["env"], run["n_ranks"], run["num_env"], run["demos"])
+        key = (run["env"], run["n_ranks"], run["num_env"], run["variant"])
         groups.setdefault(key, []).append(run)
     return groups
 
 
-def with_demos(text, demos):
-    return f"{text}, {demos}" if demos else text
+def with_variant(text, variant):
+    return f"{text}, {variant}" if variant else text
 
 
 def median_and_quartiles(runs, key="success"):
@@ -109,11 +112,11 @@ def plot(run_dirs, out_path):
     envs = sorted({key[0] for key in groups})
     fig, axes = plt.subplots(2, len(envs), figsize=(4.5 * len(envs), 7), squeeze=False)
     for col, env in enumerate(envs):
-        for (g_env, n_ranks, num_env, demos), runs in groups.items():
+        for (g_env, n_ranks, num_env, variant), runs in groups.items():
             if g_env != env:
                 continue
-            label = with_demos(f"{n_ranks} rank(s) x {num_env} env(s), {len(runs)} seed(s)",
-                               demos)
+            label = with_variant(f"{n_ranks} rank(s) x {num_env} env(s), {len(runs)} seed(s)",
+                                 variant)
             epochs, med, lo, hi = median_and_quartiles(runs)
             steps = median_and_quartiles(runs, "steps")[1]
             for ax, x in ((axes[0, col], epochs), (axes[1, col], steps)):
@@ -155,9 +158,9 @@ def plot_scaling(run_dirs, env, out_path):
     if not groups:
         raise ValueError(f"none of the runs is of {env}")
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
-    for (_, n_ranks, num_env, demos), runs in sorted(groups.items(), key=lambda kv: kv[0][1:]):
+    for (_, n_ranks, num_env, variant), runs in sorted(groups.items(), key=lambda kv: kv[0][1:]):
         seeds = f"{len(runs)} seed{'s' if len(runs) > 1 else ''}"
-        label = with_demos(f"{n_ranks} x {num_env} ({seeds})", demos)
+        label = with_variant(f"{n_ranks} x {num_env} ({seeds})", variant)
         epochs, med, lo, hi = median_and_quartiles(runs)
         steps = median_and_quartiles(runs, "steps")[1]
         hours = median_and_quartiles(runs, "hours")[1]
@@ -208,7 +211,7 @@ def scaling_table(run_dirs, env, after_epochs=(5, 10, 20)):
               "updates / s (all ranks)"] + [f"success after {e} epochs" for e in after_epochs] + \
         ["first epoch >= 0.5", "first epoch >= 0.9"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for (_, n_ranks, num_env, demos), runs in sorted(groups.items(), key=lambda kv: kv[0][1:]):
+    for (_, n_ranks, num_env, variant), runs in sorted(groups.items(), key=lambda kv: kv[0][1:]):
         run = runs[0]
         steps = run["n_cycles"] * num_env * n_ranks * run["T"]
         secs = float(np.median(np.concatenate([r["epoch_s"] for r in runs])))
@@ -221,7 +224,7 @@ def scaling_table(run_dirs, env, after_epochs=(5, 10, 20)):
                   for level in (0.5, 0.9)]
         n_epochs = max(len(r["epoch"]) for r in runs)
         lines.append("| " + " | ".join(
-            [with_demos(f"{n_ranks} x {num_env}", demos), str(len(runs)), str(n_epochs),
+            [with_variant(f"{n_ranks} x {num_env}", variant), str(len(runs)), str(n_epochs),
              f"{steps:,}",
              f"{secs:.0f}", f"{updates_per_s:.0f}"] + at + firsts) + " |")
     return "\n".join(lines)
@@ -233,14 +236,14 @@ def results_table(run_dirs, at_epochs=(0, 4, 9, 19, 29, 39, 49)):
     header = ["env", "ranks x envs", "seeds"] + [f"epoch {e}" for e in at_epochs] + \
         ["first epoch >= 0.9 (per seed)", "s / epoch"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for (env, n_ranks, num_env, demos), runs in sorted(groups.items()):
+    for (env, n_ranks, num_env, variant), runs in sorted(groups.items()):
         _, med, _, _ = median_and_quartiles(runs)
         cells = [f"{med[e]:.2f}" if e < len(med) else "" for e in at_epochs]
         first = [next((int(ep) for ep, s in zip(r["epoch"], r["success"]) if s >= 0.9), None)
                  for r in runs]
         first_cells = ", ".join("-" if f is None else str(f) for f in first)
         secs = np.median(np.concatenate([r["epoch_s"] for r in runs]))
-        lines.append("| " + " | ".join([with_demos(env, demos), f"{n_ranks} x {num_env}",
+        lines.append("| " + " | ".join([with_variant(env, variant), f"{n_ranks} x {num_env}",
                                         str(len(runs))] + cells + [first_cells, f"{secs:.1f}"])
                      + " |")
     return "\n".join(lines)

@@ -2046,15 +2046,17 @@ def test_plot_writes_a_png_and_the_table_reads_the_csvs(tmp_path):
     assert "| FetchPush-v4 | 2 x 2 | 3 | 0.00 | 0.20 | 0.95 | -, 3, 3 | 20.0 |" in table
 
 
-def test_plot_never_takes_a_run_with_demos_for_another_seed_of_one_without(tmp_path):
+def test_plot_never_takes_a_run_with_demos_or_its_own_gamma_for_another_seed(tmp_path):
     import plot
-    plain, demo = str(tmp_path / "nodemo-seed0"), str(tmp_path / "demo100-seed0")
+    plain, demo, gamma = (str(tmp_path / name) for name in ("nodemo", "demo100", "gamma"))
     write_synthetic_run(plain, 0, [0.0, 0.1], n_ranks=1)
     write_synthetic_run(demo, 0, [0.3, 0.7], n_ranks=1, demo_file="pick.npz", bc_loss=True)
-    table = plot.results_table([plain, demo], at_epochs=(0, 1))
+    write_synthetic_run(gamma, 0, [0.2, 0.4], n_ranks=1, gamma=0.9)
+    table = plot.results_table([plain, demo, gamma], at_epochs=(0, 1))
     assert "| FetchPush-v4 | 1 x 2 | 1 | 0.00 | 0.10 | - | 20.0 |" in table
     assert "| FetchPush-v4, 100 demos | 1 x 2 | 1 | 0.30 | 0.70 | - | 20.0 |" in table
-    assert plot.main([plain, demo, "-o", str(tmp_path / "curves.png")]) == 0
+    assert "| FetchPush-v4, gamma 0.9 | 1 x 2 | 1 | 0.20 | 0.40 | - | 20.0 |" in table
+    assert plot.main([plain, demo, gamma, "-o", str(tmp_path / "curves.png")]) == 0
 
 
 def test_scaling_figure_and_table_one_row_per_rank_count(tmp_path):
