@@ -926,6 +926,16 @@ def test_fetch_and_hand_keep_baselines_target_range():
     assert train.target_range((-np.inf, 0.), 0.98, True) == [-np.inf, 0.]
 
 
+def test_gamma_flag_replaces_one_minus_one_over_T_and_its_target_range():
+    dims = {"o": 4, "g": 2, "u": 2}
+    default = train.ddpg_params(train.Config(hidden=8), dims, 300, 1.0, (0., 1.))
+    assert default["gamma"] == 1. - 1. / 300  # --gamma 0, the default: baselines' rule
+    given = train.ddpg_params(train.Config(hidden=8, gamma=0.98), dims, 300, 1.0, (0., 1.))
+    assert given["gamma"] == 0.98
+    assert np.allclose(given["target_range"], [0., 1. / (1. - 0.98)])  # [0, 50], not [0, 300]
+    assert DDPG(given, None, np.random.default_rng(0)).gamma == 0.98
+
+
 def test_reward_range_tells_sparse_from_dense():
     goals = np.random.default_rng(4).uniform(-1, 1, size=(5, 3))
     distance = lambda ag, g: np.linalg.norm(ag - g, axis=-1)  # noqa: E731
@@ -1738,6 +1748,8 @@ def test_bad_demo_input_gets_one_line_errors(tmp_path, capsys):
              (["--demo_file", good, "--num_demo", "3", "--q_filter", "1"],
               ["--q_filter 1 filters the cloning loss of --bc_loss 1"]),
              (["--random_eps", "2"], ["--random_eps must be between 0 and 1"]),
+             (["--gamma", "1"], ["--gamma must be at least 0 and below 1"]),
+             (["--gamma", "-0.5"], ["--gamma must be at least 0 and below 1"]),
              (["--norm_eps", "0"], ["--norm_eps must be above 0"]),
              (["--Q_lr", "nan"], ["--Q_lr must be 0 or more"])]
     for argv, phrases in cases:
