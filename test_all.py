@@ -123,9 +123,11 @@ def run_cmd(cmd, timeout):
     job is over, the segments it orphaned are removed."""
     is_mpi = os.path.basename(cmd[0]).startswith(("mpirun", "mpiexec"))
     before = shm_entries()
-    proc = subprocess.run(cmd, cwd=HERE, capture_output=True, text=True, timeout=timeout)
-    if is_mpi:
-        remove_orphans_of_job(before)
+    try:
+        proc = subprocess.run(cmd, cwd=HERE, capture_output=True, text=True, timeout=timeout)
+    finally:  # a job that timed out is cleaned up too, so its failure is reported once
+        if is_mpi:
+            remove_orphans_of_job(before)
     return proc.returncode, proc.stdout + proc.stderr
 
 
@@ -1146,9 +1148,18 @@ def assert_same_progress(logdir_a, logdir_b):
 def test_orphaned_mpich_segments_are_found_and_removed_but_live_ones_kept(tmp_path):
     """A job that aborts leaves its segment; it is an orphan once the job is over, while the
     segment of a job still running (held open by its ranks) never is."""
+    before = shm_entries()
+    try:
+        orphans = orphan_of_an_aborted_job(before)
+        running_job_keeps_its_segment(tmp_path, orphans)
+    finally:  # whatever failed, this test's jobs leave nothing behind to fail another test
+        remove_orphans_of_job(before, patience_s=2.)
+
+
+def orphan_of_an_aborted_job(before):
+    """Run a 2-rank job whose rank 1 aborts; return the one segment it left behind."""
     code = ("from mpi4py import MPI; c = MPI.COMM_WORLD; c.Barrier(); "
             "c.Abort(1) if c.Get_rank() == 1 else c.Barrier()")
-    before = shm_entries()
     subprocess.run([mpirun_exe(), "-np", "2", sys.executable, "-c", code], cwd=HERE,
                    capture_output=True, timeout=120)  # not run_cmd: it would clean up
     with hang_guard(30):  # the aborted ranks may still be exiting when mpirun returns
@@ -1157,16 +1168,26 @@ def test_orphaned_mpich_segments_are_found_and_removed_but_live_ones_kept(tmp_pa
             time.sleep(0.2)
     orphans = {p for p in mpi_adam.orphaned_mpich_segments() if os.path.basename(p) not in before}
     assert len(orphans) == 1 and os.path.basename(min(orphans)).startswith("mpich_shm_")
-    # a running job: two ranks that wait for a file to appear, then finish normally
+    return orphans
+
+
+def running_job_keeps_its_segment(tmp_path, orphans):
+    """A running job: two ranks that say they are up, wait for a file to appear, then finish.
+
+    Each rank says so with a file of its own, not a line on stdout: mpirun forwards the ranks'
+    output on its own schedule, so two ranks' "UP\\n" can arrive as "UPUP\\n"."""
     go = tmp_path / "go"
-    waiting = ("import os, time; from mpi4py import MPI; MPI.COMM_WORLD.Barrier(); "
-               f"print('UP', flush=True)\nwhile not os.path.exists({str(go)!r}): time.sleep(0.1)")
+    waiting = ("import os, time; from mpi4py import MPI; c = MPI.COMM_WORLD; c.Barrier(); "
+               f"open(os.path.join({str(tmp_path)!r}, f'up{{c.Get_rank()}}'), 'w').close()\n"
+               f"while not os.path.exists({str(go)!r}): time.sleep(0.1)")
     entries_before = shm_entries()
     job = subprocess.Popen([mpirun_exe(), "-np", "2", sys.executable, "-c", waiting], cwd=HERE,
-                           stdout=subprocess.PIPE, text=True)
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         with hang_guard(120):
-            assert job.stdout.readline().strip() == "UP"
+            while not all((tmp_path / f"up{rank}").exists() for rank in (0, 1)):
+                assert job.poll() is None, f"the waiting job ended early (exit {job.returncode})"
+                time.sleep(0.1)
             running = {e for e in shm_entries() - entries_before if e.startswith("mpich_shm_")}
             assert len(running) == 1
             assert orphans <= set(mpi_adam.remove_orphaned_mpich_segments())
@@ -1175,8 +1196,13 @@ def test_orphaned_mpich_segments_are_found_and_removed_but_live_ones_kept(tmp_pa
             go.touch()
             assert job.wait() == 0
     finally:
+        go.touch()  # a job left waiting would hold its segment forever
         if job.poll() is None:
-            job.kill()
+            try:
+                job.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                job.kill()
+                job.wait()
     assert not running & shm_entries()  # a job that finalises removes its own segment
 
 
