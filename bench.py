@@ -31,9 +31,12 @@ import time  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-import train  # noqa: E402
+import config  # noqa: E402
+import goal_env  # noqa: E402
 from ddpg import DDPG  # noqa: E402
-from her import RolloutWorker, make_sample_her_transitions  # noqa: E402
+from her import make_sample_her_transitions  # noqa: E402
+from logger import EpochLogger  # noqa: E402
+from rollout import RolloutWorker  # noqa: E402
 from vecenv import DummyVecEnv, ShmemVecEnv, SubprocVecEnv  # noqa: E402
 
 ENV = "FetchPush-v4"
@@ -57,11 +60,11 @@ def row(name, value, unit, note=""):
 
 def make_policy(buffer_size=1_000_000, n_episodes=200, seed=0, env=ENV, **config):
     """A FetchPush-sized agent with n_episodes of random episodes stored; `config` overrides
-    train.Config fields."""
-    dims, T, max_u, reward_fun = train.env_dims(env)
-    cfg = train.Config(env=env, buffer_size=buffer_size, **config)
+    config.Config fields."""
+    dims, T, max_u, reward_fun = goal_env.env_dims(env)
+    cfg = config.Config(env=env, buffer_size=buffer_size, **config)
     rng = np.random.default_rng(seed)
-    policy = DDPG(train.ddpg_params(cfg, dims, T, max_u),
+    policy = DDPG(config.ddpg_params(cfg, dims, T, max_u),
                   make_sample_her_transitions("future", 4, reward_fun), rng)
     for _ in range(n_episodes // 2):
         policy.store_episode(random_episodes(rng, dims, T, 2))
@@ -161,7 +164,7 @@ def bench_update1024(quick):
 
 def bench_env_steps(quick):
     steps = 200 if quick else 1000
-    env = train.make_env(ENV)
+    env = goal_env.make_env(ENV)
     env.reset(seed=0)
     u = np.zeros(4, np.float32)
     t = time.perf_counter()
@@ -172,7 +175,7 @@ def bench_env_steps(quick):
     raw = steps / (time.perf_counter() - t)
     row("raw env.step loop (1 env)", raw, "steps/s")
     policy, dims, T = make_policy(buffer_size=10_000, n_episodes=2)
-    env_fns = [functools.partial(train.make_env, ENV)]
+    env_fns = [functools.partial(goal_env.make_env, ENV)]
     cases = [("DummyVecEnv, num_env 1", 1, DummyVecEnv)] + [
         (f"{make.__name__}, num_env {n}", n, make)
         for make in (SubprocVecEnv, ShmemVecEnv) for n in (1, 2, 4)]
@@ -255,12 +258,12 @@ class Timer:
 def bench_epoch(quick, num_env=2):
     """One FetchPush epoch of one rank (train.train's loop) with each phase timed."""
     n_cycles = 10 if quick else 50
-    cfg = train.Config(env=ENV, num_env=num_env, n_cycles=n_cycles, n_epochs=1)
-    dims, T, max_u, reward_fun = train.env_dims(ENV)
+    cfg = config.Config(env=ENV, num_env=num_env, n_cycles=n_cycles, n_epochs=1)
+    dims, T, max_u, reward_fun = goal_env.env_dims(ENV)
     rng = np.random.default_rng(0)
-    policy = DDPG(train.ddpg_params(cfg, dims, T, max_u),
+    policy = DDPG(config.ddpg_params(cfg, dims, T, max_u),
                   make_sample_her_transitions("future", 4, reward_fun), rng)
-    venv = train.build_venv(cfg)
+    venv = goal_env.build_venv(cfg)
     timer = Timer()
     worker = RolloutWorker(venv, policy, dims, T, rng, noise_eps=0.2, random_eps=0.3)
     evaluator = RolloutWorker(venv, policy, dims, T, rng, exploit=True, compute_Q=True)
@@ -274,7 +277,7 @@ def bench_epoch(quick, num_env=2):
         timer.wrap("target update", policy.update_target_net)()
     for _ in range(cfg.n_test_rollouts):
         timer.wrap("test rollouts", evaluator.generate_rollouts)()
-    logger = train.EpochLogger("/tmp", enabled=False)
+    logger = EpochLogger("/tmp", enabled=False)
     timer.wrap("logging", logger.dump)({"epoch": 0})
     total = time.perf_counter() - t0
     venv.close()

@@ -1,10 +1,9 @@
-"""The agent: DDPG with goal-conditioned actor and critic, written as forward/backward pairs.
+"""The agent: DDPG with a goal-conditioned actor and critic, and one update step.
 
-Mirrors openai/baselines `her/ddpg.py` (DDPG), `her/actor_critic.py` (the two networks) and
-`her/normalizer.py` (Normalizer). Implements DDPG (Lillicrap et al. 2016) as used by HER
-(Andrychowicz et al. 2017, Sec. 3.3 and Appendix A; Plappert et al. 2018, Sec. 2.2):
+Mirrors openai/baselines `her/ddpg.py` (DDPG). Implements DDPG (Lillicrap et al. 2016) as used
+by HER (Andrychowicz et al. 2017, Sec. 3.3 and Appendix A; Plappert et al. 2018, Sec. 2.2):
 
-    critic  Q(o, g, u)       MLP on [norm(o), norm(g), u / max_u]
+    critic  Q(o, g, u)       MLP on [norm(o), norm(g), u / max_u]         (actor_critic.py)
     actor   pi(o, g)         max_u * tanh(MLP on [norm(o), norm(g)])
     y      = clip(r + gamma * Q_targ(o_2, g, pi_targ(o_2, g)), Q_min, Q_max)
              [Q_min, Q_max] = [r_min, r_max] / (1 - gamma): the returns the env's rewards allow
@@ -19,194 +18,29 @@ demo_batch_size rows of every batch come from a demo buffer, and with bc_loss th
              + aux_loss_weight * sum over the demo rows i with m_i = 1 of |pi(o_i, g_i) - u_i|^2
     m_i    = [Q(o_i, g_i, u_i) > Q(o_i, g_i, pi(o_i, g_i))] with q_filter, else 1
 
-There is no autodiff: every layer below is a pure forward function returning (output, cache)
-next to its backward function taking (upstream gradient, cache). Gradients go to MpiAdam
-(mpi_adam.py), the only place they are combined across MPI ranks.
+The losses are pure functions that fill the networks' gradients; the DDPG class holds one
+rank's state (networks, targets, normalisers, replay buffer, Adams) and does the bookkeeping.
+Gradients go to MpiAdam (mpi_adam.py), the only place they are combined across MPI ranks; the
+normalisers (normalizer.py) are the only other state built from all ranks' data.
 
-Layout: each network keeps all its parameters in ONE flat float32 array `theta`, and its W, b
-are reshaped views into it (likewise `grad`). That is baselines' getflat/setfromflat with the
-copies removed: MpiAdam updates `theta` in place and the layers see the new values.
+Deviations from baselines here (docs/deviations.md): the critic target is clipped to the range
+the env's own rewards allow ([Q_min, Q_max] from config.target_range; for Fetch and Hand this
+is baselines' [-1/(1 - gamma), 0]); the critic's first layer is split (actor_critic.py); the
+normaliser sums over ranks in float64 and starts its count at 0 (normalizer.py); policies are
+pickle-free .npz files.
 
-Deviations from baselines, all in the normaliser (README, "Deviations from baselines"): its
-sums are float64 (baselines: float32), so that mean and std stay exact after millions of
-samples, while the normalised inputs are float32; they are summed over ranks (baselines
-averages them); its count starts at 0 (baselines: 1, one phantom zero sample).
-
-Test: `python -m pytest -q test_all.py -k "grad or normalizer or save or demo"`.
+Test: `python -m pytest -q test_all.py -k "ddpg or save or demo or bc"`.
 """
 import json
-import os
 
 import numpy as np
 
-from mpi_adam import MpiAdam, world_comm
+from actor_critic import ActorCritic
+from files import BadFileError, atomic_savez, load_npz
+from mpi_adam import MpiAdam
+from mpi_util import world_comm
+from normalizer import Normalizer
 from replay import ReplayBuffer
-
-
-# ---------------------------------------------------------------- layers: forward/backward pairs
-
-def linear_forward(x, W, b):
-    """y = x W + b.   x: (N, d_in), W: (d_in, d_out), b: (d_out,) -> y: (N, d_out)"""
-    y = x @ W
-    y += b  # in place: no second (N, d_out) temporary
-    return y, (x, W)
-
-
-def linear_backward(dy, cache, dW=None, db=None, need_dx=True):
-    """dL/dx = dy W^T; dL/dW = x^T dy; dL/db = sum_n dy. Writes dW, db in place when given
-    (None skips that gradient: the actor loss needs only dL/du through the critic); skips the
-    dx product when need_dx=False (nothing lies below a network's first layer)."""
-    x, W = cache
-    if dW is not None:
-        np.matmul(x.T, dy, out=dW)
-    if db is not None:
-        np.sum(dy, axis=0, out=db)
-    return dy @ W.T if need_dx else None
-
-
-def split_linear_forward(xs, Ws, b):
-    """y = [x_1 | ... | x_k] W + b = sum_i x_i W_i + b, where W_i is the block of W's rows that
-    multiplies x_i. Same y as concatenating the inputs, without building that (N, sum d_i) copy.
-    xs: [(N, d_i)], Ws: [(d_i, d_out)] -> y: (N, d_out)"""
-    y, cache_0 = linear_forward(xs[0], Ws[0], b)
-    caches = [cache_0]
-    for x, W in zip(xs[1:], Ws[1:]):
-        y += x @ W
-        caches.append((x, W))
-    return y, caches
-
-
-def split_linear_backward(dy, caches, dWs=None, db=None, need_dxs=None):
-    """Per block: dL/dx_i = dy W_i^T (only where need_dxs[i]), dL/dW_i = x_i^T dy; dL/db once."""
-    need_dxs = need_dxs or [False] * len(caches)
-    dWs = dWs or [None] * len(caches)
-    return [linear_backward(dy, c, dW, db if i == 0 else None, need_dx)
-            for i, (c, dW, need_dx) in enumerate(zip(caches, dWs, need_dxs))]
-
-
-def relu_forward(x):
-    """y = max(x, 0), written over x (the caller hands over a fresh linear output)."""
-    y = np.maximum(x, 0, out=x)
-    return y, y
-
-
-def relu_backward(dy, cache):
-    """dL/dx = dy * [x > 0]; the cache is the output y, and y > 0 exactly where x > 0."""
-    y = cache
-    return dy * (y > 0)
-
-
-def tanh_forward(x):
-    """y = tanh(x)"""
-    y = np.tanh(x)
-    return y, y
-
-
-def tanh_backward(dy, cache):
-    """dL/dx = dy * (1 - tanh(x)^2)"""
-    y = cache
-    return dy * (1 - y * y)
-
-
-# ---------------------------------------------------------------- the MLP
-
-class MLP:
-    """Fully connected ReLU network with a linear last layer (baselines her/util.py `nn`).
-
-    sizes = [d_in, hidden, ..., hidden, d_out]; d_in may be a list of input block sizes, e.g.
-    [d_og, d_u] for the critic, whose first layer then takes the blocks separately
-    (split_linear_forward). Weights are Glorot-uniform ("xavier", as baselines'
-    tf.contrib.layers.xavier_initializer), biases zero.
-    """
-
-    def __init__(self, sizes, rng, dtype=np.float32):
-        self.in_blocks = list(np.atleast_1d(sizes[0]))  # [d_1, ..., d_k] of the input blocks
-        self.sizes = [sum(self.in_blocks)] + list(sizes[1:])
-        shapes = []
-        for d_in, d_out in zip(self.sizes[:-1], self.sizes[1:]):
-            shapes += [(d_in, d_out), (d_out,)]
-        n = sum(int(np.prod(s)) for s in shapes)
-        self.theta = np.zeros(n, dtype)  # (n_params,) every parameter, the array MpiAdam updates
-        self.grad = np.zeros(n, dtype)  # (n_params,) dL/dtheta, filled by backward()
-        self.params = self._views(self.theta, shapes)  # [W0, b0, W1, b1, ...] views into theta
-        self.grads = self._views(self.grad, shapes)  # same layout, views into grad
-        for W in self.params[0::2]:
-            limit = np.sqrt(6. / (W.shape[0] + W.shape[1]))
-            W[...] = rng.uniform(-limit, limit, size=W.shape)
-        # Row blocks of the first layer, one per input block (views: still inside theta/grad).
-        cuts = np.cumsum(self.in_blocks)[:-1]
-        self.W0_blocks = np.split(self.params[0], cuts)
-        self.dW0_blocks = np.split(self.grads[0], cuts)
-
-    @staticmethod
-    def _views(flat, shapes):
-        views, offset = [], 0
-        for s in shapes:
-            size = int(np.prod(s))
-            views.append(flat[offset:offset + size].reshape(s))
-            offset += size
-        return views
-
-    def forward(self, *xs):
-        """xs: one (N, d_i) array per input block -> (N, d_out), and the cache for backward()."""
-        y, c = split_linear_forward(xs, self.W0_blocks, self.params[1])
-        caches = [c]
-        for i in range(1, len(self.params) // 2):
-            y, c = relu_forward(y)
-            caches.append(c)
-            y, c = linear_forward(y, self.params[2 * i], self.params[2 * i + 1])
-            caches.append(c)
-        return y, caches
-
-    def backward(self, dy, caches, param_grads=True, need_dxs=None):
-        """Backprop dy = dL/dy through the net. Fills self.grad (unless param_grads=False, for
-        when only an input gradient is wanted) and returns [dL/dx_i] for the input blocks with
-        need_dxs[i] (None for the others; by default no input gradient is computed)."""
-        caches = list(caches)
-        for i in reversed(range(1, len(self.params) // 2)):
-            dW, db = (self.grads[2 * i], self.grads[2 * i + 1]) if param_grads else (None, None)
-            dy = linear_backward(dy, caches.pop(), dW, db)
-            dy = relu_backward(dy, caches.pop())
-        dWs, db = (self.dW0_blocks, self.grads[1]) if param_grads else (None, None)
-        return split_linear_backward(dy, caches.pop(), dWs, db, need_dxs)
-
-
-class ActorCritic:
-    """pi(o, g) and Q(o, g, u) on normalised inputs.
-
-    x_pi = [o_n, g_n] (N, dim_o + dim_g) is the normalised actor input; the critic takes it and
-    u / max_u as two input blocks, Q([x_pi | u / max_u]), so x_pi is never copied.
-    """
-
-    def __init__(self, dims, hidden, layers, max_u, rng, dtype=np.float32):
-        d_og = dims["o"] + dims["g"]
-        self.max_u = max_u
-        self.pi = MLP([d_og] + [hidden] * layers + [dims["u"]], rng, dtype)
-        self.Q = MLP([[d_og, dims["u"]]] + [hidden] * layers + [1], rng, dtype)
-
-    def pi_forward(self, x_pi):
-        """pi = max_u * tanh(MLP_pi(x_pi)): (N, dim_u)"""
-        pre, c_mlp = self.pi.forward(x_pi)
-        a, c_tanh = tanh_forward(pre)
-        return self.max_u * a, (c_mlp, c_tanh)
-
-    def pi_backward(self, dpi, cache, param_grads=True):
-        c_mlp, c_tanh = cache
-        self.pi.backward(tanh_backward(self.max_u * dpi, c_tanh), c_mlp, param_grads)
-
-    def Q_forward(self, x_pi, u):
-        """Q(x_pi, u): (N,); the critic sees the action scaled to [-1, 1]."""
-        q, c = self.Q.forward(x_pi, u / self.max_u)
-        return q[:, 0], c
-
-    def Q_backward(self, dq, cache, param_grads=True, need_du=False):
-        """dq: (N,). Fills Q.grad if param_grads; returns dL/du (N, dim_u) if need_du."""
-        _, dx_u = self.Q.backward(dq[:, None], cache, param_grads, need_dxs=[False, need_du])
-        return dx_u / self.max_u if need_du else None
-
-    def copy_from(self, other):
-        self.pi.theta[...] = other.pi.theta
-        self.Q.theta[...] = other.Q.theta
 
 
 # ---------------------------------------------------------------- losses (pure functions)
@@ -276,76 +110,6 @@ def bc_actor_loss_and_grad(ac, x_pi, u, q_u, n_demo, action_l2, prm_loss_weight,
     return float(loss), mask
 
 
-# ---------------------------------------------------------------- running input normaliser
-
-class Normalizer:
-    """Running mean/std of a feature vector, summed over all MPI ranks (baselines normalizer.py).
-
-    update() only accumulates this rank's local sums; recompute_stats() Allreduces them into the
-    global sums, so every rank ends with identical mean and std.
-
-    baselines averages sums and counts over the N ranks instead, and starts its count at 1:
-    its mean is S / (N + C) for global sum S and count C, as if N zero samples had been seen.
-    Here the count starts at 0 and the mean is S / C. The phantom zeros matter early: a
-    coordinate with mean c and spread s << |c| gets a std of about |c| sqrt(N C) / (C + N)
-    instead of s. For the table height 0.42 of FetchPush goals that is 0.042 instead of the
-    0.01 floor after the first cycle of 2 episodes per rank (0.058 after 1 episode), whatever
-    N; it fades as 1 / sqrt(C / N).
-    """
-
-    def __init__(self, size, eps=1e-2, default_clip_range=np.inf, comm=None):
-        self.size, self.eps, self.default_clip_range = size, eps, default_clip_range
-        self.comm = comm if comm is not None else world_comm()
-        self.local_sum = np.zeros(size, np.float64)  # (size,) since the last recompute_stats
-        self.local_sumsq = np.zeros(size, np.float64)
-        self.local_count = np.zeros(1, np.float64)
-        self.total_sum = np.zeros(size, np.float64)  # (size,) over all ranks and all time
-        self.total_sumsq = np.zeros(size, np.float64)
-        self.total_count = np.zeros(1, np.float64)
-        self.mean = np.zeros(size, np.float32)
-        self.std = np.ones(size, np.float32)
-
-    def update(self, v):
-        v = v.reshape(-1, self.size)  # (N, size)
-        self.local_sum += v.sum(axis=0)
-        self.local_sumsq += np.square(v, dtype=np.float64).sum(axis=0)
-        self.local_count[0] += v.shape[0]
-
-    def recompute_stats(self):
-        """Collective: every rank must call it the same number of times."""
-        local = np.concatenate([self.local_sum, self.local_sumsq, self.local_count])
-        total = np.zeros_like(local)
-        self.comm.Allreduce(local, total)  # [MPI] global sums: identical stats on every rank
-        s = self.size
-        self.total_sum += total[:s]
-        self.total_sumsq += total[s:2 * s]
-        self.total_count += total[2 * s:]
-        self.local_sum[...] = 0
-        self.local_sumsq[...] = 0
-        self.local_count[...] = 0
-        self._set_mean_std()
-
-    def _set_mean_std(self):
-        count = max(self.total_count[0], 1.)
-        # mean = sum / n;  std = sqrt(max(eps^2, sumsq / n - mean^2))
-        mean = self.total_sum / count
-        var = np.maximum(self.eps ** 2, self.total_sumsq / count - mean ** 2)
-        self.mean[...] = mean
-        self.std[...] = np.sqrt(var)
-
-    def normalize(self, v, clip_range=None):
-        """clip((v - mean) / std, -clip_range, clip_range)"""
-        clip_range = self.default_clip_range if clip_range is None else clip_range
-        return np.clip((v - self.mean) / self.std, -clip_range, clip_range)
-
-    def state(self):
-        return dict(sum=self.total_sum, sumsq=self.total_sumsq, count=self.total_count)
-
-    def load_state(self, sum, sumsq, count):
-        self.total_sum[...], self.total_sumsq[...], self.total_count[...] = sum, sumsq, count
-        self._set_mean_std()
-
-
 # ---------------------------------------------------------------- the agent
 
 class DDPG:
@@ -354,7 +118,7 @@ class DDPG:
     params: dict with dims, T, hidden, layers, max_u, Q_lr, pi_lr, polyak, batch_size,
     action_l2, clip_obs, norm_eps, norm_clip, gamma, target_range, buffer_size, plus the
     optional sync_check_interval, bc_loss, q_filter, demo_batch_size, prm_loss_weight and
-    aux_loss_weight (policy files of earlier versions lack them); see train.Config for units
+    aux_loss_weight (policy files of earlier versions lack them); see config.Config for units
     and defaults. Policies saved before target_range existed hold clip_return instead: their
     range is [-clip_return, 0]. Demonstrations, if any, come in through init_demo_buffer().
     """
@@ -367,7 +131,7 @@ class DDPG:
         self.comm = comm if comm is not None else world_comm()
         self.gamma = p["gamma"]
         # [Q_min, Q_max]: no discounted sum of rewards in [r_min, r_max] leaves this range, so
-        # a target outside it is an error of Q_targ and is clipped (train.target_range). For
+        # a target outside it is an error of Q_targ and is clipped (config.target_range). For
         # Fetch and Hand, rewards {-1, 0}: [-1/(1 - gamma), 0], as baselines' clip_return with
         # clip_pos_returns=True.
         self.Q_min, self.Q_max = p.get("target_range", (-p.get("clip_return", np.inf), 0.))
@@ -435,10 +199,13 @@ class DDPG:
     # -------------------------------------------------- learning
 
     def store_episode(self, episode_batch, update_stats=True):
-        """Store episodes in this rank's buffer and update the normalisers (collective).
+        """Store episodes in this rank's buffer and update the normalisers.
 
-        Easy to miss (as baselines): the normaliser is fed HER-*relabelled* transitions of the
-        new episodes, so g statistics describe the goals the networks will actually be shown."""
+        Collective: the normalisers' recompute_stats() Allreduces their sums, so every rank must
+        call this at the same point; a rank that skipped it would leave the others waiting in
+        that Allreduce for ever. Easy to miss (as baselines): the normaliser is fed
+        HER-*relabelled* transitions of the new episodes, so g statistics describe the goals
+        the networks will actually be shown."""
         self.buffer.store_episode(episode_batch)
         if update_stats:
             self._update_normalizers(episode_batch)
@@ -624,47 +391,3 @@ def _copy_checked(dst, arrays, key, path):
         raise BadFileError(f"{path}: {key!r} has shape {src.shape}, expected {dst.shape}; "
                            "was it saved for another env or network size?")
     dst[...] = src
-
-
-# ---------------------------------------------------------------- files: atomic, no pickle
-
-class BadFileError(ValueError):
-    """A policy or checkpoint file that is missing, truncated or not ours (one-line message)."""
-
-
-def atomic_savez(path, arrays):
-    """np.savez to a temporary file in the same folder, then rename over `path`: a reader (or
-    a crash at any moment) sees either the old complete file or the new complete file."""
-    tmp = f"{path}.tmp{os.getpid()}"
-    try:
-        with open(tmp, "wb") as f:
-            np.savez(f, **arrays)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
-
-
-def load_npz(path, required_keys, what, writer="train.py"):
-    """All arrays of an .npz as a dict, loaded with allow_pickle=False (safe on untrusted
-    files); any problem becomes a one-line BadFileError naming the file and its `writer`."""
-    try:
-        with np.load(path, allow_pickle=False) as data:
-            if not hasattr(data, "files"):
-                raise BadFileError(f"{path}: a bare .npy array, not a {what} .npz from {writer}")
-            missing = [k for k in required_keys if k not in data.files]
-            if missing:
-                raise BadFileError(f"{path}: not a {what} written by {writer} "
-                                   f"(no {missing[0]!r} array)")
-            return {key: data[key] for key in data.files}
-    except BadFileError:
-        raise
-    except FileNotFoundError:
-        raise BadFileError(f"{path}: no such file") from None
-    except Exception as e:  # BadZipFile, EOFError, ValueError (pickled objects), OSError
-        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise BadFileError(f"{path}: cannot read it as a {what} ({reason}); "
-                           f"the file is truncated, corrupt or not from {writer}") from None

@@ -1,7 +1,7 @@
 """Demonstrations for HER: a scripted pick-and-place controller, and the demo file it writes.
 
 Mirrors openai/baselines `her/experiment/data_generation/fetch_data_generation.py` (the
-controller and the file) and the file-reading half of `her/ddpg.py` `init_demo_buffer`.
+controller and the file); the file's format and its reader are in files.py.
 Provides the demonstrations of Nair et al. (2018), "Overcoming Exploration in Reinforcement
 Learning with Demonstrations", Sec. IV (Method): episodes that ddpg.py keeps in a demo buffer,
 replays next to the agent's own and clones with the behaviour-cloning loss. As in baselines,
@@ -20,7 +20,7 @@ gripper by 0.05 m per unit of u.
 The file: one float32 array per key in the replay buffer's own layout (replay.py), episodes
 first: o, ag (n, T+1, dim); g, u, info_is_success (n, T, dim); plus the env id and T, as a plain
 .npz that loads with allow_pickle=False. baselines pickles lists of observation dicts instead
-(README, deviations).
+(docs/deviations.md).
 
 Failed episodes are NOT kept: an episode whose object is not at the goal after its T-th action
 is dropped and another one is run in its place, until --num_demo successful ones are stored.
@@ -36,13 +36,9 @@ import sys
 
 import numpy as np
 
-from ddpg import BadFileError, atomic_savez, load_npz
-
-# train.py imports this file (load_demos); this file imports train only inside the functions
-# that need an env, so that the two never import each other at import time.
-
-DEMO_KEYS = ("o", "ag", "g", "u", "info_is_success")
-FILE_KEYS = DEMO_KEYS + ("env", "T")
+from config import ArgumentParser
+from goal_env import env_dims, make_env
+from files import DEMO_KEYS, UsageError, save_demos
 
 HOVER = 0.05  # m above the object's centre where the descent starts
 TOLERANCE = 0.01  # m: close enough to the phase's target point to move on
@@ -97,7 +93,7 @@ class PickAndPlaceController:
 
 def run_episode(env, controller, T, seed):
     """One episode of T steps from reset(seed): {key: (1, T or T+1, dim) float32}, and whether
-    it succeeded (info['is_success'] after the T-th action, as her.RolloutWorker reads it)."""
+    it succeeded (info['is_success'] after the T-th action, as rollout.RolloutWorker reads it)."""
     obs, _ = env.reset(seed=seed)
     dim_o, dim_g = obs["observation"].size, obs["desired_goal"].size
     o = np.empty((1, T + 1, dim_o), np.float32)  # (1, T+1, dim_o)
@@ -119,8 +115,7 @@ def run_episode(env, controller, T, seed):
 def generate(env_id, num_demo, seed=0, max_attempts=None):
     """Run the controller until num_demo episodes succeeded (episode i resets with seed + i).
     Returns ({key: (num_demo, T or T+1, dim)}, T, number of episodes run)."""
-    import train
-    env = train.make_env(env_id)
+    env = make_env(env_id)
     T = int(env.spec.max_episode_steps)
     max_attempts = max_attempts or 10 * num_demo
     controller, kept, attempts = PickAndPlaceController(), [], 0
@@ -138,67 +133,10 @@ def generate(env_id, num_demo, seed=0, max_attempts=None):
     return {key: np.concatenate([ep[key] for ep in kept]) for key in DEMO_KEYS}, T, attempts
 
 
-# ---------------------------------------------------------------- the file
-
-def save_demos(path, episodes, env_id, T):
-    """Write the episodes (DEMO_KEYS) with the env id and T, atomically; no pickle needed."""
-    arrays = {key: np.asarray(episodes[key], np.float32) for key in DEMO_KEYS}
-    atomic_savez(path, dict(arrays, env=np.array(env_id), T=np.array(T)))
-
-
-def make_hint(env_id, num_demo, path):
-    return (f"make demos with: python demos.py --env {env_id} --num_demo {num_demo} "
-            f"--out {path}")
-
-
-def is_baselines_file(path):
-    """Whether `path` is an .npz with the arrays of baselines' fetch_data_generation.py."""
-    try:
-        with np.load(path, allow_pickle=False) as data:  # lists the names, loads nothing
-            return {"obs", "acs", "info"} <= set(getattr(data, "files", ()))
-    except Exception:  # unreadable: load_npz has said why
-        return False
-
-
-def load_demos(path, env_id, dims, T, num_demo):
-    """The first num_demo episodes of a demo file, checked against the task:
-    {key: (num_demo, T or T+1, dim) float32}. Every problem is a one-line BadFileError that
-    names the file, the problem and the fix."""
-    hint = make_hint(env_id, num_demo, path)
-    try:
-        arrays = load_npz(path, FILE_KEYS, "demo file", writer="demos.py")
-    except BadFileError as e:
-        problem = str(e)
-        if is_baselines_file(path):
-            problem = (f"{path}: a demo file in baselines' format (obs, acs, info: pickled "
-                       "dicts, which this project never unpickles)")
-        raise BadFileError(f"{problem}; {hint}") from None
-    expected = {"o": (T + 1, dims["o"]), "ag": (T + 1, dims["g"]), "g": (T, dims["g"]),
-                "u": (T, dims["u"]), "info_is_success": (T, 1)}
-    shapes = {key: arrays[key].shape[1:] for key in DEMO_KEYS}
-    if shapes != expected:
-        raise BadFileError(f"{path}: demos of {arrays['env']} (T={int(arrays['T'])}, o "
-                           f"{shapes['o'][-1:]}, g {shapes['g'][-1:]}, u {shapes['u'][-1:]}) "
-                           f"do not fit {env_id} (T={T}, o ({dims['o']},), g ({dims['g']},), "
-                           f"u ({dims['u']},)); pass --env {arrays['env']}, or {hint}")
-    counts = {len(arrays[key]) for key in DEMO_KEYS}
-    if len(counts) != 1:
-        raise BadFileError(f"{path}: its arrays hold different numbers of episodes; {hint}")
-    n = counts.pop()
-    if n < num_demo:
-        raise BadFileError(f"{path} holds {n} episodes, fewer than --num_demo {num_demo}; "
-                           f"pass --num_demo {n}, or {hint}")
-    episodes = {key: arrays[key][:num_demo].astype(np.float32, copy=False) for key in DEMO_KEYS}
-    if not all(np.all(np.isfinite(v)) for v in episodes.values()):
-        raise BadFileError(f"{path}: holds NaN or inf values; {hint}")
-    return episodes
-
-
 # ---------------------------------------------------------------- command line
 
 def main(argv=None):
-    import train
-    p = train.ArgumentParser(prog="demos.py", description=__doc__.splitlines()[0])
+    p = ArgumentParser(prog="demos.py", description=__doc__.splitlines()[0])
     p.add_argument("--env", default="FetchPickAndPlace-v4",
                    help="FetchPickAndPlace-v<n> (default v4): the controller's only task")
     p.add_argument("--num_demo", type=int, default=100, help="successful episodes to store")
@@ -210,11 +148,11 @@ def main(argv=None):
     if args.num_demo < 1:
         p.error(f"--num_demo must be at least 1, got {args.num_demo}")
     try:
-        train.env_dims(args.env)  # an unknown id: one line with the close matches
+        env_dims(args.env)  # an unknown id: one line with the close matches
         episodes, T, attempts = generate(args.env, args.num_demo, args.seed)
         os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
         save_demos(args.out, episodes, args.env, T)
-    except (train.UsageError, RuntimeError, OSError) as e:
+    except (UsageError, RuntimeError, OSError) as e:
         print(f"demos.py: error: {e}", file=sys.stderr)
         return 2
     print(f"{args.env}: controller success rate {args.num_demo / attempts:.3f} "

@@ -1,50 +1,28 @@
 """The only place gradients cross ranks: Allreduce one flat gradient, then take an Adam step.
 
-Mirrors openai/baselines `common/mpi_adam.py` (MpiAdam) and `common/mpi_moments.py`
-(mpi_average); `MpiAdam(..., scale_grad_by_procs=True)` is also the NumPy counterpart of
-`common/mpi_adam_optimizer.py` (MpiAdamOptimizer, the TensorFlow optimiser of PPO2), which
-averages. Implements the optimiser of Plappert et al. (2018), Sec. 2.2 / Appendix A: every MPI
-rank computes a gradient on its own minibatch, the gradients are combined over ranks (HER sums
-them: scale_grad_by_procs=False; the default averages), and every rank applies the *same* Adam
-step, so the networks on all ranks stay bitwise equal. Adam itself is Kingma & Ba (2015),
-Algorithm 1, in the reordered form given at the end of their Sec. 2 (the step size absorbs both
-bias corrections), which is the form baselines uses.
+Mirrors openai/baselines `common/mpi_adam.py` (MpiAdam); `MpiAdam(..., scale_grad_by_procs=True)`
+is also the NumPy counterpart of `common/mpi_adam_optimizer.py` (MpiAdamOptimizer, the
+TensorFlow optimiser of PPO2), which averages. Implements the optimiser of Plappert et al.
+(2018), Sec. 2.2 / Appendix A: every MPI rank computes a gradient on its own minibatch, the
+gradients are combined over ranks (HER sums them: scale_grad_by_procs=False; the default
+averages), and every rank applies the *same* Adam step, so the networks on all ranks stay
+bitwise equal. Adam itself is Kingma & Ba (2015), Algorithm 1, in the reordered form given at
+the end of their Sec. 2 (the step size absorbs both bias corrections), which is the form
+baselines uses.
 
-No module here imports mpi4py at import time, because importing mpi4py initialises MPI. The env
-processes of `vecenv.SubprocVecEnv` import these modules too (the `spawn` start method re-imports
-the main script in every child), and a child of a rank that initialised MPI would inherit that
-rank's MPI environment and try to take part in the job as that rank: the job hangs or aborts.
+"Bitwise equal" rests on two assumptions: Allreduce hands every rank the same bits of the sum
+(the MPI standard recommends it; the tests and runs here, 2 to 19 ranks with MPICH, found it
+so), and every rank runs the same binaries (NumPy, BLAS), so the same inputs give the same
+outputs. If either fails, for example
+on a cluster with mixed NumPy builds, check_synced() says so instead of letting ranks drift.
 
 Every line that talks to other ranks carries the comment tag `[MPI]`.
 
-Also here, for what MPICH leaves behind: each job's ranks share a memory segment
-/dev/shm/mpich_shm_*, which MPICH unlinks in MPI_Finalize. A job that ends in MPI_Abort (a rank
-raised, see train.main) or is killed by a signal never gets there, and its segment (about 5 MB)
-stays until the machine reboots. `remove_orphaned_mpich_segments()` deletes those that no
-process has open or mapped any more:
-    python -c "import mpi_adam; print(mpi_adam.remove_orphaned_mpich_segments())"
-
 Test: `python -m pytest -q test_all.py -k adam` (runs `mpirun -np 2` and `-np 3` itself).
 """
-import os
-
 import numpy as np
 
-
-def world_comm():
-    """MPI.COMM_WORLD, imported on first use; with no mpirun it is a world of one rank."""
-    from mpi4py import MPI
-    return MPI.COMM_WORLD
-
-
-def mpi_average(value, comm=None):
-    """Mean of a scalar (or of the elements of an array) over all ranks, for logging."""
-    comm = comm if comm is not None else world_comm()
-    value = np.asarray(value, dtype=np.float64).ravel()
-    local = np.array([value.sum(), value.size], dtype=np.float64)  # (2,) = sum, count
-    total = np.zeros_like(local)
-    comm.Allreduce(local, total)  # [MPI] the default op is SUM
-    return float(total[0] / max(total[1], 1.0))
+from mpi_util import world_comm
 
 
 class MpiAdam:
@@ -53,7 +31,7 @@ class MpiAdam:
     MpiAdamOptimizer) or summed (False, as HER in baselines and in ddpg.DDPG).
 
     `params` are the arrays the optimiser owns a view of; in this project each network passes
-    the single flat array its weights are views into (ddpg.MLP.theta), so there is no
+    the single flat array its weights are views into (actor_critic.MLP.theta), so there is no
     gather/scatter copy, but any list of arrays works.
     """
 
@@ -157,47 +135,3 @@ class MpiAdam:
         if n_mismatched[0]:
             raise RuntimeError(f"MpiAdam.check_synced: {n_mismatched[0]} rank(s) hold parameters "
                                f"different from rank 0 after {self.t} updates; ranks diverged")
-
-
-# ---------------------------------------------------------------- what MPICH leaves behind
-
-def shm_files_in_use(shm_dir="/dev/shm"):
-    """Paths under shm_dir that a live process has open or memory-mapped (Linux /proc).
-    Processes that end while being read, or whose /proc entries this user may not read
-    (other users', which cannot hold this user's 0600 segments), are skipped."""
-    prefix, in_use = os.path.join(shm_dir, ""), set()
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            fds = os.listdir(f"/proc/{pid}/fd")
-            in_use.update(os.readlink(f"/proc/{pid}/fd/{fd}") for fd in fds)
-            with open(f"/proc/{pid}/maps") as f:
-                # a maps line: address perms offset dev inode [path]
-                in_use.update(line.split(maxsplit=5)[-1].strip() for line in f
-                              if line.count(" ") >= 5)
-        except OSError:
-            continue
-    return {path for path in in_use if path.startswith(prefix)}
-
-
-def orphaned_mpich_segments(shm_dir="/dev/shm"):
-    """MPICH segments that no process uses: left by jobs that ended without MPI_Finalize.
-    A running job always holds its segment open or mapped on every rank of the machine, from
-    its creation on, so it never counts as orphaned."""
-    if not os.path.isdir(shm_dir):
-        return []
-    paths = [os.path.join(shm_dir, name) for name in sorted(os.listdir(shm_dir))
-             if name.startswith("mpich_shm_")]
-    in_use = shm_files_in_use(shm_dir) if paths else set()
-    return [path for path in paths if path not in in_use]
-
-
-def remove_orphaned_mpich_segments(shm_dir="/dev/shm"):
-    """Delete orphaned_mpich_segments(); return the paths removed."""
-    removed = []
-    for path in orphaned_mpich_segments(shm_dir):
-        try:
-            os.unlink(path)
-            removed.append(path)
-        except FileNotFoundError:  # another cleaner was first
-            pass
-    return removed

@@ -14,7 +14,7 @@ With `--scaling ENV`, one env against the number of MPI ranks instead: one curve
 
 Run:
     python plot.py runs/* -o results/fetch.png     # the figure
-    python plot.py results/* --table               # the markdown table README.md shows
+    python plot.py results/* --table               # the markdown table docs/results.md shows
     python plot.py results/FetchPush-v4-* --scaling FetchPush-v4 -o results/scaling.png
     python plot.py results/FetchPush-v4-* --scaling FetchPush-v4 --table
 Test: `python -m pytest -q test_all.py -k plot`.

@@ -5,7 +5,8 @@ Andrychowicz et al. (2017), Algorithm 1: episodes are stored whole, because goal
 (her.py) needs the achieved goals of *later* steps of the same episode.
 
 Every MPI rank owns its own buffer, filled only by its own rollouts; buffers are never shared or
-merged between ranks (Plappert et al. 2018, Sec. 2.2). Ranks differ only in what they sample.
+merged between ranks (Plappert et al. 2018, Sec. 2.2). So buffers hold different episodes:
+each rank explores its own envs, seeded seed + 1000000 * rank, with its own noise.
 
 Storage layout, one float32 array per key, shape (size_in_episodes, steps, dim):
     o, ag            T+1 steps (the observation after the last action is kept)
@@ -56,7 +57,7 @@ class ReplayBuffer:
         return self.sample_transitions(buffers, batch_size, self.rng)
 
     def store_episode(self, episode_batch):
-        """episode_batch: {key: (n_episodes, steps, dim)} as built by her.RolloutWorker."""
+        """episode_batch: {key: (n_episodes, steps, dim)} as built by rollout.RolloutWorker."""
         batch_sizes = {key: len(episode_batch[key]) for key in self.buffers}
         if len(set(batch_sizes.values())) != 1:
             raise ValueError(f"episode batch keys disagree on the number of episodes: "

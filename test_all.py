@@ -38,15 +38,25 @@ import gymnasium as gym  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
+import actor_critic  # noqa: E402
+import checkpoint  # noqa: E402
+import config  # noqa: E402
 import ddpg  # noqa: E402
 import demos  # noqa: E402
-import mpi_adam  # noqa: E402
-from ddpg import DDPG, MLP, ActorCritic, Normalizer  # noqa: E402
-from her import RolloutWorker, make_sample_her_transitions  # noqa: E402
-from mpi_adam import MpiAdam  # noqa: E402
-from replay import ReplayBuffer  # noqa: E402
-from vecenv import DummyVecEnv, ShmemVecEnv, SubprocVecEnv  # noqa: E402
+import files  # noqa: E402
+import goal_env  # noqa: E402
+import logger  # noqa: E402
+import mpi_util  # noqa: E402
+import play  # noqa: E402
 import train  # noqa: E402
+from actor_critic import MLP, ActorCritic  # noqa: E402
+from ddpg import DDPG  # noqa: E402
+from her import make_sample_her_transitions  # noqa: E402
+from mpi_adam import MpiAdam  # noqa: E402
+from normalizer import Normalizer  # noqa: E402
+from replay import ReplayBuffer  # noqa: E402
+from rollout import RolloutWorker  # noqa: E402
+from vecenv import DummyVecEnv, ShmemVecEnv, SubprocVecEnv  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -119,7 +129,7 @@ def mpirun_exe():
 
 def run_cmd(cmd, timeout):
     """Run a command with a hang guard; return (returncode, combined output). An MPI job that
-    ended in MPI_Abort leaves MPICH's segment in /dev/shm (mpi_adam.py says why): once the
+    ended in MPI_Abort leaves MPICH's segment in /dev/shm (mpi_util.py says why): once the
     job is over, the segments it orphaned are removed."""
     is_mpi = os.path.basename(cmd[0]).startswith(("mpirun", "mpiexec"))
     before = shm_entries()
@@ -143,7 +153,7 @@ def remove_orphans_of_job(entries_before, patience_s=10.):
     new = {e for e in shm_entries() - entries_before if e.startswith("mpich_shm_")}
     removed, deadline = set(), time.time() + patience_s
     while new and time.time() < deadline:
-        for path in mpi_adam.orphaned_mpich_segments():
+        for path in mpi_util.orphaned_mpich_segments():
             if os.path.basename(path) in new:
                 os.unlink(path)
                 removed.add(os.path.basename(path))
@@ -159,7 +169,7 @@ def dev_shm_left_as_found():
     live process (a segment of an MPI job running beside the suite is in use) was leaked."""
     before = shm_entries()
     yield
-    in_use = {os.path.basename(path) for path in mpi_adam.shm_files_in_use()}
+    in_use = {os.path.basename(path) for path in mpi_util.shm_files_in_use()}
     leaked = sorted(shm_entries() - before - in_use)
     assert not leaked, f"the tests left {leaked} in /dev/shm"
 
@@ -187,9 +197,9 @@ def hang_guard(seconds):
 
 
 def fetch_reach_policy(rng, buffer_size=10_000, hidden=64):
-    dims, T, max_u, reward_fun = train.env_dims("FetchReach-v4")
-    cfg = train.Config(hidden=hidden, buffer_size=buffer_size, batch_size=32)
-    params = train.ddpg_params(cfg, dims, T, max_u)
+    dims, T, max_u, reward_fun = goal_env.env_dims("FetchReach-v4")
+    cfg = config.Config(hidden=hidden, buffer_size=buffer_size, batch_size=32)
+    params = config.ddpg_params(cfg, dims, T, max_u)
     sampler = make_sample_her_transitions("future", 4, reward_fun)
     return DDPG(params, sampler, rng), dims, T
 
@@ -202,10 +212,10 @@ def test_grad_linear_layer():
     R = rng.normal(size=(5, 3))  # L = sum(y * R), so dL/dy = R
 
     def loss():
-        return np.sum(ddpg.linear_forward(x, W, b)[0] * R)
-    y, cache = ddpg.linear_forward(x, W, b)
+        return np.sum(actor_critic.linear_forward(x, W, b)[0] * R)
+    y, cache = actor_critic.linear_forward(x, W, b)
     dW, db = np.zeros_like(W), np.zeros_like(b)
-    dx = ddpg.linear_backward(R, cache, dW, db)
+    dx = actor_critic.linear_backward(R, cache, dW, db)
     assert_grad_close(dx, numerical_grad(loss, x))
     assert_grad_close(dW, numerical_grad(loss, W))
     assert_grad_close(db, numerical_grad(loss, b))
@@ -213,8 +223,8 @@ def test_grad_linear_layer():
 
 def test_grad_relu_and_tanh():
     rng = np.random.default_rng(1)
-    for forward, backward in ((ddpg.relu_forward, ddpg.relu_backward),
-                              (ddpg.tanh_forward, ddpg.tanh_backward)):
+    for forward, backward in ((actor_critic.relu_forward, actor_critic.relu_backward),
+                              (actor_critic.tanh_forward, actor_critic.tanh_backward)):
         x = rng.normal(size=(6, 5))
         R = rng.normal(size=(6, 5))
         _, cache = forward(x.copy())  # relu_forward may overwrite its input
@@ -452,7 +462,7 @@ PROCESS_VEC_ENVS = pytest.mark.parametrize("VecEnvClass", [SubprocVecEnv, ShmemV
 
 @PROCESS_VEC_ENVS
 def test_subproc_vecenv_matches_sequential_envs(VecEnvClass):
-    env_fns = [functools.partial(train.make_env, "FetchPush-v4") for _ in range(3)]
+    env_fns = [functools.partial(goal_env.make_env, "FetchPush-v4") for _ in range(3)]
     rng = np.random.default_rng(6)
     actions = rng.uniform(-1, 1, size=(20, 3, 4)).astype(np.float32)
     seq = DummyVecEnv(env_fns)
@@ -581,7 +591,7 @@ def synthetic_episodes(n_eps, T, rng):
 
 
 def fetch_reward_fun():
-    return train.env_dims("FetchReach-v4")[3]
+    return goal_env.env_dims("FetchReach-v4")[3]
 
 
 def sample_from(strategy, replay_k, n_eps=40, T=10, batch=100_000, seed=7):
@@ -615,7 +625,7 @@ def test_her_future_relabels_only_to_later_achieved_goals():
 
 def test_her_rewards_recomputed_with_env_compute_reward():
     tr, _, _ = sample_from("future", 4, batch=5000)
-    env = train.make_env("FetchReach-v4")
+    env = goal_env.make_env("FetchReach-v4")
     np.testing.assert_array_equal(tr["r"], env.unwrapped.compute_reward(tr["ag_2"], tr["g"], None))
     hit = np.all(tr["g"] == tr["ag_2"], axis=1)  # relabelled to the very next achieved goal
     assert hit.any() and np.all(tr["r"][hit] == 0.) and np.all(tr["r"][tr["g"][:, 0] < 0] == -1.)
@@ -657,7 +667,7 @@ def test_replay_evicts_random_slots_once_full():
 def test_rollout_worker_episode_shapes_and_no_dropped_step():
     rng = np.random.default_rng(9)
     policy, dims, T = fetch_reach_policy(rng)
-    env_fns = [functools.partial(train.make_env, "FetchReach-v4") for _ in range(2)]
+    env_fns = [functools.partial(goal_env.make_env, "FetchReach-v4") for _ in range(2)]
     venv = DummyVecEnv(env_fns)
     worker = RolloutWorker(venv, policy, dims, T, np.random.default_rng(11), noise_eps=0.2,
                            random_eps=0.3)
@@ -683,11 +693,11 @@ def test_rollout_worker_episode_shapes_and_no_dropped_step():
 
 
 def test_vecenv_env_i_is_seeded_with_seed_plus_i():
-    env_fns = [functools.partial(train.make_env, "FetchPush-v4") for _ in range(3)]
+    env_fns = [functools.partial(goal_env.make_env, "FetchPush-v4") for _ in range(3)]
     for venv in (DummyVecEnv(env_fns), SubprocVecEnv(env_fns), ShmemVecEnv(env_fns)):
         obs = venv.reset(seed=40)
         for i in range(3):
-            alone, _ = train.make_env("FetchPush-v4").reset(seed=40 + i)
+            alone, _ = goal_env.make_env("FetchPush-v4").reset(seed=40 + i)
             np.testing.assert_array_equal(obs["desired_goal"][i], alone["desired_goal"])
         assert not np.array_equal(obs["desired_goal"][0], obs["desired_goal"][1])
         venv.close()
@@ -706,9 +716,9 @@ class RecordingPolicy:
 
 
 def test_rollout_worker_shows_the_policy_the_current_observation_and_goal():
-    dims, T, _, _ = train.env_dims("FetchReach-v4")
+    dims, T, _, _ = goal_env.env_dims("FetchReach-v4")
     policy = RecordingPolicy(dims["u"])
-    venv = DummyVecEnv([functools.partial(train.make_env, "FetchReach-v4") for _ in range(2)])
+    venv = DummyVecEnv([functools.partial(goal_env.make_env, "FetchReach-v4") for _ in range(2)])
     ep = RolloutWorker(venv, policy, dims, T, np.random.default_rng(0)).generate_rollouts()
     assert len(policy.seen) == T
     for t, (o, g) in enumerate(policy.seen):
@@ -729,8 +739,8 @@ def test_success_rate_is_read_at_the_last_step():
 def test_exploration_noise_and_random_actions_scale_with_max_u():
     rng = np.random.default_rng(14)
     dims = {"o": 3, "g": 2, "u": 2}
-    cfg = train.Config(hidden=16, buffer_size=1000)
-    policy = DDPG(train.ddpg_params(cfg, dims, 10, 2.0), None, rng)  # max_u = 2
+    cfg = config.Config(hidden=16, buffer_size=1000)
+    policy = DDPG(config.ddpg_params(cfg, dims, 10, 2.0), None, rng)  # max_u = 2
     o = np.zeros((20000, 3), np.float32)
     g = np.zeros((20000, 2), np.float32)
     pi, _ = policy.get_actions(o, None, g)
@@ -767,8 +777,8 @@ def test_goal_normaliser_sees_the_relabelled_goals():
         fed["n"] = batch_size
         return {"o": np.ones((batch_size, 2), np.float32),
                 "g": np.full((batch_size, 3), 7., np.float32)}
-    cfg = train.Config(hidden=16, buffer_size=100)
-    policy = DDPG(train.ddpg_params(cfg, dims, T, 1.0), stub_sampler, rng)
+    cfg = config.Config(hidden=16, buffer_size=100)
+    policy = DDPG(config.ddpg_params(cfg, dims, T, 1.0), stub_sampler, rng)
     policy.store_episode(episodes)
     assert fed["n"] == 3 * T  # one normalising sample per stored transition
     np.testing.assert_array_equal(policy.g_stats.mean, 7.)  # the sampler's goals, not ep["g"]
@@ -812,7 +822,7 @@ def test_ddpg_train_uses_clipped_target_from_target_nets():
     pi_targ(o_2, g)), -1/(1-gamma), 0) computed here, with targets that hit both clip bounds."""
     rng = np.random.default_rng(12)
     policy, dims, T = fetch_reach_policy(rng, hidden=16)
-    venv = DummyVecEnv([functools.partial(train.make_env, "FetchReach-v4")])
+    venv = DummyVecEnv([functools.partial(goal_env.make_env, "FetchReach-v4")])
     policy.store_episode(RolloutWorker(venv, policy, dims, T, rng, noise_eps=0.2,
                                        random_eps=0.3).generate_rollouts())
     venv.close()
@@ -864,7 +874,7 @@ def test_update_target_net_is_polyak_average():
 def test_save_load_round_trip_gives_identical_actions(tmp_path):
     rng = np.random.default_rng(10)
     policy, dims, T = fetch_reach_policy(rng)
-    venv = DummyVecEnv([functools.partial(train.make_env, "FetchReach-v4")])
+    venv = DummyVecEnv([functools.partial(goal_env.make_env, "FetchReach-v4")])
     worker = RolloutWorker(venv, policy, dims, T, rng, noise_eps=0.2, random_eps=0.3)
     policy.store_episode(worker.generate_rollouts())
     for _ in range(5):
@@ -896,13 +906,13 @@ def test_every_goal_task_family_runs_one_cycle():
     """Dims, T, the reward, its range and the success key come from the env: one rollout,
     store and update on each family."""
     for env_id in FETCH_AND_HAND + MAZES:
-        task = train.describe_env(env_id)
+        task = goal_env.describe_env(env_id)
         dims, T = task["dims"], task["T"]
-        cfg = train.Config(env=env_id, hidden=32, buffer_size=10 * T, batch_size=16)
+        cfg = config.Config(env=env_id, hidden=32, buffer_size=10 * T, batch_size=16)
         rng = np.random.default_rng(0)
-        policy = DDPG(train.ddpg_params(cfg, dims, T, task["max_u"], task["r_range"]),
+        policy = DDPG(config.ddpg_params(cfg, dims, T, task["max_u"], task["r_range"]),
                       make_sample_her_transitions("future", 4, task["reward_fun"]), rng)
-        venv = DummyVecEnv([functools.partial(train.make_env, env_id)])
+        venv = DummyVecEnv([functools.partial(goal_env.make_env, env_id)])
         ep = RolloutWorker(venv, policy, dims, T, rng, noise_eps=0.2, random_eps=0.3,
                            success_key=task["success_key"]).generate_rollouts()
         policy.store_episode(ep)
@@ -917,22 +927,22 @@ def test_every_goal_task_family_runs_one_cycle():
 def test_fetch_and_hand_keep_baselines_target_range():
     """rewards {-1, 0}: y is clipped to [-1/(1 - gamma), 0] = [-50, 0] at T = 50, as ever."""
     for env_id in ("FetchPush-v4", "HandReach-v3"):
-        task = train.describe_env(env_id)
-        params = train.ddpg_params(train.Config(hidden=8), task["dims"], 50, 1.0, task["r_range"])
+        task = goal_env.describe_env(env_id)
+        params = config.ddpg_params(config.Config(hidden=8), task["dims"], 50, 1.0, task["r_range"])
         policy = DDPG(params, None, np.random.default_rng(0))
         gamma = 1. - 1. / 50
         assert (policy.Q_min, policy.Q_max) == (-1. / (1. - gamma), 0.), env_id  # bit for bit
-    assert train.target_range((-1., 0.), 0.98, clip_return=False) == [-np.inf, 0.]
+    assert config.target_range((-1., 0.), 0.98, clip_return=False) == [-np.inf, 0.]
     # PointMaze's {0, 1} at T = 300; a dense reward has no lower end
-    assert np.allclose(train.target_range((0., 1.), 1 - 1 / 300, True), [0., 300.])
-    assert train.target_range((-np.inf, 0.), 0.98, True) == [-np.inf, 0.]
+    assert np.allclose(config.target_range((0., 1.), 1 - 1 / 300, True), [0., 300.])
+    assert config.target_range((-np.inf, 0.), 0.98, True) == [-np.inf, 0.]
 
 
 def test_gamma_flag_replaces_one_minus_one_over_T_and_its_target_range():
     dims = {"o": 4, "g": 2, "u": 2}
-    default = train.ddpg_params(train.Config(hidden=8), dims, 300, 1.0, (0., 1.))
+    default = config.ddpg_params(config.Config(hidden=8), dims, 300, 1.0, (0., 1.))
     assert default["gamma"] == 1. - 1. / 300  # --gamma 0, the default: baselines' rule
-    given = train.ddpg_params(train.Config(hidden=8, gamma=0.98), dims, 300, 1.0, (0., 1.))
+    given = config.ddpg_params(config.Config(hidden=8, gamma=0.98), dims, 300, 1.0, (0., 1.))
     assert given["gamma"] == 0.98
     assert np.allclose(given["target_range"], [0., 1. / (1. - 0.98)])  # [0, 50], not [0, 300]
     assert DDPG(given, None, np.random.default_rng(0)).gamma == 0.98
@@ -947,17 +957,17 @@ def test_reward_range_tells_sparse_from_dense():
             (lambda ag, g: -distance(ag, g), (-np.inf, 0.)),  # FetchReachDense
             (lambda ag, g: np.exp(-distance(ag, g)), (-np.inf, 1.)),  # PointMazeDense
             (lambda ag, g: distance(ag, g), (0., np.inf))):  # a reward that grows with distance
-        assert train.reward_range(reward_fun, goals) == expected, expected
-        assert all(not (np.signbit(v) and v == 0) for v in train.reward_range(reward_fun, goals))
+        assert goal_env.reward_range(reward_fun, goals) == expected, expected
+        assert all(not (np.signbit(v) and v == 0) for v in goal_env.reward_range(reward_fun, goals))
 
 
 def test_success_key_is_read_from_the_env_or_refused():
-    assert train.success_key("x", {"is_success": 0.}) == "is_success"
-    assert train.success_key("x", {"success": False}) == "success"
+    assert goal_env.success_key("x", {"is_success": 0.}) == "is_success"
+    assert goal_env.success_key("x", {"success": False}) == "success"
     try:
-        train.success_key("NoSuccess-v0", {"distance": 1.})
+        goal_env.success_key("NoSuccess-v0", {"distance": 1.})
         raise AssertionError("an env reporting no success was accepted")
-    except train.UsageError as e:
+    except files.UsageError as e:
         assert "NoSuccess-v0" in str(e) and "info['success']" in str(e)
 
 
@@ -991,12 +1001,49 @@ class PointGoal(gym.Env):
 
 
 gym.register("PointGoal-v0", entry_point="test_all:PointGoal", max_episode_steps=10)
+gym.register("FixedGoal-v0", entry_point="test_all:FixedGoal", max_episode_steps=10)
+gym.register("StartAtGoal-v0", entry_point="test_all:FixedGoal", max_episode_steps=10,
+             kwargs=dict(start_at_goal=True))
+
+
+class FixedGoal(PointGoal):
+    """PointGoal whose goal is always the same point: a maze with one goal cell. With
+    start_at_goal the point also starts on it, so no reset ever shows a missed goal."""
+
+    def __init__(self, start_at_goal=False):
+        super().__init__()
+        self.start_at_goal = start_at_goal
+
+    def reset(self, seed=None, options=None):
+        obs, info = super().reset(seed=seed, options=options)
+        self.g = np.array([.3, .3])
+        if self.start_at_goal:
+            self.x = self.g.copy()
+        return self._obs(), info
+
+
+def test_reward_range_of_a_task_with_one_fixed_goal_is_measured_or_refused(tmp_path, capsys):
+    """Desired goals alone (all equal here) show only the reached reward: a range [1, 1] would
+    clip every critic target to one constant. Achieved goals show the missed one; where even
+    they cannot, the run stops with one line, and --reward_range gives the range."""
+    assert goal_env.describe_env("test_all:FixedGoal-v0")["r_range"] == (0., 1.)
+    assert_main_refuses(["--env", "test_all:StartAtGoal-v0", "--logdir", str(tmp_path / "no")],
+                        capsys, "StartAtGoal-v0", "--reward_range R_MIN,R_MAX")
+    for text in ("1,0", "0", "a,b", "nan,1"):
+        assert_main_refuses(["--reward_range", text], capsys, f"--reward_range {text}")
+    logdir = str(tmp_path / "given")
+    rc, out = run_cmd(train_cmd("--env", "test_all:StartAtGoal-v0", "--reward_range", "0,1",
+                                "--n_epochs", "1", "--n_cycles", "1", "--n_batches", "1",
+                                "--n_test_rollouts", "1", "--logdir", logdir), 300)
+    assert rc == 0, out[-3000:]
+    params = json.loads(str(arrays_of(os.path.join(logdir, "policy_latest.npz"))["config_json"]))
+    assert params["target_range"] == [0., 1. / (1. - params["gamma"])]
 
 
 def test_goal_task_with_rewards_0_1_and_info_success_learns(tmp_path):
     """Before rewards set the target's range, {0, 1} rewards were clipped to 0 and never
     learned, and info['success'] was never read: success stayed 0."""
-    task = train.describe_env("test_all:PointGoal-v0")
+    task = goal_env.describe_env("test_all:PointGoal-v0")
     assert (task["success_key"], task["r_range"]) == ("success", (0., 1.))
     logdir = str(tmp_path / "point")
     rc, out = run_cmd(train_cmd("--env", "test_all:PointGoal-v0", "--n_epochs", "4",
@@ -1007,9 +1054,9 @@ def test_goal_task_with_rewards_0_1_and_info_success_learns(tmp_path):
 
 
 def test_config_defaults_env_overrides_and_cli():
-    cfg = train.make_config(train.parse_args([]))
+    cfg = config.make_config(train.parse_args([]))
     assert (cfg.env, cfg.n_cycles, cfg.n_batches, cfg.batch_size) == ("FetchReach-v4", 10, 40, 256)
-    cfg = train.make_config(train.parse_args(["--env", "FetchPush-v4", "--num_env", "2",
+    cfg = config.make_config(train.parse_args(["--env", "FetchPush-v4", "--num_env", "2",
                                               "--n_batches", "7"]))
     assert (cfg.n_cycles, cfg.num_env, cfg.n_batches, cfg.replay_k) == (50, 2, 7, 4)
 
@@ -1017,9 +1064,9 @@ def test_config_defaults_env_overrides_and_cli():
 def test_unknown_or_non_goal_env_is_rejected_clearly():
     for env_id, message in (("FetchPush-v9", "did you mean"), ("CartPole-v1", "dict observation")):
         try:
-            train.env_dims(env_id)
+            goal_env.env_dims(env_id)
             raise AssertionError(f"{env_id} was accepted")
-        except train.UsageError as e:
+        except files.UsageError as e:
             assert message in str(e)
 
 
@@ -1041,9 +1088,9 @@ def test_end_to_end_fetch_reach_learns_in_five_epochs(tmp_path):
     assert max(success) >= 0.9, f"test success per epoch: {success}"
     for name in ("policy_best.npz", "policy_latest.npz", "policy_0.npz"):
         assert os.path.exists(os.path.join(logdir, name)), name
-    # --play reloads the saved policy and runs test episodes with it
-    rc, out = run_cmd([sys.executable, "train.py", "--play", "--load_path",
-                       os.path.join(logdir, "policy_best.npz"), "--n_test_rollouts", "2"], 300)
+    # play.py reloads the saved policy and runs test episodes with it
+    rc, out = run_cmd(play_cmd(os.path.join(logdir, "policy_best.npz"), "--n_test_rollouts", "2"),
+                      300)
     assert rc == 0 and "test success rate" in out, out[-4000:]
 
 
@@ -1068,7 +1115,7 @@ class FaultyReach(gym.Wrapper):
     only on MPI rank `rank` (None: every rank). Registered below as test_all:*Reach-v0."""
 
     def __init__(self, fault, rank, at_step):
-        super().__init__(train.make_env("FetchReach-v4"))
+        super().__init__(goal_env.make_env("FetchReach-v4"))
         self.fault, self.rank, self.at_step, self.n_steps = fault, rank, at_step, 0
 
     def step(self, u):
@@ -1091,9 +1138,13 @@ gym.register("NaNReach-v0", entry_point="test_all:FaultyReach", max_episode_step
 TINY_RUN = ["--n_cycles", "5", "--n_batches", "20", "--n_test_rollouts", "1", "--seed", "3"]
 
 
-def train_cmd(*args, n_ranks=1):
+def train_cmd(*args, n_ranks=1, script="train.py"):
     mpi = [mpirun_exe(), "-np", str(n_ranks)] if n_ranks > 1 else []
-    return mpi + [sys.executable, os.path.join(HERE, "train.py"), *args]
+    return mpi + [sys.executable, os.path.join(HERE, script), *args]
+
+
+def play_cmd(*args, n_ranks=1):
+    return train_cmd(*args, n_ranks=n_ranks, script="play.py")
 
 
 def assert_one_line_error(rc, out, expected_rc, *phrases):
@@ -1163,10 +1214,10 @@ def orphan_of_an_aborted_job(before):
     subprocess.run([mpirun_exe(), "-np", "2", sys.executable, "-c", code], cwd=HERE,
                    capture_output=True, timeout=120)  # not run_cmd: it would clean up
     with hang_guard(30):  # the aborted ranks may still be exiting when mpirun returns
-        while not [p for p in mpi_adam.orphaned_mpich_segments()
+        while not [p for p in mpi_util.orphaned_mpich_segments()
                    if os.path.basename(p) not in before]:
             time.sleep(0.2)
-    orphans = {p for p in mpi_adam.orphaned_mpich_segments() if os.path.basename(p) not in before}
+    orphans = {p for p in mpi_util.orphaned_mpich_segments() if os.path.basename(p) not in before}
     assert len(orphans) == 1 and os.path.basename(min(orphans)).startswith("mpich_shm_")
     return orphans
 
@@ -1190,8 +1241,8 @@ def running_job_keeps_its_segment(tmp_path, orphans):
                 time.sleep(0.1)
             running = {e for e in shm_entries() - entries_before if e.startswith("mpich_shm_")}
             assert len(running) == 1
-            assert orphans <= set(mpi_adam.remove_orphaned_mpich_segments())
-            assert not mpi_adam.orphaned_mpich_segments()
+            assert orphans <= set(mpi_util.remove_orphaned_mpich_segments())
+            assert not mpi_util.orphaned_mpich_segments()
             assert running <= shm_entries(), "the running job's segment was removed"
             go.touch()
             assert job.wait() == 0
@@ -1218,7 +1269,7 @@ def test_rank_failure_ends_whole_mpi_job_with_one_traceback(tmp_path):
 
 @PROCESS_VEC_ENVS
 def test_killed_env_worker_raises_naming_it_and_leaves_no_process(VecEnvClass):
-    env_fns = [functools.partial(train.make_env, "FetchReach-v4") for _ in range(3)]
+    env_fns = [functools.partial(goal_env.make_env, "FetchReach-v4") for _ in range(3)]
     with hang_guard(60):
         venv = VecEnvClass(env_fns)
         venv.reset(seed=0)
@@ -1269,7 +1320,7 @@ def test_sigint_saves_checkpoint_and_resume_is_bitwise_identical(tmp_path):
     assert rc == 130, f"expected exit code 130 (interrupted), got {rc}:\n{out[-3000:]}"
     assert out.count("interrupted in epoch") == 1
     DDPG.load(os.path.join(logdir, "policy_latest.npz"))  # complete and loadable
-    ckpt = arrays_of(train.checkpoint_path(logdir, 0))
+    ckpt = arrays_of(checkpoint.checkpoint_path(logdir, 0))
     assert int(ckpt["cycle"]) > 0, "the interrupt was expected mid-epoch"
     assert not [f for f in os.listdir(logdir) if ".tmp" in f]
     rc, out = run_cmd(train_cmd("--resume", logdir), 600)
@@ -1296,7 +1347,7 @@ def test_checkpoint_of_an_older_version_still_resumes(tmp_path):
     with a note."""
     reference = straight_run(str(tmp_path.parent))
     logdir = resumable_copy(str(tmp_path.parent), str(tmp_path / "old_checkpoint"))
-    path = train.checkpoint_path(logdir, 0)
+    path = checkpoint.checkpoint_path(logdir, 0)
     old = {k: v for k, v in arrays_of(path).items() if not k.startswith("log/")}
     assert len(old) < len(arrays_of(path))
     np.savez(path, **old)
@@ -1308,7 +1359,7 @@ def test_checkpoint_of_an_older_version_still_resumes(tmp_path):
     # mid-epoch: resumable, the history starts empty, and the note says what that means
     worker = RolloutWorker(DummyVecEnv([StubGoalEnv]), RecordingPolicy(2), {"o": 2, "g": 2},
                            10, np.random.default_rng(0))
-    losses, note = train.restore_epoch_so_far(dict(old, cycle=np.array(3)), worker)
+    losses, note = checkpoint.restore_epoch_so_far(dict(old, cycle=np.array(3)), worker)
     assert losses == [] and not worker.success_history and "epoch 2" in note
 
 
@@ -1316,7 +1367,7 @@ def test_interrupt_after_the_last_cycle_resumes_with_the_same_row(tmp_path, monk
     """Stopped after an epoch's last cycle, before its test rollouts: the resumed run logs
     that epoch from the saved history and losses alone (it runs no training cycle of it)."""
     class StopAtRead:
-        """train.StopFlag's stand-in (no signal handlers): `requested`, read once per cycle,
+        """checkpoint.StopFlag's stand-in (no signal handlers): `requested`, read once per cycle,
         is true at read number stop_at (None: never)."""
         def __init__(self, stop_at):
             self.stop_at, self.reads = stop_at, 0
@@ -1331,7 +1382,7 @@ def test_interrupt_after_the_last_cycle_resumes_with_the_same_row(tmp_path, monk
     assert train.main(["--logdir", reference, *run]) == 0
     monkeypatch.setattr(train, "StopFlag", lambda: StopAtRead(5))
     assert train.main(["--logdir", logdir, *run]) == 130
-    ckpt = arrays_of(train.checkpoint_path(logdir, 0))
+    ckpt = arrays_of(checkpoint.checkpoint_path(logdir, 0))
     assert (int(ckpt["epoch"]), int(ckpt["cycle"])) == (0, 5)
     assert ckpt["log/train_losses"].shape == (5 * 20, 2)
     monkeypatch.setattr(train, "StopFlag", lambda: StopAtRead(None))
@@ -1348,7 +1399,7 @@ def test_sigint_under_mpirun_then_resume_stays_in_sync(tmp_path):
     assert rc == 130, f"expected exit code 130 (interrupted), got {rc}:\n{out[-3000:]}"
     assert out.count("interrupted in epoch") == 1
     for rank in (0, 1):
-        assert int(arrays_of(train.checkpoint_path(logdir, rank))["cycle"]) > 0
+        assert int(arrays_of(checkpoint.checkpoint_path(logdir, rank))["cycle"]) > 0
     rc, out = run_cmd(train_cmd("--resume", logdir, n_ranks=2), 600)
     assert rc == 0 and "2 rank(s) in sync" in out, out[-3000:]
     rc, out = run_cmd(train_cmd("--resume", logdir, "--n_epochs", "4"), 120)  # 1 rank, not 2
@@ -1361,7 +1412,7 @@ def test_nonfinite_loss_stops_after_keeping_last_good_checkpoint(tmp_path):
                                 "--n_cycles", "4", "--n_batches", "2", "--logdir", logdir), 300)
     assert rc == 1 and "Traceback" not in out, out[-3000:]
     assert "non-finite train/critic_loss" in out and "in epoch 1, cycle 1" in out, out[-3000:]
-    ckpt = arrays_of(train.checkpoint_path(logdir, 0))
+    ckpt = arrays_of(checkpoint.checkpoint_path(logdir, 0))
     assert (int(ckpt["epoch"]), int(ckpt["cycle"])) == (1, 0)  # end of epoch 0: the last good
     assert all(np.isfinite(v).all() for k, v in ckpt.items() if v.dtype.kind == "f")
 
@@ -1375,24 +1426,24 @@ def test_nonfinite_parameters_are_caught_even_when_the_losses_were_finite(tmp_pa
     policy, _, _ = fetch_reach_policy(np.random.default_rng(17), hidden=16)
     policy.main.Q.theta[5] = np.inf
     try:
-        train.stop_safely_if_needed([(0.1, 0.2)] * 3, NotInterrupted(), 2, 7, 0.5, policy, (),
+        checkpoint.stop_safely_if_needed([(0.1, 0.2)] * 3, NotInterrupted(), 2, 7, 0.5, policy, (),
                                     str(tmp_path), MPI.COMM_WORLD)
         raise AssertionError("non-finite critic parameters were not caught")
-    except train.NonFiniteError as e:
+    except checkpoint.NonFiniteError as e:
         assert "non-finite critic parameters in epoch 2, cycle 7" in str(e)
     assert os.listdir(tmp_path) == []  # nothing saved
 
 
 def test_atomic_save_never_leaves_a_half_written_file(tmp_path, monkeypatch):
     path = str(tmp_path / "policy.npz")
-    ddpg.atomic_savez(path, {"a": np.arange(3)})
+    files.atomic_savez(path, {"a": np.arange(3)})
 
     def crash_midway(f, **arrays):
         f.write(b"PK\x03\x04 half a zip")
         raise KeyboardInterrupt  # killed while saving
     monkeypatch.setattr(np, "savez", crash_midway)
     try:
-        ddpg.atomic_savez(path, {"a": np.arange(5)})
+        files.atomic_savez(path, {"a": np.arange(5)})
     except KeyboardInterrupt:
         pass
     monkeypatch.undo()
@@ -1407,7 +1458,7 @@ def test_training_can_start_from_a_saved_policy(tmp_path):
     rc, out = run_cmd(train_cmd("--load_path", policy_path, "--n_epochs", "0",
                                 "--logdir", logdir), 300)
     assert rc == 0, out[-3000:]
-    start = arrays_of(train.checkpoint_path(logdir, 0))  # the state before any update
+    start = arrays_of(checkpoint.checkpoint_path(logdir, 0))  # the state before any update
     for key in ddpg.POLICY_KEYS[1:] + ("o_stats/sum", "g_stats/count"):
         assert start[key].tobytes() == arrays_of(policy_path)[key].tobytes(), key
 
@@ -1424,15 +1475,15 @@ def test_bad_policy_and_checkpoint_files_get_one_line_errors(tmp_path):
     np.savez(pickled, **dict(arrays_of(good), config_json=np.array([{"evil": 1}], dtype=object)))
     for path, phrase in ((truncated, "truncated"), (foreign, "no 'config_json'"),
                          (pickled, "cannot read"), (str(tmp_path / "missing.npz"), "no such")):
-        rc, out = run_cmd(train_cmd("--play", "--load_path", path), 120)
+        rc, out = run_cmd(play_cmd(path), 120)
         assert_one_line_error(rc, out, 2, path, phrase)
     bad_run = str(tmp_path / "bad_run")
     shutil.copytree(reference, bad_run)
-    shutil.copy(truncated, train.checkpoint_path(bad_run, 0))
+    shutil.copy(truncated, checkpoint.checkpoint_path(bad_run, 0))
     rc, out = run_cmd(train_cmd("--resume", bad_run), 120)
     assert_one_line_error(rc, out, 2, "rank0.npz", "truncated")
     # a policy of another env: dimension mismatch, named
-    rc, out = run_cmd(train_cmd("--play", "--load_path", good, "--env", "FetchPush-v4"), 120)
+    rc, out = run_cmd(play_cmd(good, "--env", "FetchPush-v4"), 120)
     assert_one_line_error(rc, out, 2, "FetchReach-v4", "FetchPush-v4")
 
 
@@ -1459,7 +1510,6 @@ def test_bad_command_lines_get_one_line_errors(tmp_path, capsys):
              (["--batch_size", "-5"], "--batch_size must be at least 1"),
              (["--n_batches", "0"], "--n_batches must be at least 1"),
              (["--replay_k", "-1"], "--replay_k must be 0 or more"),
-             (["--play"], "--play needs --load_path"),
              (["--vec_env", "fast"], "--vec_env"),
              (["--logdir", str(a_file / "sub")], "cannot write to log dir")]
     for argv, phrase in cases:
@@ -1479,10 +1529,10 @@ def test_demo_controller_succeeds_and_writes_the_buffer_layout(tmp_path, capsys)
     out = capsys.readouterr().out
     rate = float(out.split("success rate ")[1].split()[0])
     assert rate >= 0.8, out
-    dims, T, _, _ = train.env_dims("FetchPickAndPlace-v4")
+    dims, T, _, _ = goal_env.env_dims("FetchPickAndPlace-v4")
     with np.load(path, allow_pickle=False) as data:
         assert str(data["env"]) == "FetchPickAndPlace-v4" and int(data["T"]) == T
-    ep = demos.load_demos(path, "FetchPickAndPlace-v4", dims, T, num_demo=4)
+    ep = files.load_demos(path, "FetchPickAndPlace-v4", dims, T, num_demo=4)
     assert ep["o"].shape == (4, T + 1, dims["o"]) and ep["ag"].shape == (4, T + 1, dims["g"])
     assert ep["g"].shape == (4, T, dims["g"]) and ep["u"].shape == (4, T, dims["u"])
     assert ep["info_is_success"].shape == (4, T, 1)
@@ -1491,7 +1541,7 @@ def test_demo_controller_succeeds_and_writes_the_buffer_layout(tmp_path, capsys)
     assert np.abs(ep["u"]).max() <= 1
     # Episode 0 of a fully successful run reset with seed 0: replay its actions.
     if rate == 1:
-        env = train.make_env("FetchPickAndPlace-v4")
+        env = goal_env.make_env("FetchPickAndPlace-v4")
         obs, _ = env.reset(seed=0)
         for t in range(T):
             np.testing.assert_allclose(ep["o"][0, t], obs["observation"], rtol=1e-5, atol=1e-6)
@@ -1508,9 +1558,9 @@ def demo_ddpg(bc_loss=True, q_filter=True, buffer_size=4 * DEMO_T, seed=21):
     """A small agent (o 2, g 3, u 4) with DEMO_ROWS demo rows in its batches of 32."""
     def reward_fun(ag_2, g):  # Fetch's form: 0 within 0.05 of the goal, else -1
         return -(np.linalg.norm(ag_2 - g, axis=-1) > 0.05).astype(np.float32)
-    cfg = train.Config(hidden=16, layers=2, batch_size=32, buffer_size=buffer_size,
+    cfg = config.Config(hidden=16, layers=2, batch_size=32, buffer_size=buffer_size,
                        demo_batch_size=DEMO_ROWS, bc_loss=bc_loss, q_filter=q_filter)
-    params = train.ddpg_params(cfg, {"o": 2, "g": 3, "u": 4}, DEMO_T, 1.0)
+    params = config.ddpg_params(cfg, {"o": 2, "g": 3, "u": 4}, DEMO_T, 1.0)
     rng = np.random.default_rng(seed)
     return DDPG(params, make_sample_her_transitions("future", 4, reward_fun), rng), rng
 
@@ -1647,6 +1697,18 @@ def test_ddpg_train_with_bc_loss_steps_along_the_bc_gradient():
     np.testing.assert_allclose(grads["pi"], before.pi.grad, rtol=1e-5, atol=1e-8)
 
 
+def code_of_commit(commit, paths, dest):
+    """The files `paths` as they were at `commit`, extracted from git into `dest` (the test is
+    skipped where there is no git history, e.g. in a source tarball)."""
+    import tarfile
+    archive = subprocess.run(["git", "-C", HERE, "archive", commit, *paths], capture_output=True)
+    if archive.returncode != 0:
+        pytest.skip(f"no git history with commit {commit} here")
+    with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
+        tar.extractall(dest, filter="data")
+    return str(dest)
+
+
 # The last commit before demonstrations: a run without --demo_file must be this commit's run.
 BEFORE_DEMOS = "9d04e90bf381ccdb043ab01fac13f68548f52510"
 CORE_FILES = ("train.py", "ddpg.py", "her.py", "replay.py", "mpi_adam.py", "vecenv.py")
@@ -1660,15 +1722,7 @@ def test_without_demo_file_a_run_is_bitwise_the_run_before_demos(tmp_path):
     target_range = [-clip_return, 0] in place of clip_return (the reward-derived range is
     Fetch's old one, bit for bit). A deliberate
     change to what a plain run computes must move BEFORE_DEMOS to a commit that has it."""
-    import tarfile
-    archive = subprocess.run(["git", "-C", HERE, "archive", BEFORE_DEMOS, *CORE_FILES],
-                             capture_output=True)
-    if archive.returncode != 0:
-        import pytest
-        pytest.skip(f"no git history with commit {BEFORE_DEMOS} here")
-    before = tmp_path / "before"
-    with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
-        tar.extractall(before, filter="data")
+    before = code_of_commit(BEFORE_DEMOS, CORE_FILES, tmp_path / "before")
     runs = {}
     for name, code in (("before", str(before)), ("now", HERE)):
         runs[name] = str(tmp_path / f"run_{name}")
@@ -1689,6 +1743,50 @@ def test_without_demo_file_a_run_is_bitwise_the_run_before_demos(tmp_path):
     assert_same_progress(runs["before"], runs["now"])
 
 
+# The last commit before the code was split into one concept per file (config.py, play.py,
+# rollout.py, ...): a run must compute exactly what that commit's run computed.
+BEFORE_LAYOUT = "110307f58f24f22e6a27ae45b3a22d1ee414be55"
+BEFORE_LAYOUT_FILES = ("train.py", "ddpg.py", "her.py", "replay.py", "mpi_adam.py", "vecenv.py",
+                       "demos.py")
+REACH_1X1 = ("--n_epochs", "2", "--n_cycles", "3", "--n_batches", "10", "--n_test_rollouts", "2",
+             "--seed", "5")
+PUSH_2X2 = ("--env", "FetchPush-v4", "--num_env", "2", "--n_epochs", "1", "--n_cycles", "2",
+            "--n_batches", "5", "--n_test_rollouts", "1", "--seed", "6")
+
+
+@pytest.mark.parametrize("args, n_ranks", [(REACH_1X1, 1), (PUSH_2X2, 2)],
+                         ids=["FetchReach-1x1", "FetchPush-2x2"])
+def test_a_run_is_bitwise_the_run_before_the_layout(tmp_path, args, n_ranks):
+    """The same run with the code of BEFORE_LAYOUT (out of git) and with this code: the same
+    progress.csv (but its wall-clock column) and the same arrays in every policy and checkpoint
+    file, bit for bit. Then the old run's files resume with this code, to the same bits as
+    this code's own run resumed."""
+    before = code_of_commit(BEFORE_LAYOUT, BEFORE_LAYOUT_FILES, tmp_path / "before")
+    runs = {}
+    for name, code in (("before", before), ("now", HERE)):
+        runs[name] = str(tmp_path / f"run_{name}")
+        mpi = [mpirun_exe(), "-np", str(n_ranks)] if n_ranks > 1 else []
+        rc, out = run_cmd(mpi + [sys.executable, os.path.join(code, "train.py"), *args,
+                                 "--logdir", runs[name]], 600)
+        assert rc == 0, out[-3000:]
+    written = sorted(os.path.relpath(os.path.join(d, f), runs["now"])
+                     for d, _, fs in os.walk(runs["now"]) for f in fs if f.endswith(".npz"))
+    assert written == sorted(os.path.relpath(os.path.join(d, f), runs["before"])
+                             for d, _, fs in os.walk(runs["before"]) for f in fs
+                             if f.endswith(".npz"))
+    for name in written:
+        assert_same_arrays(*(os.path.join(runs[r], name) for r in ("before", "now")))
+    assert_same_progress(runs["before"], runs["now"])
+    n_epochs = str(int(args[args.index("--n_epochs") + 1]) + 1)
+    for name in ("before", "now"):  # files written before the change still resume
+        rc, out = run_cmd(train_cmd("--resume", runs[name], "--n_epochs", n_epochs,
+                                    n_ranks=n_ranks), 600)
+        assert rc == 0, out[-3000:]
+    for name in written:
+        assert_same_arrays(*(os.path.join(runs[r], name) for r in ("before", "now")))
+    assert_same_progress(runs["before"], runs["now"])
+
+
 def random_demo_file(path, env_id, dims, T, n, seed=0):
     rng = np.random.default_rng(seed)
     episodes = {"o": rng.normal(size=(n, T + 1, dims["o"])),
@@ -1696,14 +1794,14 @@ def random_demo_file(path, env_id, dims, T, n, seed=0):
                 "g": rng.normal(size=(n, T, dims["g"])),
                 "u": rng.uniform(-1, 1, size=(n, T, dims["u"])),
                 "info_is_success": np.zeros((n, T, 1))}
-    demos.save_demos(path, episodes, env_id, T)
+    files.save_demos(path, episodes, env_id, T)
     return path
 
 
 def test_resume_with_demos_is_bitwise_identical(tmp_path):
     """A demo run resumed at an epoch boundary re-reads the demo file, and its normalisers
     (restored) do not count the demos twice."""
-    dims, T, _, _ = train.env_dims("FetchReach-v4")
+    dims, T, _, _ = goal_env.env_dims("FetchReach-v4")
     path = random_demo_file(str(tmp_path / "reach.npz"), "FetchReach-v4", dims, T, n=6)
     demo_run = ["--demo_file", path, "--num_demo", "5", "--bc_loss", "1", "--q_filter", "1",
                 "--demo_batch_size", "64", "--n_cycles", "2", "--n_batches", "5",
@@ -1720,18 +1818,18 @@ def test_resume_with_demos_is_bitwise_identical(tmp_path):
 
 
 def test_every_config_field_is_a_flag_with_its_comment_as_help():
-    comments = train.config_comments()
+    comments = config.config_comments()
     actions = {a.dest: a for a in train.make_parser()._actions}
     argv, expected = [], {}
-    for f in dataclasses.fields(train.Config):
+    for f in dataclasses.fields(config.Config):
         action = actions[f.name]
         assert action.option_strings == [f"--{f.name}"] and action.default is None
         assert action.help.startswith(comments[f.name]) and len(comments[f.name]) > 10
         # a value other than the default, of the field's type, through the command line
         if f.type is bool:
             value, text = not f.default, str(int(not f.default))
-        elif f.name in train.CHOICES:
-            value = next(c for c in train.CHOICES[f.name] if c != f.default)
+        elif f.name in config.CHOICES:
+            value = next(c for c in config.CHOICES[f.name] if c != f.default)
             text = value
         elif f.type is str:
             value = text = f"x{f.name}"
@@ -1740,12 +1838,22 @@ def test_every_config_field_is_a_flag_with_its_comment_as_help():
             text = repr(value)
         argv += [f"--{f.name}", text]
         expected[f.name] = value
-    cfg = train.make_config(train.parse_args(argv))
+    cfg = config.make_config(train.parse_args(argv))
     assert dataclasses.asdict(cfg) == expected
 
 
+def test_a_demo_file_turns_the_cloning_loss_on_unless_bc_loss_0_is_given():
+    """As baselines' her.py, which sets bc_loss = 1 whenever a demo file is given."""
+    def bc_loss(*argv):
+        return config.make_config(train.parse_args(list(argv))).bc_loss
+    assert bc_loss("--demo_file", "d.npz") is True
+    assert bc_loss("--demo_file", "d.npz", "--bc_loss", "0") is False
+    assert bc_loss("--demo_file", "d.npz", "--bc_loss", "1") is True
+    assert bc_loss() is False
+
+
 def test_bad_demo_input_gets_one_line_errors(tmp_path, capsys):
-    dims, T, _, _ = train.env_dims("FetchReach-v4")
+    dims, T, _, _ = goal_env.env_dims("FetchReach-v4")
     good = random_demo_file(str(tmp_path / "reach.npz"), "FetchReach-v4", dims, T, n=3)
     truncated = str(tmp_path / "truncated.npz")
     with open(good, "rb") as f, open(truncated, "wb") as g:
@@ -1757,7 +1865,7 @@ def test_bad_demo_input_gets_one_line_errors(tmp_path, capsys):
              info=np.array([[{}]], dtype=object))
     foreign = str(tmp_path / "foreign.npz")
     np.savez(foreign, weights=np.ones(3))
-    push_dims = train.env_dims("FetchPush-v4")[0]
+    push_dims = goal_env.env_dims("FetchPush-v4")[0]
     push = random_demo_file(str(tmp_path / "push.npz"), "FetchPush-v4", push_dims, T, n=3)
     fix = "make demos with: python demos.py"
     cases = [(["--demo_file", str(tmp_path / "none.npz")], ["no such file", fix]),
@@ -1771,7 +1879,7 @@ def test_bad_demo_input_gets_one_line_errors(tmp_path, capsys):
              (["--demo_file", good, "--num_demo", "3", "--batch_size", "64"],
               ["--demo_batch_size 128 must be below --batch_size 64"]),
              (["--bc_loss", "1"], ["--bc_loss 1 clones demonstrations: give --demo_file"]),
-             (["--demo_file", good, "--num_demo", "3", "--q_filter", "1"],
+             (["--demo_file", good, "--num_demo", "3", "--bc_loss", "0", "--q_filter", "1"],
               ["--q_filter 1 filters the cloning loss of --bc_loss 1"]),
              (["--random_eps", "2"], ["--random_eps must be between 0 and 1"]),
              (["--gamma", "1"], ["--gamma must be at least 0 and below 1"]),
@@ -1798,9 +1906,9 @@ def saved_reach_policy(tmp_path):
 def test_play_save_video_writes_every_frame_of_an_episode(tmp_path):
     path, gif = saved_reach_policy(tmp_path), str(tmp_path / "reach.gif")
     env = {k: v for k, v in os.environ.items() if k not in ("MUJOCO_GL", "DISPLAY")}
-    proc = subprocess.run(train_cmd("--play", "--load_path", path, "--n_test_rollouts", "1",
-                                    "--save_video", gif), cwd=HERE, capture_output=True,
-                          text=True, timeout=300, env=env)  # no screen: train.py picks EGL
+    proc = subprocess.run(play_cmd(path, "--n_test_rollouts", "1", "--save_video", gif),
+                          cwd=HERE, capture_output=True, text=True, timeout=300,
+                          env=env)  # no screen: play.py picks EGL
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
     from PIL import Image
     with Image.open(gif) as im:
@@ -1816,14 +1924,14 @@ def test_play_save_video_writes_every_frame_of_an_episode(tmp_path):
 
 def test_save_video_bad_input_gets_one_line_and_writes_nothing(tmp_path):
     path = saved_reach_policy(tmp_path)
-    play = ["--play", "--load_path", path, "--n_test_rollouts", "1"]
+    play = [path, "--n_test_rollouts", "1"]
     cases = [(play + ["--save_video", str(tmp_path / "no" / "dir.gif")], {}, "not writable"),
              (play + ["--save_video", str(tmp_path / "out.avi")], {}, "only animated GIFs"),
-             (["--save_video", str(tmp_path / "x.gif")], {}, "--play"),
+             (["--save_video", str(tmp_path / "x.gif")], {}, "POLICY.npz"),
              (play + ["--save_video", str(tmp_path / "x.gif")], {"MUJOCO_GL": "nonsense"},
               "cannot render off screen")]
     for argv, env, phrase in cases:
-        proc = subprocess.run(train_cmd(*argv), cwd=HERE, capture_output=True, text=True,
+        proc = subprocess.run(play_cmd(*argv), cwd=HERE, capture_output=True, text=True,
                               timeout=120, env={**os.environ, **env})
         assert_one_line_error(proc.returncode, proc.stdout + proc.stderr, 2, phrase)
     assert sorted(os.listdir(tmp_path)) == ["reach.npz"]
@@ -1853,7 +1961,7 @@ def test_ranks_without_a_shared_file_system_each_save_and_resume(tmp_path):
     assert rc == 0 and "2 rank(s) in sync" in out, out[-3000:]
     assert [r["epoch"] for r in read_progress(str(a / "run"))] == ["0", "1"]
     for side, rank in ((a, 0), (b, 1)):
-        assert int(arrays_of(train.checkpoint_path(str(side / "run"), rank))["epoch"]) == 2
+        assert int(arrays_of(checkpoint.checkpoint_path(str(side / "run"), rank))["epoch"]) == 2
 
 
 def test_nineteen_ranks_update_as_one_process_summing_their_gradients():
@@ -1894,8 +2002,8 @@ def small_ddpg(rank, comm):
     """A small agent of rank `rank` (its own seed and data), episodes of SMALL_T steps."""
     def reward_fun(ag_2, g):  # Fetch's form: 0 within 0.05 of the goal, else -1
         return -(np.linalg.norm(ag_2 - g, axis=-1) > 0.05).astype(np.float32)
-    cfg = train.Config(hidden=16, layers=2, batch_size=32, buffer_size=1000)
-    params = train.ddpg_params(cfg, {"o": 2, "g": 3, "u": 4}, SMALL_T, 1.0)
+    cfg = config.Config(hidden=16, layers=2, batch_size=32, buffer_size=1000)
+    params = config.ddpg_params(cfg, {"o": 2, "g": 3, "u": 4}, SMALL_T, 1.0)
     rng = np.random.default_rng(1000 + rank)
     return DDPG(params, make_sample_her_transitions("future", 4, reward_fun), rng, comm), rng
 
@@ -1995,7 +2103,7 @@ class FakeTerminal(io.StringIO):
 
 def run_progress(stream, terminal, step_s, n_cycles=50):
     """One epoch of CycleProgress with a clock that advances step_s at each reading."""
-    progress = train.CycleProgress(stream, n_cycles, enabled=True, terminal=terminal,
+    progress = logger.CycleProgress(stream, n_cycles, enabled=True, terminal=terminal,
                                    clock=FakeClock(step_s), min_interval_s=30.)
     progress.start_epoch(3, 0)
     for cycle in range(n_cycles):
@@ -2030,7 +2138,7 @@ def test_progress_into_a_file_writes_few_short_lines():
 def test_output_is_terminal_sees_through_mpirun():
     """Under mpirun a rank's stdout is a pipe; mpirun's own stdout decides."""
     cmd = [mpirun_exe(), "-np", "1", sys.executable, "-c",
-           "import sys, train; print('TERMINAL', train.output_is_terminal(sys.stdout))"]
+           "import sys, logger; print('TERMINAL', logger.output_is_terminal(sys.stdout))"]
     rc, out = run_cmd(cmd, 120)
     assert rc == 0 and "TERMINAL False" in out, out[-3000:]
     main_fd, child_fd = os.openpty()
@@ -2055,10 +2163,10 @@ def test_output_is_terminal_sees_through_mpirun():
 
 # ---------------------------------------------------------------- plots and the README's numbers
 
-def write_synthetic_run(run_dir, seed, success, n_ranks=2, epoch_s=20.0, **config):
+def write_synthetic_run(run_dir, seed, success, n_ranks=2, epoch_s=20.0, **settings):
     os.makedirs(run_dir)
-    cfg = dict(vars(train.Config(env="FetchPush-v4", num_env=2, n_cycles=50, seed=seed,
-                                 **config)))
+    cfg = dict(vars(config.Config(env="FetchPush-v4", num_env=2, n_cycles=50, seed=seed,
+                                  **settings)))
     with open(os.path.join(run_dir, "config.json"), "w") as f:
         json.dump(cfg, f)
     with open(os.path.join(run_dir, "progress.csv"), "w", newline="") as f:
@@ -2115,19 +2223,20 @@ def test_scaling_figure_and_table_one_row_per_rank_count(tmp_path):
     assert np.allclose(run["hours"], 475. * np.arange(1, 7) / 3600.)
 
 
-def test_readme_results_table_matches_committed_csvs():
+def test_plot_tables_in_docs_results_match_committed_csvs():
+    """docs/results.md shows the results and scaling tables that plot.py makes of results/."""
     import plot
     results = os.path.join(HERE, "results")
     run_dirs = sorted(os.path.join(results, d) for d in os.listdir(results)
                       if os.path.exists(os.path.join(results, d, "progress.csv")))
     assert run_dirs, "results/ holds no runs"
-    with open(os.path.join(HERE, "README.md")) as f:
-        readme = f.read()
-    assert plot.results_table(run_dirs) in readme, \
-        "README's results table differs from `python plot.py results/* --table`"
+    with open(os.path.join(HERE, "docs", "results.md")) as f:
+        page = f.read()
+    assert plot.results_table(run_dirs) in page, \
+        "docs/results.md's results table differs from `python plot.py results/* --table`"
     push = [d for d in run_dirs if os.path.basename(d).startswith("FetchPush-v4-")]
-    assert plot.scaling_table(push, "FetchPush-v4") in readme, "README's scaling table differs " \
-        "from `python plot.py results/FetchPush-v4-* --scaling FetchPush-v4 --table`"
+    assert plot.scaling_table(push, "FetchPush-v4") in page, "docs/results.md's scaling table " \
+        "differs from `python plot.py results/FetchPush-v4-* --scaling FetchPush-v4 --table`"
 
 
 def test_every_mpi_call_is_tagged_and_in_the_readme_table():
@@ -2150,6 +2259,89 @@ def test_every_mpi_call_is_tagged_and_in_the_readme_table():
     assert {"Allreduce", "Bcast", "bcast", "allgather", "Abort"} <= methods
     for method in methods:
         assert f"`{method}`" in table, f"comm.{method} is not in README's table of MPI calls"
+    # and every row names where the call now is: the function around each tagged line
+    import ast
+    for name in sorted(f for f in os.listdir(HERE) if f.endswith(".py") and f != "test_all.py"):
+        with open(os.path.join(HERE, name)) as f:
+            source = f.read()
+        tagged = {n for n, line in enumerate(source.splitlines(), start=1) if "# [MPI]" in line}
+        if not tagged:
+            continue
+        scopes = []  # (first line, last line, Class.function)
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.ClassDef):
+                scopes += [(m.lineno, m.end_lineno, f"{node.name}.{m.name}") for m in node.body
+                           if isinstance(m, ast.FunctionDef)]
+            elif isinstance(node, ast.FunctionDef) and node.col_offset == 0:
+                scopes.append((node.lineno, node.end_lineno, node.name))
+        for number in sorted(tagged):
+            where = [s for s in scopes if s[0] <= number <= s[1]]
+            assert where, f"{name}:{number}: an [MPI] line outside any function"
+            function = min(where, key=lambda s: s[1] - s[0])[2]  # the innermost
+            assert f"`{name}: {function}`" in table, \
+                f"README's table of MPI calls has no row `{name}: {function}` ({name}:{number})"
+
+
+def markdown_links(text):
+    """The targets of the [text](target) links and ![alt](target) images of a markdown page,
+    outside code blocks and code spans."""
+    import re
+    text = re.sub(r"^[ \t]*```.*?^[ \t]*```", "", text, flags=re.M | re.S)  # code blocks
+    text = re.sub(r"`[^`\n]*`", "", text)  # code spans
+    return re.findall(r"\]\(([^()\s]+)\)", text)
+
+
+def heading_anchors(text):
+    """The anchors GitHub makes of a page's headings: lowercase; every character other than a
+    letter, digit, space, hyphen or underscore dropped; spaces to hyphens."""
+    import re
+    text = re.sub(r"^[ \t]*```.*?^[ \t]*```", "", text, flags=re.M | re.S)
+    headings = re.findall(r"^#{1,6}[ \t]+(.+?)[ \t#]*$", text, flags=re.M)
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in headings}
+
+
+def broken_links(page):
+    """'page: target (why)' for every relative link of a markdown page that does not resolve."""
+    import re
+    with open(page) as f:
+        text = f.read()
+    broken = []
+    for target in markdown_links(text):
+        if re.match(r"[a-z][a-z0-9+.-]*:", target):  # https:, mailto: ...: not relative
+            continue
+        path, _, anchor = target.partition("#")
+        linked = os.path.normpath(os.path.join(os.path.dirname(page), path)) if path else page
+        if not os.path.exists(linked):
+            broken.append(f"{page}: {target} (no file {linked})")
+        elif anchor:
+            if not linked.endswith(".md"):
+                broken.append(f"{page}: {target} (an anchor into a file that is not markdown)")
+                continue
+            with open(linked) as f:
+                anchors = heading_anchors(f.read())
+            if anchor not in anchors:
+                broken.append(f"{page}: {target} (no heading #{anchor} in {linked})")
+    return broken
+
+
+def test_every_relative_link_and_anchor_in_the_docs_resolves(tmp_path):
+    """README.md and every docs/*.md: each relative link names a file that exists, and each
+    #anchor a heading of that file (GitHub's rule), so pages can move without breaking."""
+    docs = os.path.join(HERE, "docs")
+    pages = [os.path.join(HERE, "README.md")] + sorted(
+        os.path.join(docs, f) for f in os.listdir(docs) if f.endswith(".md"))
+    assert len(pages) >= 5, pages  # README and the four pages it links to
+    links = [target for page in pages for target in markdown_links(open(page).read())]
+    assert any("#" in t for t in links) and any(t.startswith("../") for t in links), links
+    problems = [problem for page in pages for problem in broken_links(page)]
+    assert not problems, "broken links:\n" + "\n".join(problems)
+    # the check itself: a page with a missing file, a missing anchor and a good link
+    page = tmp_path / "page.md"
+    page.write_text("# A heading: with `code`, too\n\n[ok](#a-heading-with-code-too) "
+                    "[file](missing.md) [anchor](page.md#nowhere) [web](https://example.com)\n"
+                    "```\n[not a link](in-a-code-block.md)\n```\n")
+    assert [p.split(": ", 1)[1].split(" (")[0] for p in broken_links(str(page))] == \
+        ["missing.md", "page.md#nowhere"]
 
 
 # ---------------------------------------------------------------- MPI cases (run under mpirun)

@@ -1,0 +1,133 @@
+"""The files a run reads and writes: written atomically, read without pickle.
+
+No baselines counterpart as such: baselines pickles its policies and demo files and writes them
+in place. Here every file is a plain .npz (or text) written to a temporary name and renamed, so
+a crash at any moment leaves the old complete file or the new complete one; and it is read with
+allow_pickle=False, so a file from elsewhere can be refused but never runs code. Holds the demo
+file format of Nair et al. (2018) too (demos.py writes it, train.py reads it): one float32 array
+per key in the replay buffer's own layout (replay.py), episodes first: o, ag (n, T+1, dim);
+g, u, info_is_success (n, T, dim); plus the env id and T.
+
+Errors a user can fix are exceptions of two kinds, each reported as one line with exit code 2:
+UsageError (a bad flag or combination) and BadFileError (a file that is missing, truncated or
+not ours).
+
+Test: `python -m pytest -q test_all.py -k "atomic or bad_ or demo"`.
+"""
+import os
+
+import numpy as np
+
+
+class UsageError(Exception):
+    """Bad input: reported as one line on stderr, exit code 2, no traceback."""
+
+
+class BadFileError(ValueError):
+    """A policy or checkpoint file that is missing, truncated or not ours (one-line message)."""
+
+
+def atomic_savez(path, arrays):
+    """np.savez to a temporary file in the same folder, then rename over `path`: a reader (or
+    a crash at any moment) sees either the old complete file or the new complete file."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    try:
+        with open(tmp, "wb") as f:
+            np.savez(f, **arrays)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+
+
+def load_npz(path, required_keys, what, writer="train.py"):
+    """All arrays of an .npz as a dict, loaded with allow_pickle=False (safe on untrusted
+    files); any problem becomes a one-line BadFileError naming the file and its `writer`."""
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            if not hasattr(data, "files"):
+                raise BadFileError(f"{path}: a bare .npy array, not a {what} .npz from {writer}")
+            missing = [k for k in required_keys if k not in data.files]
+            if missing:
+                raise BadFileError(f"{path}: not a {what} written by {writer} "
+                                   f"(no {missing[0]!r} array)")
+            return {key: data[key] for key in data.files}
+    except BadFileError:
+        raise
+    except FileNotFoundError:
+        raise BadFileError(f"{path}: no such file") from None
+    except Exception as e:  # BadZipFile, EOFError, ValueError (pickled objects), OSError
+        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise BadFileError(f"{path}: cannot read it as a {what} ({reason}); "
+                           f"the file is truncated, corrupt or not from {writer}") from None
+
+
+def atomic_write_text(path, text):
+    """Write to a temporary file, then rename: readers never see half a file."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w", newline="") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+# ---------------------------------------------------------------- the demo file (Nair et al. 2018)
+
+DEMO_KEYS = ("o", "ag", "g", "u", "info_is_success")
+FILE_KEYS = DEMO_KEYS + ("env", "T")
+
+
+def save_demos(path, episodes, env_id, T):
+    """Write the episodes (DEMO_KEYS) with the env id and T, atomically; no pickle needed."""
+    arrays = {key: np.asarray(episodes[key], np.float32) for key in DEMO_KEYS}
+    atomic_savez(path, dict(arrays, env=np.array(env_id), T=np.array(T)))
+
+
+def make_hint(env_id, num_demo, path):
+    return (f"make demos with: python demos.py --env {env_id} --num_demo {num_demo} "
+            f"--out {path}")
+
+
+def is_baselines_file(path):
+    """Whether `path` is an .npz with the arrays of baselines' fetch_data_generation.py."""
+    try:
+        with np.load(path, allow_pickle=False) as data:  # lists the names, loads nothing
+            return {"obs", "acs", "info"} <= set(getattr(data, "files", ()))
+    except Exception:  # unreadable: load_npz has said why
+        return False
+
+
+def load_demos(path, env_id, dims, T, num_demo):
+    """The first num_demo episodes of a demo file, checked against the task:
+    {key: (num_demo, T or T+1, dim) float32}. Every problem is a one-line BadFileError that
+    names the file, the problem and the fix."""
+    hint = make_hint(env_id, num_demo, path)
+    try:
+        arrays = load_npz(path, FILE_KEYS, "demo file", writer="demos.py")
+    except BadFileError as e:
+        problem = str(e)
+        if is_baselines_file(path):
+            problem = (f"{path}: a demo file in baselines' format (obs, acs, info: pickled "
+                       "dicts, which this project never unpickles)")
+        raise BadFileError(f"{problem}; {hint}") from None
+    expected = {"o": (T + 1, dims["o"]), "ag": (T + 1, dims["g"]), "g": (T, dims["g"]),
+                "u": (T, dims["u"]), "info_is_success": (T, 1)}
+    shapes = {key: arrays[key].shape[1:] for key in DEMO_KEYS}
+    if shapes != expected:
+        raise BadFileError(f"{path}: demos of {arrays['env']} (T={int(arrays['T'])}, o "
+                           f"{shapes['o'][-1:]}, g {shapes['g'][-1:]}, u {shapes['u'][-1:]}) "
+                           f"do not fit {env_id} (T={T}, o ({dims['o']},), g ({dims['g']},), "
+                           f"u ({dims['u']},)); pass --env {arrays['env']}, or {hint}")
+    counts = {len(arrays[key]) for key in DEMO_KEYS}
+    if len(counts) != 1:
+        raise BadFileError(f"{path}: its arrays hold different numbers of episodes; {hint}")
+    n = counts.pop()
+    if n < num_demo:
+        raise BadFileError(f"{path} holds {n} episodes, fewer than --num_demo {num_demo}; "
+                           f"pass --num_demo {n}, or {hint}")
+    episodes = {key: arrays[key][:num_demo].astype(np.float32, copy=False) for key in DEMO_KEYS}
+    if not all(np.all(np.isfinite(v)) for v in episodes.values()):
+        raise BadFileError(f"{path}: holds NaN or inf values; {hint}")
+    return episodes

@@ -1,0 +1,179 @@
+"""A goal task: making its env, and reading its conventions off it instead of assuming Fetch's.
+
+Mirrors the env half of openai/baselines `her/experiment/config.py` (configure_dims, the tmp
+env whose compute_reward relabels goals) and of `common/cmd_util.py` (make_vec_env). Goal tasks
+are the multi-goal environments of Plappert et al. (2018), Sec. 1: a dict observation with
+`observation`, `achieved_goal` and `desired_goal`, and a vectorised `compute_reward(ag, g)`.
+Tasks differ in conventions (Fetch and Hand: rewards {-1, 0} and info['is_success']; PointMaze
+and AntMaze: {0, 1} and info['success']; the Dense variants: a distance), so describe_env
+measures them all on a temporary env: dims, horizon T, action bound max_u, the reward function,
+the info key that reports success, and the reward range that bounds the critic's target.
+build_venv makes a rank's vec env of num_env such envs.
+
+Test: `python -m pytest -q test_all.py -k "goal_task or reward or success_key"`.
+"""
+import contextlib
+import difflib
+import functools
+import importlib
+import io
+
+import numpy as np
+
+from files import UsageError
+from vecenv import DummyVecEnv, ShmemVecEnv, SubprocVecEnv
+
+# --vec_env: how env processes send their observations to the rank (vecenv.py).
+VEC_ENVS = {"subproc": SubprocVecEnv, "shmem": ShmemVecEnv}
+
+
+def import_gym():
+    """gymnasium with the robotics envs registered. gymnasium-robotics 1.4.2 prints a notice
+    about its Adroit envs (not used here) to stderr on import; it is swallowed so that errors
+    stay one line."""
+    import gymnasium as gym
+    with contextlib.redirect_stderr(io.StringIO()):
+        import gymnasium_robotics
+    gym.register_envs(gymnasium_robotics)
+    return gym
+
+
+def make_env(env_id, render_mode=None):
+    """Build one env. Module-level (not a lambda) so the spawn start method can pickle it.
+    `module:EnvId` ids import `module` first, which may register EnvId (gymnasium's rule)."""
+    gym = import_gym()
+    return gym.make(env_id, render_mode=render_mode) if render_mode else gym.make(env_id)
+
+
+def env_dims(env_id):
+    """(dims, T, max_u, reward_fun) of a goal task; see describe_env."""
+    d = describe_env(env_id)
+    return d["dims"], d["T"], d["max_u"], d["reward_fun"]
+
+
+def describe_env(env_id, r_range=None, need_range=True):
+    """Read everything task-specific off a temporary env, so that no task's conventions are
+    assumed: dims, horizon T, action bound max_u, the vectorised reward, the info key that
+    reports success, and the reward range [r_min, r_max] (measured unless `r_range` is given;
+    with need_range=False, None where it cannot be measured: play.py needs no range)."""
+    gym = import_gym()
+    module, _, name = env_id.rpartition(":")
+    if module:
+        try:
+            importlib.import_module(module)
+        except ImportError as e:
+            raise UsageError(f"--env {env_id}: cannot import module {module!r} ({e})") from None
+    if name not in gym.registry:
+        close = difflib.get_close_matches(name, list(gym.registry), n=3, cutoff=0.6)
+        hint = f"; did you mean {' or '.join(close)}?" if close else \
+            "; see the Fetch*-v4, HandReach-v3 and HandManipulate* ids of gymnasium-robotics"
+        raise UsageError(f"unknown env id {name!r}{hint}")
+    env = make_env(env_id)
+    space = env.observation_space
+    keys = ("observation", "achieved_goal", "desired_goal")
+    if not all(k in getattr(space, "spaces", {}) for k in keys):
+        env.close()
+        raise UsageError(f"env {env_id!r} has no dict observation with keys {', '.join(keys)}; "
+                         "HER needs a goal task such as FetchReach-v4")
+    low, high = env.action_space.low, env.action_space.high
+    if not (np.allclose(low, -high) and np.allclose(high, high.flat[0])):
+        env.close()
+        raise UsageError(f"env {env_id!r} has an action box that is not [-a, a] in every "
+                         "dimension; the tanh actor needs a symmetric box")
+    dims = {"o": int(space["observation"].shape[0]), "g": int(space["desired_goal"].shape[0]),
+            "u": int(env.action_space.shape[0])}
+    # The env's own vectorised reward, used to relabel goals: r = compute_reward(ag_2, g).
+    # The env stays open for it (baselines keeps a tmp env for the same reason).
+    reward_fun = functools.partial(_compute_reward, env.unwrapped)
+    if r_range is None:
+        r_range = measure_reward_range(env, reward_fun)  # resets the env
+    else:
+        env.reset(seed=0)  # the step below, which tells the success key, needs one
+    if r_range is None and need_range:
+        env.close()
+        raise UsageError(f"env {env_id!r}: compute_reward gave one value for every goal and "
+                         f"achieved goal of {MAX_RANGE_RESETS} resets, so the range of its "
+                         "rewards, which bounds the critic's target, cannot be measured; pass "
+                         "it as --reward_range R_MIN,R_MAX (e.g. 0,1 for a maze's sparse "
+                         "reward, -1,0 for Fetch's)")
+    _, _, _, _, info = env.step(np.zeros(env.action_space.shape, env.action_space.dtype))
+    return dict(dims=dims, T=int(env.spec.max_episode_steps), max_u=float(high.flat[0]),
+                reward_fun=reward_fun, success_key=success_key(env_id, info), r_range=r_range)
+
+
+# Resets whose goals measure the reward range: 5 tell every task of gymnasium-robotics apart;
+# a task whose goal is nearly fixed (a maze with one goal cell) may need more.
+MIN_RANGE_RESETS, MAX_RANGE_RESETS = 5, 50
+
+
+def measure_reward_range(env, reward_fun):
+    """reward_range() over the goals of more and more resets (seeds 0, 1, ...) until it has
+    seen two reward values; None if MAX_RANGE_RESETS resets show only one (a range measured
+    from one value would clip every critic target to one constant, and nothing learns)."""
+    goals, achieved = [], []
+    for seed in range(MAX_RANGE_RESETS):
+        obs = env.reset(seed=seed)[0]
+        goals.append(obs["desired_goal"])
+        achieved.append(obs["achieved_goal"])
+        if seed + 1 >= MIN_RANGE_RESETS:
+            r_range = reward_range(reward_fun, np.array(goals), np.array(achieved))
+            if r_range is not None:
+                return r_range
+    return None
+
+
+def _compute_reward(env, ag_2, g):
+    return env.compute_reward(ag_2, g, None)
+
+
+def success_key(env_id, info):
+    """Fetch and Hand report a reached goal as info['is_success'], PointMaze and AntMaze as
+    info['success']."""
+    for key in ("is_success", "success"):
+        if key in info:
+            return key
+    raise UsageError(f"env {env_id!r} reports neither info['is_success'] nor info['success'] "
+                     "after a step; a HER goal task must say when its goal is reached")
+
+
+def reward_range(reward_fun, goals, achieved=None):
+    """[r_min, r_max] of a goal reward, measured with the env's own compute_reward; None if
+    every pair gave the same value (nothing tells a reached goal from a missed one).
+
+    goals: (K, dim_g), the desired goals of K resets; achieved: (K, dim_g), the achieved goals
+    of the same resets, or None. Reached: every goal against itself. Missed: every goal
+    against another reset's goal (a real goal, so rotations stay valid quaternions) and
+    against its reset's achieved goal (a task with one fixed goal has no other goal to miss
+    it with). A sparse reward (Fetch, Hand: {-1, 0}; PointMaze, AntMaze: {0, 1}) takes at
+    most two values. A dense one (FetchReachDense: minus the distance) takes a value per
+    distance and has no bound on the side away from the reached reward: that end is
+    infinite."""
+    K = len(goals)
+    i, j = np.nonzero(~np.eye(K, dtype=bool))  # (K * (K-1),) every ordered pair, i != j
+    reached = np.asarray(reward_fun(goals.copy(), goals), np.float64)  # (K,)
+    missed = np.asarray(reward_fun(goals[i], goals[j]), np.float64)  # (K * (K-1),)
+    if achieved is not None:
+        missed = np.concatenate([missed, np.asarray(reward_fun(achieved, goals), np.float64)])
+    values = np.unique(np.concatenate([reached, missed]))
+    if len(values) < 2:
+        return None
+    r_min, r_max = float(values.min()) + 0., float(values.max()) + 0.  # + 0.: -0.0 -> 0.0
+    if len(values) > 2:  # dense
+        if missed.mean() < reached.mean():
+            r_min, r_max = -np.inf, float(reached.max()) + 0.
+        else:
+            r_min, r_max = float(reached.min()) + 0., np.inf
+    return r_min, r_max
+
+
+def build_venv(cfg, render_mode=None):
+    env_fns = [functools.partial(make_env, cfg.env, render_mode) for _ in range(cfg.num_env)]
+    # One env runs inside the rank, with no env process; baselines too uses DummyVecEnv then.
+    return VEC_ENVS[cfg.vec_env](env_fns) if cfg.num_env > 1 else DummyVecEnv(env_fns)
+
+
+def check_policy_fits(params, path, env_id, dims):
+    """A policy runs only on a task with the dims it was trained on."""
+    if dict(params["dims"]) != dims:
+        raise UsageError(f"{path} was trained on {params.get('env', '?')} with dims "
+                         f"{params['dims']}, but {env_id} has dims {dims}; pass the matching --env")

@@ -1,0 +1,133 @@
+"""What a run prints and logs: progress.csv, the epoch table, the in-epoch progress line.
+
+Mirrors openai/baselines `common/logger.py` (record_tabular, dump_tabular, the CSV output
+format) as far as HER uses it. Rank 0 alone writes (every logged value is already averaged or
+summed over ranks by the caller, train.epoch_logs); the CSV is rewritten atomically each epoch,
+so a reader never sees half a row.
+
+Test: `python -m pytest -q test_all.py -k "progress or terminal"`.
+"""
+import csv
+import io
+import os
+import time
+
+from files import atomic_write_text
+
+
+class EpochLogger:
+    """Rank 0 prints one table per epoch and rewrites progress.csv (atomically) with a new row."""
+
+    def __init__(self, logdir, enabled, start_epoch=0):
+        self.enabled = enabled
+        self.path = os.path.join(logdir, "progress.csv")
+        self.rows = []
+        if enabled and start_epoch > 0 and os.path.exists(self.path):
+            with open(self.path, newline="") as f:  # a resumed run keeps its earlier epochs
+                self.rows = [r for r in csv.DictReader(f) if int(r["epoch"]) < start_epoch]
+
+    def dump(self, row):
+        if not self.enabled:
+            return
+        width = max(len(k) for k in row)
+        lines = [f"| {k:<{width}} | {_fmt(v):>12} |" for k, v in row.items()]
+        bar = "-" * len(lines[0])
+        print("\n".join([bar, *lines, bar]), flush=True)
+        self.rows.append(row)
+        text = io.StringIO()
+        writer = csv.DictWriter(text, fieldnames=list(row))
+        writer.writeheader()
+        writer.writerows(self.rows)
+        atomic_write_text(self.path, text.getvalue())
+
+
+def _fmt(v):
+    return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+
+class CycleProgress:
+    """Where the current epoch stands, printed by rank 0 between the epoch tables (at 19 x 2
+    on a small machine an epoch is minutes of silence otherwise).
+
+    On a terminal: one line, rewritten in place after every cycle. Into a file or pipe: a short
+    line every `every` cycles, and at most one per `min_interval_s`, so a log gets no
+    carriage-return noise and a quick run (FetchReach: seconds per epoch) gets no extra lines."""
+
+    def __init__(self, stream, n_cycles, enabled, terminal, clock=time.time,
+                 min_interval_s=30.):
+        self.stream, self.n_cycles, self.enabled = stream, n_cycles, enabled
+        self.terminal, self.clock, self.min_interval_s = terminal, clock, min_interval_s
+        self.every = max(1, n_cycles // 5)
+        self.test_s = 0.  # the last epoch's test rollouts, counted into the time left
+        self.width = 0  # of the line on screen, so that a shorter one can blank it out
+
+    def start_epoch(self, epoch, first_cycle):
+        self.epoch, self.first_cycle = epoch, first_cycle
+        self.t_start = self.t_last_line = self.clock()
+
+    def cycle_done(self, cycle):
+        if not self.enabled:
+            return
+        now = self.clock()
+        elapsed, done = now - self.t_start, cycle + 1 - self.first_cycle
+        left = elapsed / done * (self.n_cycles - cycle - 1) + self.test_s
+        line = (f"epoch {self.epoch}: cycle {cycle + 1}/{self.n_cycles}, "
+                f"{_duration(elapsed)} elapsed, about {_duration(left)} left")
+        if self.terminal:
+            self._rewrite(line)
+        elif ((cycle + 1) % self.every == 0 and cycle + 1 < self.n_cycles
+              and now - self.t_last_line >= self.min_interval_s):
+            self.stream.write(line + "\n")
+            self.stream.flush()
+            self.t_last_line = now
+
+    def cycles_finished(self):
+        """Test rollouts start now: remember when, to time them for the next estimate."""
+        self.t_test = self.clock()
+
+    def end_epoch(self):
+        """Before the epoch's table: time the test rollouts, and blank the in-place line."""
+        self.test_s = self.clock() - self.t_test
+        if self.enabled and self.terminal and self.width:
+            self.stream.write("\r" + " " * self.width + "\r")
+            self.stream.flush()
+            self.width = 0
+
+    def close(self):
+        """End an in-place line left open (an interrupt mid-epoch), so what follows starts
+        on a line of its own."""
+        if self.enabled and self.terminal and self.width:
+            self.stream.write("\n")
+            self.stream.flush()
+            self.width = 0
+
+    def _rewrite(self, line):
+        # "\r" returns to the start of the line; padding erases what a longer line left.
+        self.stream.write("\r" + line.ljust(self.width))
+        self.stream.flush()
+        self.width = len(line)
+
+
+def _duration(seconds):
+    minutes, s = divmod(int(round(seconds)), 60)
+    return f"{minutes}m{s:02d}s" if minutes else f"{s}s"
+
+
+def output_is_terminal(stream):
+    """Whether what this process prints ends up on a terminal. Under mpirun a rank's stdout is
+    a pipe to MPICH's proxy process, which passes it on to mpirun's own stdout; so look at the
+    stdout of the ancestors (proxy, then mpirun) too. Linux /proc; anywhere else: no."""
+    if stream.isatty():
+        return True
+    if "PMI_RANK" not in os.environ:  # not started by mpirun
+        return False
+    pid = os.getpid()
+    for _ in range(3):  # rank -> hydra_pmi_proxy -> mpiexec (mpirun)
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                pid = int(f.read().rsplit(")", 1)[1].split()[1])  # field 4: the parent's pid
+            if os.readlink(f"/proc/{pid}/fd/1").startswith(("/dev/pts/", "/dev/tty")):
+                return True
+        except (OSError, ValueError, IndexError):
+            return False
+    return False

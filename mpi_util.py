@@ -1,0 +1,115 @@
+"""MPI helpers around the learning: averages for the logs, agreeing on errors, ending a job.
+
+Mirrors openai/baselines `common/mpi_util.py` and `common/mpi_moments.py` (mpi_average). None of
+this is learning: it is what a job of N ranks needs so that it logs one number per epoch, stops
+together, and cleans up after itself (Plappert et al. 2018 run 19 ranks; their Sec. 2.2).
+
+No module of this project imports mpi4py at import time, because importing mpi4py initialises
+MPI. The env processes of `vecenv.SubprocVecEnv` import these modules too (the `spawn` start
+method re-imports the main script in every child), and a child of a rank that initialised MPI
+would inherit that rank's MPI environment and try to take part in the job as that rank: the
+job hangs or aborts. So `world_comm()` imports it on first use.
+
+What MPICH leaves behind: each job's ranks share a memory segment /dev/shm/mpich_shm_*, which
+MPICH unlinks in MPI_Finalize. A job that ends in MPI_Abort (a rank raised, see
+`run_on_every_rank`) or is killed by a signal never gets there, and its segment stays until
+the machine reboots; its size grows with the number of ranks (a few MB at 2 ranks, about
+20 MB at 19). `remove_orphaned_mpich_segments()` deletes those that no process has open or
+mapped any more:
+    python -c "import mpi_util; print(mpi_util.remove_orphaned_mpich_segments())"
+
+Every line that talks to other ranks carries the comment tag `[MPI]`.
+
+Test: `python -m pytest -q test_all.py -k "mpich or rank_failure or sigint"`.
+"""
+import os
+import sys
+import traceback
+
+import numpy as np
+
+from files import UsageError
+
+
+def world_comm():
+    """MPI.COMM_WORLD, imported on first use; with no mpirun it is a world of one rank."""
+    from mpi4py import MPI
+    return MPI.COMM_WORLD
+
+
+def mpi_average(value, comm=None):
+    """Mean of a scalar (or of the elements of an array) over all ranks, for logging."""
+    comm = comm if comm is not None else world_comm()
+    value = np.asarray(value, dtype=np.float64).ravel()
+    local = np.array([value.sum(), value.size], dtype=np.float64)  # (2,) = sum, count
+    total = np.zeros_like(local)
+    comm.Allreduce(local, total)  # [MPI] the default op is SUM
+    return float(total[0] / max(total[1], 1.0))
+
+
+def agree(comm, error):
+    """Collective: raise UsageError on every rank if any rank hit one (first rank's message).
+    Called after the purely local checks, before anything collective can hang."""
+    errors = comm.allgather(error)  # [MPI]
+    first = next((e for e in errors if e), None)
+    if first:
+        raise UsageError(first)
+
+
+def report(comm, message, code):
+    """An error that reached every rank together: rank 0 alone prints its line."""
+    if comm.Get_rank() == 0:
+        print(message, file=sys.stderr, flush=True)
+    return code
+
+
+def abort_job(comm):
+    """This rank raised while the others may be waiting for it in an Allreduce, which would
+    hang the job for ever: print this rank's traceback and take the whole job down."""
+    sys.stderr.write(f"[rank {comm.Get_rank()} of {comm.Get_size()}] {traceback.format_exc()}")
+    sys.stderr.flush()
+    comm.Abort(1)  # [MPI]
+
+
+# ---------------------------------------------------------------- what MPICH leaves behind
+
+def shm_files_in_use(shm_dir="/dev/shm"):
+    """Paths under shm_dir that a live process has open or memory-mapped (Linux /proc).
+    Processes that end while being read, or whose /proc entries this user may not read
+    (other users', which cannot hold this user's 0600 segments), are skipped."""
+    prefix, in_use = os.path.join(shm_dir, ""), set()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+            in_use.update(os.readlink(f"/proc/{pid}/fd/{fd}") for fd in fds)
+            with open(f"/proc/{pid}/maps") as f:
+                # a maps line: address perms offset dev inode [path]
+                in_use.update(line.split(maxsplit=5)[-1].strip() for line in f
+                              if line.count(" ") >= 5)
+        except OSError:
+            continue
+    return {path for path in in_use if path.startswith(prefix)}
+
+
+def orphaned_mpich_segments(shm_dir="/dev/shm"):
+    """MPICH segments that no process uses: left by jobs that ended without MPI_Finalize.
+    A running job always holds its segment open or mapped on every rank of the machine, from
+    its creation on, so it never counts as orphaned."""
+    if not os.path.isdir(shm_dir):
+        return []
+    paths = [os.path.join(shm_dir, name) for name in sorted(os.listdir(shm_dir))
+             if name.startswith("mpich_shm_")]
+    in_use = shm_files_in_use(shm_dir) if paths else set()
+    return [path for path in paths if path not in in_use]
+
+
+def remove_orphaned_mpich_segments(shm_dir="/dev/shm"):
+    """Delete orphaned_mpich_segments(); return the paths removed."""
+    removed = []
+    for path in orphaned_mpich_segments(shm_dir):
+        try:
+            os.unlink(path)
+            removed.append(path)
+        except FileNotFoundError:  # another cleaner was first
+            pass
+    return removed

@@ -1,0 +1,144 @@
+"""Watch a saved policy: its test success rate, a MuJoCo window, or an animated GIF.
+
+Mirrors openai/baselines `her/experiment/play.py`. Runs the test rollouts of Plappert et al.
+(2018), Sec. 2.2 (exploration off: the actor's action as it is) with a policy file that
+train.py wrote, and prints the success rate averaged over ranks, as baselines' play.py does.
+
+Run:
+    python play.py runs/<run>/policy_best.npz                # success over 10 x num_env episodes
+    python play.py runs/<run>/policy_best.npz --render       # in a MuJoCo window
+    python play.py runs/<run>/policy_best.npz --n_test_rollouts 1 --save_video push.gif
+    mpirun -np 2 python play.py POLICY.npz --num_env 2       # more episodes, in parallel
+
+With --save_video, rank 0 renders env 0 off screen (EGL where there is no display) and writes
+its episodes as an animated GIF through vecenv.VecVideoRecorder.
+
+Test: `python -m pytest -q test_all.py -k "play or video"`.
+"""
+import os
+
+# One BLAS thread per process (train.py says why), set before numpy is imported.
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
+
+import dataclasses  # noqa: E402
+import sys  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+from config import ArgumentParser, config_flags, make_config, validate_config  # noqa: E402
+from goal_env import build_venv, check_policy_fits, describe_env  # noqa: E402
+from ddpg import DDPG, POLICY_KEYS, policy_params  # noqa: E402
+from files import BadFileError, UsageError, load_npz  # noqa: E402
+from mpi_util import abort_job, agree, mpi_average, report  # noqa: E402
+from rollout import RolloutWorker  # noqa: E402
+from vecenv import VecVideoRecorder  # noqa: E402
+
+# The Config fields that matter when only test rollouts are run.
+PLAY_FIELDS = ("env", "num_env", "vec_env", "n_test_rollouts", "seed")
+
+
+def play(cfg, args, comm):
+    """Run cfg.n_test_rollouts test rollouts of num_env episodes with the policy args.policy on
+    every rank and print the success rate; with --save_video, also write env 0's episodes."""
+    try:
+        if args.save_video:
+            check_render_backend()
+        arrays, error = load_npz(args.policy, POLICY_KEYS, "policy"), None
+        params = policy_params(arrays, args.policy)
+        env_id = args.env or params.get("env") or cfg.env  # the env it was trained on
+        task = describe_env(env_id, need_range=False)
+        check_policy_fits(params, args.policy, env_id, task["dims"])
+    except (UsageError, BadFileError) as e:
+        error = str(e)
+    agree(comm, error)
+    cfg = dataclasses.replace(cfg, env=env_id)
+    rng = np.random.default_rng(cfg.seed + 1000000 * comm.Get_rank())
+    policy = DDPG.from_arrays(arrays, args.policy, comm=comm, rng=rng)
+    record = args.save_video and comm.Get_rank() == 0
+    render_mode = "rgb_array" if record else ("human" if args.render else None)
+    venv = build_venv(cfg, render_mode=render_mode)
+    if record:
+        venv = VecVideoRecorder(venv)
+    try:
+        evaluator = RolloutWorker(venv, policy, policy.dims, policy.T, rng, exploit=True,
+                                  compute_Q=True, success_key=task["success_key"])
+        for _ in range(cfg.n_test_rollouts):
+            evaluator.generate_rollouts()
+    finally:
+        venv.close()
+    success_rate = mpi_average(evaluator.current_success_rate(), comm)
+    if comm.Get_rank() == 0:
+        print(f"{cfg.env}: test success rate {success_rate:.3f} over "
+              f"{evaluator.n_episodes * comm.Get_size()} episodes", flush=True)
+    if record:
+        venv.save_gif(args.save_video)
+        print(f"wrote {args.save_video}: {len(venv.frames)} frames of env 0 "
+              f"({cfg.n_test_rollouts} episode(s) of T+1 = {policy.T + 1})", flush=True)
+
+
+def check_render_backend():
+    """--save_video renders off screen; fail early, in one line, if MuJoCo cannot."""
+    try:
+        import mujoco
+        context = mujoco.GLContext(16, 16)
+        context.make_current()
+        context.free()
+    except Exception as e:  # an unknown MUJOCO_GL raises at import; a missing library later
+        raise UsageError(f"--save_video: MuJoCo cannot render off screen with MUJOCO_GL="
+                         f"{os.environ.get('MUJOCO_GL', '')!r} ({type(e).__name__}: {e}); "
+                         "install EGL (Debian: libegl1) and set MUJOCO_GL=egl, or OSMesa and "
+                         "MUJOCO_GL=osmesa") from None
+
+
+def check_video_path(path):
+    """The GIF goes where the user said, or the run stops before doing any work."""
+    if not path.lower().endswith(".gif"):
+        raise UsageError(f"--save_video {path}: can write only animated GIFs; "
+                         "give a path ending in .gif")
+    folder = os.path.dirname(os.path.abspath(path))
+    if not (os.path.isdir(folder) and os.access(folder, os.W_OK)):
+        raise UsageError(f"--save_video {path}: folder {folder} does not exist or is not "
+                         "writable; give a path in a writable folder")
+
+
+def parse_args(argv=None):
+    p = ArgumentParser(prog="play.py", description=__doc__.splitlines()[0])
+    p.add_argument("policy", metavar="POLICY.npz", help="a policy file that train.py wrote")
+    config_flags(p, PLAY_FIELDS)
+    p.add_argument("--render", action="store_true", help="show the episodes in a MuJoCo window")
+    p.add_argument("--save_video", metavar="PATH.gif",
+                   help="write env 0's test episodes, rendered off screen, as an animated GIF")
+    args = p.parse_args(argv)
+    if args.save_video:
+        try:
+            check_video_path(args.save_video)
+        except UsageError as e:
+            p.error(str(e))
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if args.save_video and "MUJOCO_GL" not in os.environ and not os.environ.get("DISPLAY"):
+        # No screen: render through EGL, which needs no display server. Set before MuJoCo is
+        # first imported (it reads MUJOCO_GL once) and before env processes start (they
+        # inherit it).
+        os.environ["MUJOCO_GL"] = "egl"
+    from mpi4py import MPI  # here, not at the top: train.py's main says why
+    comm = MPI.COMM_WORLD
+    try:
+        cfg = make_config(args)
+        validate_config(cfg)
+        play(cfg, args, comm)
+    except (UsageError, BadFileError) as e:
+        return report(comm, f"play.py: error: {e}", 2)
+    except BaseException:
+        if comm.Get_size() == 1:
+            raise
+        abort_job(comm)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,93 @@
+"""RolloutWorker: one rank's episodes, num_env at a time, from its vec env.
+
+Mirrors openai/baselines `her/rollout.py` (RolloutWorker). Implements the data collection of
+Andrychowicz et al. (2017), Algorithm 1 (lines "for t = 0, T - 1: sample an action ... execute
+it"), with the exploration of Plappert et al. (2018), Sec. 2.2: Gaussian noise on the actor's
+action, and with some probability a uniform random action instead.
+
+This is where rollouts are aggregated, and only within a rank: the rank sends num_env actions
+down to its env processes and stacks what comes back into arrays of shape (num_env, dim).
+Nothing here crosses MPI ranks.
+
+Deviations from baselines: RolloutWorker stores all T transitions of an episode (baselines' vec
+env auto-reset drops the last one) and resets its envs itself after exactly T steps; so its
+success is read after the T-th action, where baselines reads it after action T-1, the last one
+its rollout keeps. Each episode's reset seed is drawn from the rank's generator (baselines seeds
+its envs once), so a resumed run replays exactly.
+
+Test: `python -m pytest -q test_all.py -k rollout`.
+"""
+from collections import deque
+
+import numpy as np
+
+
+class RolloutWorker:
+    """Collect num_env episodes at a time from a VecEnv with the current policy.
+
+    Not a process: an object inside a rank, which holds that rank's own DDPG agent (the very
+    object being trained, so it always acts with the latest weights; nothing is ever sent to
+    it). train.py makes two per rank on the same envs: `rollout_worker` explores (Gaussian
+    noise_eps, uniform random_eps actions); `evaluator` uses exploit=True, no noise, and records
+    the critic's estimate Q(o, g, pi(o, g)).
+    """
+
+    def __init__(self, venv, policy, dims, T, rng, exploit=False, use_target_net=False,
+                 compute_Q=False, noise_eps=0., random_eps=0., history_len=100,
+                 success_key="is_success"):
+        """dims: {'o': dim_o, 'g': dim_g, 'u': dim_u}. rng: this rank's np.random.Generator;
+        each episode's reset seed is drawn from it (see generate_rollouts). success_key: the
+        info entry that reports a reached goal ('is_success' for Fetch and Hand, 'success' for
+        PointMaze and AntMaze; goal_env.describe_env finds it)."""
+        self.venv, self.policy, self.dims, self.T, self.rng = venv, policy, dims, T, rng
+        self.success_key = success_key
+        self.rollout_batch_size = venv.num_envs
+        self.exploit, self.use_target_net, self.compute_Q = exploit, use_target_net, compute_Q
+        self.noise_eps = 0. if exploit else noise_eps
+        self.random_eps = 0. if exploit else random_eps
+        self.success_history = deque(maxlen=history_len)
+        self.Q_history = deque(maxlen=history_len)
+        self.n_episodes = 0
+
+    def generate_rollouts(self):
+        """Run one episode in each env; return {key: (num_env, T or T+1, dim)} float32."""
+        n, T, dims = self.rollout_batch_size, self.T, self.dims
+        # A fresh reset for every episode: the envs never auto-reset (see vecenv.py). Its seed
+        # comes from this rank's generator (env i gets seed + i), so the whole run is a function
+        # of the rank seed and a resumed run replays exactly (deviation: baselines seeds once).
+        obs = self.venv.reset(seed=int(self.rng.integers(2 ** 31 - n)))
+        o = np.empty((n, T + 1, dims["o"]), np.float32)  # (num_env, T+1, dim_o)
+        ag = np.empty((n, T + 1, dims["g"]), np.float32)  # (num_env, T+1, dim_g)
+        g = np.empty((n, T, dims["g"]), np.float32)  # (num_env, T, dim_g)
+        u = np.empty((n, T, dims["u"]), np.float32)  # (num_env, T, dim_u)
+        success = np.zeros((n, T, 1), np.float32)  # (num_env, T, 1) info_is_success
+        Qs = []
+        o[:, 0], ag[:, 0] = obs["observation"], obs["achieved_goal"]
+        for t in range(T):
+            g[:, t] = obs["desired_goal"]
+            u[:, t], Q = self.policy.get_actions(
+                o[:, t], ag[:, t], g[:, t], noise_eps=self.noise_eps, random_eps=self.random_eps,
+                use_target_net=self.use_target_net, compute_Q=self.compute_Q)
+            obs, _, _, infos = self.venv.step(u[:, t])
+            o[:, t + 1], ag[:, t + 1] = obs["observation"], obs["achieved_goal"]
+            success[:, t, 0] = [info.get(self.success_key, 0.) for info in infos]
+            if self.compute_Q:
+                Qs.append(Q)
+        # An episode counts as a success if the goal is reached after its T-th action. baselines
+        # reads success after action T-1: its vec env auto-resets at step T, and its rollout
+        # stops before storing that step (docs/deviations.md).
+        self.success_history.append(float(np.mean(success[:, -1, 0])))
+        if self.compute_Q:
+            self.Q_history.append(float(np.mean(Qs)))
+        self.n_episodes += n
+        return dict(o=o, ag=ag, g=g, u=u, info_is_success=success)
+
+    def clear_history(self):
+        self.success_history.clear()
+        self.Q_history.clear()
+
+    def current_success_rate(self):
+        return float(np.mean(self.success_history)) if self.success_history else 0.
+
+    def current_mean_Q(self):
+        return float(np.mean(self.Q_history)) if self.Q_history else 0.
