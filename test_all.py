@@ -576,6 +576,118 @@ def test_vec_env_leaves_no_process_or_shared_memory_whoever_ends_it(VecEnvClass)
     assert not {e for e in shm_entries() - before if not e.startswith("mpich_")}
 
 
+class OffSpaceGoalEnv(StubGoalEnv):
+    """StubGoalEnv whose achieved_goal, from step `at` on (0: from reset), is not what its
+    float32 (2,) space says: float64 (2,) (wrong="dtype") or float32 (3,) (wrong="shape")."""
+
+    def __init__(self, wrong, at):
+        super().__init__()
+        self.wrong, self.at = wrong, at
+
+    def _obs(self):
+        obs = super()._obs()
+        if self.t >= self.at:
+            obs["achieved_goal"] = (np.full(2, self.t, np.float64) if self.wrong == "dtype"
+                                    else np.full(3, self.t, np.float32))
+        return obs
+
+
+ONE_ACTION_PER_ENV = "for 2 envs; pass one action per env \\(shape \\(num_envs, dim_u\\)\\)"
+
+
+@PROCESS_VEC_ENVS
+def test_vec_env_refuses_actions_that_are_not_one_per_env(VecEnvClass):
+    """Extra rows were dropped silently, too few failed with an unrelated IndexError: now
+    refused before anything is sent, so every env is still at the same step afterwards."""
+    with hang_guard(60):
+        venv = VecEnvClass([functools.partial(StubGoalEnv) for _ in range(2)])
+        try:
+            venv.reset()
+            for u, got in ((np.zeros((3, 2)), "3 actions"), (np.zeros((1, 2)), "1 actions"),
+                           (np.zeros(2), r"actions of shape \(2,\)"),
+                           (np.zeros((2, 2, 1)), r"actions of shape \(2, 2, 1\)")):
+                with pytest.raises(ValueError,
+                                   match=f"^step_async got {got} {ONE_ACTION_PER_ENV}$"):
+                    venv.step(u)
+            obs, _, _, _ = venv.step(np.zeros((2, 2), np.float32))
+            assert (obs["observation"] == 1).all()  # no refused action reached an env
+        finally:
+            venv.close()
+    assert all(gone(p.pid) for p in venv.ps)
+
+
+@PROCESS_VEC_ENVS
+def test_vec_env_refuses_calls_out_of_turn(VecEnvClass):
+    """A reset, step_async or get_images with a step pending would read that step's answers as
+    its own, and step_wait with none pending would wait forever: each is refused, and the
+    pending step is still there to collect."""
+    u = np.zeros((2, 2), np.float32)
+    with hang_guard(60):
+        venv = VecEnvClass([functools.partial(StubGoalEnv) for _ in range(2)])
+        try:
+            venv.reset()
+            with pytest.raises(RuntimeError, match=rf"^{VecEnvClass.__name__}\.step_wait\(\) "
+                               r"called with no step pending; call step_async\(u\) first$"):
+                venv.step_wait()
+            venv.step_async(u)
+            for call, name in ((venv.reset, "reset"), (lambda: venv.step_async(u), "step_async"),
+                               (venv.get_images, "get_images")):
+                with pytest.raises(RuntimeError, match=rf"^{VecEnvClass.__name__}\.{name}\(\) "
+                                   r"called while a step is pending; call step_wait\(\) first$"):
+                    call()
+            obs, _, _, _ = venv.step_wait()
+            assert (obs["observation"] == 1).all()  # the step, answered once, and nothing else
+            assert (venv.reset()["observation"] == 0).all()
+            venv.step_async(u)  # left pending: close() collects it before closing
+        finally:
+            venv.close()
+    assert all(gone(p.pid) for p in venv.ps)
+
+
+@PROCESS_VEC_ENVS
+@pytest.mark.parametrize("wrong, at, received", [("dtype", 0, "float64 (2,)"),
+                                                 ("shape", 2, "float32 (3,)")])
+def test_vec_env_refuses_observations_unlike_their_space(VecEnvClass, wrong, at, received):
+    """ShmemVecEnv cast such an observation silently into shared memory, SubprocVecEnv passed it
+    on: both now refuse it in the env process, which reports the key, expected and received."""
+    u = np.zeros((2, 2), np.float32)
+    env_fns = [functools.partial(StubGoalEnv), functools.partial(OffSpaceGoalEnv, wrong, at)]
+    with hang_guard(60):
+        venv = VecEnvClass(env_fns)
+        try:
+            if at:  # every observation before step `at` is as its space says
+                venv.reset()
+                for _ in range(at - 1):
+                    venv.step(u)
+            with pytest.raises(RuntimeError, match=f"{VecEnvClass.__name__}: env process 1 "
+                               "raised") as e:
+                venv.step(u) if at else venv.reset()
+        finally:
+            venv.close()
+    assert ("TypeError: observation key 'achieved_goal': expected float32 (2,) (its space), "
+            f"received {received}; make the env return its space's dtype and shape") in str(e.value)
+    assert all(gone(p.pid) for p in venv.ps)
+
+
+def test_dummy_vecenv_refuses_what_the_process_vec_envs_refuse():
+    """The same refusals in one process (num_env 1 in train.py), so both accept the same envs."""
+    venv = DummyVecEnv([StubGoalEnv, functools.partial(OffSpaceGoalEnv, "dtype", 1)])
+    u = np.zeros((2, 2), np.float32)
+    venv.reset()
+    with pytest.raises(ValueError, match=f"^step_async got 3 actions {ONE_ACTION_PER_ENV}$"):
+        venv.step_async(np.zeros((3, 2)))
+    with pytest.raises(RuntimeError, match=r"DummyVecEnv\.step_wait\(\) called with no step"):
+        venv.step_wait()
+    venv.step_async(u)
+    for call in (venv.reset, lambda: venv.step_async(u)):
+        with pytest.raises(RuntimeError, match="called while a step is pending"):
+            call()
+    with pytest.raises(TypeError, match=r"^observation key 'achieved_goal': expected float32 "
+                       r"\(2,\) \(its space\), received float64 \(2,\);"):
+        venv.step_wait()
+    venv.close()
+
+
 # ---------------------------------------------------------------- 6. HER sampler and buffer
 
 def synthetic_episodes(n_eps, T, rng):

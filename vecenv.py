@@ -21,6 +21,9 @@ Deviations from baselines, on purpose:
     imported mpi4py, MPI would initialise in the child with its rank's environment, as a
     second copy of that rank, and the job would hang or abort. That is why train.py imports
     mpi4py inside main() and mpi_adam.py only on first use.
+  * Refused, with a one-line error: actions not one row per env, a call out of turn (reset or
+    step_async with a step pending, step_wait with none), and an observation whose dtype or shape
+    is not its space's (checked in the env process; baselines' ShmemVecEnv casts it silently).
 
 Test: `python -m pytest -q test_all.py -k vecenv`.
 """
@@ -35,6 +38,8 @@ import numpy as np
 class VecEnv:
     """num_envs environments driven as one. Observations are dicts of (num_envs, dim) arrays."""
 
+    waiting = False  # step_async was called and its step_wait not yet
+
     def __init__(self, num_envs, observation_space, action_space):
         self.num_envs = num_envs
         self.observation_space = observation_space
@@ -45,7 +50,7 @@ class VecEnv:
         raise NotImplementedError
 
     def step_async(self, u):
-        """Start stepping env i with action u[i]; u is (num_envs, dim_u)."""
+        """Start stepping env i with action u[i]; u is (num_envs, dim_u), anything else refused."""
         raise NotImplementedError
 
     def step_wait(self):
@@ -64,6 +69,43 @@ class VecEnv:
         self.step_async(u)
         return self.step_wait()
 
+    def _check_turn(self, call, pending=False):
+        """Refuse a call out of turn, as baselines' VecEnv does: a reset or step sent while a step
+        is pending would take that step's answers, and every later call those of the one before."""
+        if self.waiting != pending:
+            state, fix = (("while a step is pending", "call step_wait() first") if self.waiting
+                          else ("with no step pending", "call step_async(u) first"))
+            raise RuntimeError(f"{type(self).__name__}.{call} called {state}; {fix}")
+
+    def _actions(self, u):
+        """u as an array, if no step is pending and it holds one action per env: extra rows
+        would be dropped silently, and too few fail later with an unrelated IndexError."""
+        self._check_turn("step_async()")
+        u = np.asarray(u)
+        if u.ndim != 2 or len(u) != self.num_envs:
+            got = f"{len(u)} actions" if u.ndim == 2 else f"actions of shape {u.shape}"
+            raise ValueError(f"step_async got {got} for {self.num_envs} envs; "
+                             "pass one action per env (shape (num_envs, dim_u))")
+        return u
+
+
+def obs_layout(observation_space):
+    """{key: (dtype, shape)} of a dict observation space; {} for any other space."""
+    return {key: (np.dtype(space.dtype), tuple(space.shape))
+            for key, space in getattr(observation_space, "spaces", {}).items()}
+
+
+def check_obs(obs, layout):
+    """obs, if each key has its space's dtype and shape (ShmemVecEnv would otherwise cast it
+    silently into shared memory). A comparison per key, no copy: cheap enough for every step."""
+    for key, (dtype, shape) in layout.items():
+        x = obs[key]
+        if not isinstance(x, np.ndarray) or x.dtype != dtype or x.shape != shape:
+            got = f"{x.dtype} {x.shape}" if isinstance(x, np.ndarray) else type(x).__name__
+            raise TypeError(f"observation key {key!r}: expected {dtype} {shape} (its space), "
+                            f"received {got}; make the env return its space's dtype and shape")
+    return obs
+
 
 def stack_obs(obs_list):
     """[{key: (dim,)}] * num_envs -> {key: (num_envs, dim)}"""
@@ -81,17 +123,24 @@ class DummyVecEnv(VecEnv):
         self.envs = [fn() for fn in env_fns]
         env = self.envs[0]
         super().__init__(len(self.envs), env.observation_space, env.action_space)
-        self._results = None
+        self._results, self._layout = None, obs_layout(env.observation_space)
 
     def reset(self, seed=None):
-        return stack_obs([env.reset(seed=_seed_for(seed, i))[0] for i, env in enumerate(self.envs)])
+        self._check_turn("reset()")
+        return stack_obs([check_obs(env.reset(seed=_seed_for(seed, i))[0], self._layout)
+                          for i, env in enumerate(self.envs)])
 
     def step_async(self, u):
+        u = self._actions(u)
         self._results = [env.step(u[i]) for i, env in enumerate(self.envs)]
+        self.waiting = True
 
     def step_wait(self):
+        self._check_turn("step_wait()", pending=True)
+        self.waiting = False
         obs, r, terminated, truncated, infos = zip(*self._results)
         done = np.logical_or(terminated, truncated)
+        obs = [check_obs(o, self._layout) for o in obs]
         return stack_obs(obs), np.array(r, dtype=np.float32), done, list(infos)
 
     def get_images(self):
@@ -102,11 +151,11 @@ class DummyVecEnv(VecEnv):
             env.close()
 
 
-def worker(remote, parent_remote, env_fn, obs_buffers=None):
+def env_process_main(remote, parent_remote, env_fn, obs_buffers=None):
     """Body of one env process: serve step/reset/close commands until told to close.
 
     obs_buffers (ShmemVecEnv): {key: (shared array, dtype, shape)}; observations are written
-    there and the pipe carries None in their place.
+    there and the pipe carries None in their place. Each is checked here, where it is made.
 
     Any exception is sent back as a formatted traceback so the rank can raise it, instead of
     the env process dying silently and the rank waiting forever on the pipe.
@@ -118,6 +167,7 @@ def worker(remote, parent_remote, env_fn, obs_buffers=None):
     views = shared_views(obs_buffers) if obs_buffers is not None else None
 
     def out(obs):
+        check_obs(obs, layout)
         if views is None:
             return obs  # pickled into the pipe
         for key, view in views.items():
@@ -127,6 +177,8 @@ def worker(remote, parent_remote, env_fn, obs_buffers=None):
     env = None
     try:
         env = env_fn()
+        layout = ({key: (view.dtype, view.shape) for key, view in views.items()} if views
+                  else obs_layout(env.observation_space))
         remote.send(("ok", (env.observation_space, env.action_space)))
         while True:
             cmd, data = remote.recv()
@@ -162,12 +214,11 @@ class SubprocVecEnv(VecEnv):
     def __init__(self, env_fns, context="spawn"):
         ctx = mp.get_context(context)
         self.closed = False
-        self.waiting = False
         n = len(env_fns)
         self.remotes, work_remotes = zip(*[ctx.Pipe() for _ in range(n)])
-        self.ps = [ctx.Process(target=worker, args=(work_remote, remote, env_fn,
-                                                    self._obs_buffers(ctx, i, env_fns)),
-                               daemon=True)
+        self.ps = [ctx.Process(target=env_process_main, daemon=True,
+                               args=(work_remote, remote, env_fn,
+                                     self._obs_buffers(ctx, i, env_fns)))
                    for i, (work_remote, remote, env_fn)
                    in enumerate(zip(work_remotes, self.remotes, env_fns))]
         for p in self.ps:
@@ -213,14 +264,17 @@ class SubprocVecEnv(VecEnv):
                 raise
 
     def reset(self, seed=None):
+        self._check_turn("reset()")
         self._send_all([("reset", _seed_for(seed, i)) for i in range(self.num_envs)])
         return stack_obs([self._obs(i, self._recv(i)) for i in range(self.num_envs)])
 
     def step_async(self, u):
+        u = self._actions(u)
         self._send_all([("step", u[i]) for i in range(self.num_envs)])
         self.waiting = True
 
     def step_wait(self):
+        self._check_turn("step_wait()", pending=True)
         results = [self._recv(i) for i in range(self.num_envs)]
         self.waiting = False
         obs, r, terminated, truncated, infos = zip(*results)
@@ -230,6 +284,7 @@ class SubprocVecEnv(VecEnv):
         return stack_obs(obs), np.array(r, dtype=np.float32), done, list(infos)
 
     def get_images(self):
+        self._check_turn("get_images()")
         self._send_all([("render", None)] * self.num_envs)
         return [self._recv(i) for i in range(self.num_envs)]
 
@@ -285,13 +340,11 @@ class ShmemVecEnv(SubprocVecEnv):
         # them at start), so one env is built here to read its observation space, as baselines
         # does.
         env = env_fns[0]()
-        spaces = dict(getattr(env.observation_space, "spaces", {}))
+        self._layout = obs_layout(env.observation_space)
         env.close()
-        if not spaces:
+        if not self._layout:
             raise TypeError("ShmemVecEnv needs envs with a dict observation space; "
                             "use SubprocVecEnv for others")
-        self._layout = {key: (np.dtype(space.dtype), tuple(space.shape))
-                        for key, space in spaces.items()}
         self._buffers, self._views = {}, {}
         super().__init__(env_fns, context)
 
