@@ -82,7 +82,7 @@ class Config:
     norm_clip: float = 5.  # normalised inputs are clipped to [-norm_clip, norm_clip]
     noise_eps: float = 0.2  # Gaussian action noise std, as a fraction of max_u (training only)
     random_eps: float = 0.3  # probability of a uniform random action (training only)
-    replay_strategy: str = "future"  # HER relabelling: 'future' or 'none'
+    replay_strategy: str = "future"  # HER goals: future, final, episode, random (her.py), or none
     replay_k: int = 4  # relabelled transitions per original one: future_p = 1 - 1/(1 + k)
     clip_return: bool = True  # targets clipped to [r_min, r_max]/(1-gamma); False: no lower end
     seed: int = 0  # base seed; rank r uses seed + 1000000 * r
@@ -102,7 +102,8 @@ class Config:
 # --vec_env: how env processes send their observations to the rank (vecenv.py).
 VEC_ENVS = {"subproc": SubprocVecEnv, "shmem": ShmemVecEnv}
 # Fixed values of str fields, offered as the flag's choices (argparse rejects the rest).
-CHOICES = {"replay_strategy": ("future", "none"), "vec_env": tuple(VEC_ENVS)}
+CHOICES = {"replay_strategy": ("future", "final", "episode", "random", "none"),
+           "vec_env": tuple(VEC_ENVS)}
 
 
 # baselines her/experiment/config.py DEFAULT_ENV_PARAMS, keyed by env-id prefix
