@@ -58,7 +58,7 @@ class Config:
     norm_clip: float = 5.  # normalised inputs are clipped to [-norm_clip, norm_clip]
     noise_eps: float = 0.2  # Gaussian action noise std, as a fraction of max_u (training only)
     random_eps: float = 0.3  # probability of a uniform random action (training only)
-    replay_strategy: str = "future"  # HER relabelling: 'future' or 'none'
+    replay_strategy: str = "future"  # HER goals: future, final, episode, random (her.py), or none
     replay_k: int = 4  # relabelled transitions per original one: future_p = 1 - 1/(1 + k)
     clip_return: bool = True  # targets clipped to [r_min, r_max]/(1-gamma); False: no lower end
     reward_range: str = ""  # 'R_MIN,R_MAX' of the task's rewards ('' = measured off the env)
@@ -77,7 +77,8 @@ class Config:
 
 
 # Fixed values of str fields, offered as the flag's choices (argparse rejects the rest).
-CHOICES = {"replay_strategy": ("future", "none"), "vec_env": tuple(VEC_ENVS)}
+CHOICES = {"replay_strategy": ("future", "final", "episode", "random", "none"),
+           "vec_env": tuple(VEC_ENVS)}
 
 
 # baselines her/experiment/config.py DEFAULT_ENV_PARAMS, keyed by env-id prefix

@@ -4,8 +4,9 @@ Mirrors baselines `her/experiment/plot.py` (which plots test/success_rate per ep
 and a percentile band over seeds); shows the quantity Plappert et al. (2018), Sec. 3, report.
 
 A run folder is what train.py writes: progress.csv and config.json. Runs are grouped into one
-curve per (env, MPI ranks, num_env, variant: how many demonstration episodes it learnt from and
-its --gamma, where given); the seeds of a group give the median and the interquartile band.
+curve per (env, MPI ranks, num_env, variant: how many demonstration episodes it learnt from,
+its --gamma, --replay_strategy and --replay_k, where not the defaults); the seeds of a group
+give the median and the interquartile band.
 One panel column per env: the top row against epoch, the bottom against total environment
 steps (all ranks).
 
@@ -53,7 +54,8 @@ def anchor_points(n_ranks, num_env, epoch):
 def read_run(run_dir):
     """{'env', 'n_ranks', 'num_env', 'variant', 'seed', 'epoch', 'success', 'steps', 'epoch_s'}
     of a run; variant names what sets the run apart from baselines' defaults for its env
-    (demonstrations, a --gamma of its own), "" for none (and for versions without them)."""
+    (demonstrations, a --gamma of its own, a --replay_strategy other than future or a
+    --replay_k other than 4), "" for none (and for versions without them)."""
     with open(os.path.join(run_dir, "config.json")) as f:
         cfg = json.load(f)
     with open(os.path.join(run_dir, "progress.csv"), newline="") as f:
@@ -67,7 +69,8 @@ def read_run(run_dir):
     T = int(rows[0]["total/timesteps"]) // int(rows[0]["total/episodes"])
     epoch_s = column("time/epoch_s")
     variant = ", ".join(([f"{cfg['num_demo']} demos"] if cfg.get("demo_file") else [])
-                        + ([f"gamma {cfg['gamma']}"] if cfg.get("gamma") else []))
+                        + ([f"gamma {cfg['gamma']}"] if cfg.get("gamma") else [])
+                        + replay_variant(cfg))
     return dict(env=cfg["env"], n_ranks=n_ranks, num_env=cfg["num_env"], variant=variant,
                 seed=cfg["seed"],
                 n_cycles=cfg["n_cycles"], n_batches=cfg["n_batches"], T=T,
@@ -76,9 +79,21 @@ def read_run(run_dir):
                 hours=np.cumsum(epoch_s) / 3600.)  # training time only: not the pauses between
 
 
+def replay_variant(cfg):
+    """[] for baselines' HER replay (future, replay_k 4; also runs of versions without these
+    keys), else one name: "none", "final", "future k=8", "episode k=2"."""
+    strategy, k = cfg.get("replay_strategy", "future"), cfg.get("replay_k", 4)
+    if strategy == "none":
+        return ["none"]  # no relabelling: replay_k plays no part
+    if (strategy, k) == ("future", 4):
+        return []
+    return [strategy + (f" k={k}" if k != 4 else "")]
+
+
 def group_runs(runs):
     """{(env, n_ranks, num_env, variant): [run, ...]} with seeds in order: a run with
-    demonstrations or its own gamma is never taken for another seed of one without."""
+    demonstrations, its own gamma, replay strategy or replay_k is never taken for another seed
+    of one without."""
     groups = {}
     for run in sorted(runs, key=lambda r: r["seed"]):
         key = (run["env"], run["n_ranks"], run["num_env"], run["variant"])

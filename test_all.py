@@ -750,6 +750,195 @@ def test_her_none_never_relabels():
     np.testing.assert_array_equal(tr["g"], episodes["g"][e, t])
 
 
+# The HER paper's four goal-selection strategies (Andrychowicz et al. 2017, Sec. 4.5, Fig. 6).
+HER_STRATEGIES = ("future", "final", "episode", "random")
+
+
+def intended_goal_probs(strategy, n_eps, T):
+    """q[t, t', same]: by the paper's definitions, written out here (not taken from her.py), the
+    probability that a relabelled transition at step t gets ag[e', t'] as its goal, with
+    same = 1 where e' is the transition's own episode. (T, T+1, 2), each q[t] sums to 1."""
+    q = np.zeros((T, T + 1, 2))
+    for t in range(T):
+        if strategy == "future":  # a step strictly after t, same episode
+            q[t, t + 1:, 1] = 1 / (T - t)
+        elif strategy == "final":  # the last achieved goal, same episode
+            q[t, T, 1] = 1
+        elif strategy == "episode":  # any step, same episode
+            q[t, :, 1] = 1 / (T + 1)
+        elif strategy == "random":  # any step of any of the n_eps episodes, own one included
+            q[t, :, 1] = 1 / n_eps / (T + 1)
+            q[t, :, 0] = (n_eps - 1) / n_eps / (T + 1)
+    return q
+
+
+def chi_square_below_bound(observed, expected, df):
+    """Pearson's chi-square below a bound it exceeds by chance with probability ~1e-9: the
+    Wilson-Hilferty approximation of the chi-square quantile at z = 6 (no scipy here)."""
+    stat = np.sum((observed - expected) ** 2 / expected)
+    df = max(df, 1)
+    bound = df * (1 - 2 / (9 * df) + 6 * np.sqrt(2 / (9 * df))) ** 3
+    return stat < bound
+
+
+def goal_frequencies_match(strategy, e, t, ge, gt, n_eps, T):
+    """Relabelled goals ag[ge, gt] of transitions at (e, t): none where the strategy never puts
+    one, and their frequencies, given how many transitions each t has, those of
+    intended_goal_probs; for 'random' also: the goal's episode uniform over the n_eps."""
+    observed = np.zeros((T, T + 1, 2))  # (t, t', same episode)
+    np.add.at(observed, (t, gt, (ge == e).astype(int)), 1)
+    n_t = observed.sum(axis=(1, 2))  # (T,)
+    expected = n_t[:, None, None] * intended_goal_probs(strategy, n_eps, T)
+    if observed[expected == 0].any():  # a goal the strategy can never choose
+        return False
+    allowed = expected > 0
+    # degrees of freedom: one per allowed bin, less one per t (whose total is given)
+    checks = [(observed[allowed], expected[allowed], allowed.sum() - T)]
+    if strategy == "random":
+        checks.append((np.bincount(ge, minlength=n_eps), np.full(n_eps, len(ge) / n_eps),
+                       n_eps - 1))
+    return all(chi_square_below_bound(o, x, df) for o, x, df in checks)
+
+
+def relabelled_goals(tr, episodes):
+    """(e, t, ge, gt, relabelled) of a sampled batch: the transition's (episode, step) and, for
+    the relabelled rows, the (episode, step) whose achieved goal became its goal."""
+    e, t = tr["o"][:, 0].astype(int), tr["o"][:, 1].astype(int)
+    relabelled = tr["g"][:, 0] >= 0  # original goals were encoded negative
+    ge, gt = tr["g"][relabelled, 0].astype(int), tr["g"][relabelled, 1].astype(int)
+    # the whole goal vector is that achieved goal (its third entry is noise: no coincidence)
+    np.testing.assert_array_equal(tr["g"][relabelled], episodes["ag"][ge, gt])
+    # the others keep their own episode's original goal
+    np.testing.assert_array_equal(tr["g"][~relabelled], episodes["g"][e, t][~relabelled])
+    return e[relabelled], t[relabelled], ge, gt, relabelled
+
+
+@pytest.mark.parametrize("strategy", HER_STRATEGIES)
+def test_her_strategy_draws_goals_from_its_own_distribution(strategy):
+    """Every relabelled goal is an achieved goal the strategy may choose, with the paper's
+    frequencies (chi-square with 80,000 relabelled rows), and the reward is the env's for it."""
+    n_eps, T = 40, 10
+    tr, _, episodes = sample_from(strategy, 4, n_eps=n_eps, T=T)
+    e, t, ge, gt, _ = relabelled_goals(tr, episodes)
+    assert goal_frequencies_match(strategy, e, t, ge, gt, n_eps, T)
+    reachable = {"future": [(gt == t + 1).any(), (gt == T).any()], "final": [(gt == T).all()],
+                 "episode": [(gt == 0).any(), (gt == t).any(), (gt == T).any()],
+                 "random": [(gt == 0).any(), (gt == T).any(), (ge != e).any()]}[strategy]
+    assert all(reachable)  # both ends of the range are drawn
+    np.testing.assert_array_equal(tr["r"], fetch_reward_fun()(tr["ag_2"], tr["g"]))
+
+
+def test_her_frequency_check_rejects_wrong_distributions():
+    """The check above has the power to fail: one strategy's goals are not another's, and an
+    off-by-one (t' in {0..T-1} for episode, {t..T} for future) is caught."""
+    n_eps, T = 40, 10
+    samples = {}
+    for strategy in HER_STRATEGIES:
+        tr, _, episodes = sample_from(strategy, 4, n_eps=n_eps, T=T)
+        samples[strategy] = relabelled_goals(tr, episodes)[:4]
+    for drawn in HER_STRATEGIES:
+        for claimed in HER_STRATEGIES:
+            assert goal_frequencies_match(claimed, *samples[drawn], n_eps, T) == \
+                (drawn == claimed), (drawn, claimed)
+    rng = np.random.default_rng(13)
+    e, t, ge, _ = samples["episode"]
+    assert not goal_frequencies_match("episode", e, t, ge, rng.integers(0, T, len(t)), n_eps, T)
+    e, t, ge, _ = samples["future"]
+    off_by_one = t + (rng.uniform(size=len(t)) * (T + 1 - t)).astype(int)  # {t..T}
+    assert not goal_frequencies_match("future", e, t, ge, off_by_one, n_eps, T)
+
+
+@pytest.mark.parametrize("strategy", HER_STRATEGIES)
+def test_her_every_strategy_relabels_the_fraction_set_by_replay_k(strategy):
+    for k in (1, 2, 4, 8):
+        tr, sampler, episodes = sample_from(strategy, k, batch=40_000, seed=k)
+        p = 1 - 1 / (1 + k)
+        assert sampler.future_p == p
+        relabelled = relabelled_goals(tr, episodes)[4]
+        # binomial(n, p): 5 standard deviations
+        assert abs(relabelled.mean() - p) < 5 * np.sqrt(p * (1 - p) / len(relabelled)), k
+
+
+def test_her_random_takes_goals_only_from_the_stored_episodes():
+    """'random' draws from the episodes stored so far, never from the buffer's unused slots."""
+    rng = np.random.default_rng(12)
+    T, n_eps = 5, 3
+    episodes = synthetic_episodes(n_eps, T, rng)
+    shapes = {k: v.shape[1:] for k, v in episodes.items()}
+    sampler = make_sample_her_transitions("random", 4, fetch_reward_fun())
+    buf = ReplayBuffer(shapes, 10 * T, T, sampler, rng)  # room for 10 episodes
+    buf.buffers["ag"][...] = 1000.  # what an unused slot would hand out
+    buf.store_episode(episodes)
+    tr = buf.sample(5000)
+    e, t, ge, gt, _ = relabelled_goals(tr, episodes)
+    assert set(ge) == set(range(n_eps)) and set(gt) == set(range(T + 1))
+
+
+def previous_sample_her_transitions(replay_strategy, replay_k, reward_fun):
+    """her.make_sample_her_transitions as it was before final, episode and random (commit
+    110307f), written out: the reference that future (and none) still match byte for byte."""
+    if replay_strategy == "future":
+        future_p = 1 - (1. / (1 + replay_k))
+    elif replay_strategy == "none":
+        future_p = 0
+    else:
+        raise ValueError(f"unknown replay_strategy {replay_strategy!r}; use 'future' or 'none'")
+
+    def sample_her_transitions(episode_batch, batch_size, rng):
+        T = episode_batch["u"].shape[1]
+        n_episodes = episode_batch["u"].shape[0]
+        episode_idxs = rng.integers(0, n_episodes, size=batch_size)
+        t_samples = rng.integers(0, T, size=batch_size)
+        transitions = {key: episode_batch[key][episode_idxs, t_samples]
+                       for key in episode_batch}
+        her_indexes = np.where(rng.uniform(size=batch_size) < future_p)[0]
+        future_offset = (rng.uniform(size=batch_size) * (T - t_samples)).astype(np.int64)
+        future_t = (t_samples + 1 + future_offset)[her_indexes]
+        transitions["g"][her_indexes] = episode_batch["ag"][episode_idxs[her_indexes], future_t]
+        transitions["r"] = reward_fun(transitions["ag_2"], transitions["g"]).astype(np.float32)
+        return transitions
+
+    sample_her_transitions.future_p = future_p
+    return sample_her_transitions
+
+
+@pytest.mark.parametrize("strategy", ["future", "none"])
+def test_her_future_is_bitwise_the_sampler_before_the_other_strategies(strategy):
+    """Same seed, same draws in the same order: every batch equal byte for byte, and the
+    generator left in the same state, so a future run gives what it gave before."""
+    reward_fun = fetch_reward_fun()
+    for n_eps, T in ((40, 10), (3, 50)):
+        episodes = synthetic_episodes(n_eps, T, np.random.default_rng(T))
+        # as ReplayBuffer.sample hands them over: o_2 and ag_2 are views shifted by one step
+        buffers = dict(episodes, o_2=episodes["o"][:, 1:], ag_2=episodes["ag"][:, 1:])
+        for k in (0, 1, 4, 8):
+            new = make_sample_her_transitions(strategy, k, reward_fun)
+            old = previous_sample_her_transitions(strategy, k, reward_fun)
+            assert new.future_p == old.future_p
+            new_rng, old_rng = np.random.default_rng(k), np.random.default_rng(k)
+            for i in range(50):
+                batch = (1, 7, 256, 1000)[i % 4]
+                a, b = new(buffers, batch, new_rng), old(buffers, batch, old_rng)
+                assert a.keys() == b.keys()
+                for key in a:
+                    assert a[key].dtype == b[key].dtype and a[key].shape == b[key].shape, key
+                    assert a[key].tobytes() == b[key].tobytes(), (key, k, i)
+            assert new_rng.bit_generator.state == old_rng.bit_generator.state
+
+
+def test_her_unknown_strategy_gets_one_line_errors_on_the_command_line_and_in_her(capsys):
+    with pytest.raises(ValueError) as raised:
+        make_sample_her_transitions("later", 4, fetch_reward_fun())
+    message = str(raised.value)
+    assert "\n" not in message and "'later'" in message
+    assert all(name in message for name in HER_STRATEGIES + ("none",)), message
+    assert_main_refuses(["--replay_strategy", "later"], capsys, "--replay_strategy", "later")
+    # and the command line offers exactly the sampler's strategies
+    assert set(train.CHOICES["replay_strategy"]) == set(HER_STRATEGIES + ("none",))
+    for name in train.CHOICES["replay_strategy"]:
+        make_sample_her_transitions(name, 4, fetch_reward_fun())
+
+
 def test_replay_next_observation_is_the_following_step():
     tr, _, episodes = sample_from("future", 4, batch=5000)
     e, t = tr["o"][:, 0].astype(int), tr["o"][:, 1].astype(int)
@@ -2315,6 +2504,36 @@ def test_plot_never_takes_a_run_with_demos_or_its_own_gamma_for_another_seed(tmp
     assert "| FetchPush-v4, 100 demos | 1 x 2 | 1 | 0.30 | 0.70 | - | 20.0 |" in table
     assert "| FetchPush-v4, gamma 0.9 | 1 x 2 | 1 | 0.20 | 0.40 | - | 20.0 |" in table
     assert plot.main([plain, demo, gamma, "-o", str(tmp_path / "curves.png")]) == 0
+
+
+def test_plot_never_takes_a_run_with_its_own_replay_strategy_or_k_for_another_seed(tmp_path):
+    import plot
+    runs = {"plain": ([0.0, 0.1], {}), "final": ([0.3, 0.5], dict(replay_strategy="final")),
+            "k8": ([0.2, 0.4], dict(replay_k=8)),
+            "final_k2": ([0.1, 0.2], dict(replay_strategy="final", replay_k=2)),
+            "none": ([0.0, 0.0], dict(replay_strategy="none", replay_k=8)),
+            "random_gamma": ([0.0, 0.3], dict(replay_strategy="random", gamma=0.9)),
+            "old": ([0.2, 0.3], {})}  # a version without the two keys: future, k = 4
+    dirs = {name: str(tmp_path / name) for name in runs}
+    for name, (success, config) in runs.items():
+        write_synthetic_run(dirs[name], int(name == "old"), success, n_ranks=1, **config)
+    with open(os.path.join(dirs["old"], "config.json")) as f:
+        cfg = json.load(f)
+    del cfg["replay_strategy"], cfg["replay_k"]
+    with open(os.path.join(dirs["old"], "config.json"), "w") as f:
+        json.dump(cfg, f)
+    assert [plot.read_run(dirs[name])["variant"] for name in runs] == \
+        ["", "final", "future k=8", "final k=2", "none", "gamma 0.9, random", ""]
+    table = plot.results_table(list(dirs.values()), at_epochs=(0, 1))
+    # the old run is the plain run's second seed: medians of (0.0, 0.2) and (0.1, 0.3)
+    assert "| FetchPush-v4 | 1 x 2 | 2 | 0.10 | 0.20 | -, - | 20.0 |" in table
+    assert "| FetchPush-v4, final | 1 x 2 | 1 | 0.30 | 0.50 | - | 20.0 |" in table
+    assert "| FetchPush-v4, future k=8 | 1 x 2 | 1 | 0.20 | 0.40 | - | 20.0 |" in table
+    assert "| FetchPush-v4, final k=2 | 1 x 2 | 1 | 0.10 | 0.20 | - | 20.0 |" in table
+    assert "| FetchPush-v4, none | 1 x 2 | 1 | 0.00 | 0.00 | - | 20.0 |" in table
+    assert "| FetchPush-v4, gamma 0.9, random | 1 x 2 | 1 | 0.00 | 0.30 | - | 20.0 |" in table
+    assert len(table.splitlines()) == 2 + 6
+    assert plot.main(list(dirs.values()) + ["-o", str(tmp_path / "curves.png")]) == 0
 
 
 def test_scaling_figure_and_table_one_row_per_rank_count(tmp_path):
