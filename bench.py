@@ -12,13 +12,14 @@ of Plappert et al. (2018), Sec. 2.2, on one CPU thread per process:
   * SubprocVecEnv against ShmemVecEnv on a large observation (a 480 x 480 x 3 uint8 image per
     step, the size of a MuJoCo render), where the pipe's copies should cost most;
   * MpiAdam.update and its Allreduce with R ranks (`mpirun -np R python bench.py --mpi`);
+  * what --trace costs a cycle of 2 ranks (`mpirun -np 2 python bench.py --trace_cost`);
   * one FetchPush-v4 epoch (50 cycles) of one rank split into its phases;
   * a full 1e6-transition buffer: resident memory, and sampling time against buffer size.
 
 Run: `python bench.py` (about 3 minutes), `python bench.py --quick`, one section alone with
-`--only` (e.g. `python bench.py --only update1024 --quick`), and
-`mpirun -np 2 python bench.py --mpi` for the MPI rows. Timings are medians of repeats, taken
-side by side in one process so that ratios hold even on a busy machine.
+`--only` (e.g. `python bench.py --only update1024 --quick`), and `mpirun -np 2 python bench.py
+--mpi` (or `--trace_cost`) for the MPI rows. Timings are medians of repeats, taken side by
+side in one process so that ratios hold even on a busy machine.
 """
 import os
 
@@ -343,15 +344,49 @@ def bench_mpi():
             f"per network, x2 per update")
 
 
+def bench_trace_cost(quick):
+    """What --trace costs a cycle (tracing.py): per rank, two FetchPush agents as bench_epoch
+    builds them, one under Tracer(0) (train.py without --trace: nothing wrapped), one under a
+    Tracer recording every call; their cycles alternate, so that drift falls on both alike."""
+    from mpi4py import MPI
+    from tracing import Tracer
+    comm, n_cycles, cfg = MPI.COMM_WORLD, 3 if quick else 10, config.Config(env=ENV, num_env=2)
+    dims, T, max_u, reward_fun = goal_env.env_dims(ENV)
+    agents, times = {}, {"untraced": [], "traced": []}  # per cycle; cycle 0 warms up
+    for name, tracer in zip(times, (Tracer(0), Tracer(n_cycles + 1))):  # never finish()es
+        rng = np.random.default_rng(cfg.seed + 1000000 * comm.Get_rank())  # as train.py
+        policy = DDPG(config.ddpg_params(cfg, dims, T, max_u), make_sample_her_transitions(
+            "future", 4, reward_fun), rng, comm=tracer.wrap_comm(comm))
+        agents[name] = (tracer, RolloutWorker(tracer.wrap_venv(goal_env.build_venv(cfg)), policy,
+                                              dims, T, rng, noise_eps=0.2, random_eps=0.3))
+    for i in range(n_cycles + 1):
+        for name in list(agents)[::-1 if i % 2 else 1]:
+            (tracer, worker), t = agents[name], time.perf_counter()
+            with tracer.cycle(0, i):  # train.train's cycle; Tracer(0) records nothing
+                worker.policy.store_episode(worker.generate_rollouts())
+                for _ in range(cfg.n_batches):
+                    worker.policy.train()
+                worker.policy.update_target_net()
+            times[name].append(time.perf_counter() - t)  # the Allreduces keep ranks in step
+    for _, worker in agents.values():
+        worker.venv.close()
+    plain, traced = (float(np.median(times[name][1:])) for name in times)
+    if comm.Get_rank() == 0:
+        row(f"traced / untraced cycle, {comm.Get_size()} ranks x 2 envs, {ENV}", traced / plain,
+            "x", f"{traced:.2f} s / {plain:.2f} s, medians of {n_cycles}; "
+            f"{len(agents['traced'][0].rows) / (n_cycles + 1):.0f} rows recorded per cycle")
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="fewer repeats, 10-cycle epoch")
     p.add_argument("--mpi", action="store_true", help="only the MpiAdam rows (use mpirun)")
+    p.add_argument("--trace_cost", action="store_true", help="--trace's cost (mpirun -np 2)")
     p.add_argument("--only", choices=["update", "update1024", "env", "image", "epoch",
                                       "buffer"])
     args = p.parse_args()
-    if args.mpi:
-        return bench_mpi()
+    if args.mpi or args.trace_cost:  # under mpirun
+        return bench_trace_cost(args.quick) if args.trace_cost else bench_mpi()
     print(f"numpy {np.__version__}, {os.cpu_count()} cores, 1 BLAS thread per process")
     sections = {"update": bench_update, "update1024": bench_update1024, "env": bench_env_steps,
                 "image": bench_large_observations, "epoch": bench_epoch,

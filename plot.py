@@ -12,16 +12,20 @@ steps (all ranks).
 
 With `--scaling ENV`, one env against the number of MPI ranks instead: one curve per
 (ranks, num_env), against epoch, env steps and hours of training, with the published anchors.
+With `--trace FOLDER` (train.py --trace N, tracing.py; no baselines counterpart), one traced
+cycle: a lane per rank, its time in MPI calls (who waits for whom) and waiting for env processes.
 
 Run:
     python plot.py runs/* -o results/fetch.png     # the figure
     python plot.py results/* --table               # the markdown table docs/results.md shows
     python plot.py results/FetchPush-v4-* --scaling FetchPush-v4 -o results/scaling.png
     python plot.py results/FetchPush-v4-* --scaling FetchPush-v4 --table
+    python plot.py --trace runs/<run>/trace -o cycle.png [--cycle K]   # one traced cycle
 Test: `python -m pytest -q test_all.py -k plot`.
 """
 import argparse
 import csv
+import glob
 import json
 import os
 import sys
@@ -264,14 +268,117 @@ def results_table(run_dirs, at_epochs=(0, 4, 9, 19, 29, 39, 49)):
     return "\n".join(lines)
 
 
+# ---------------------------------------------------------------- one traced cycle (--trace)
+
+TRACE_INTS = ("rank", "elements", "bytes_sent", "bytes_received", "epoch", "cycle")
+COMPUTING, ENV_WAIT = "computing (none of the below)", "waiting for env processes"
+OTHER_MPI = "other MPI calls (e.g. stop_safely_if_needed's allgather)"
+TRACE_SITES = {"mpi_adam.py:MpiAdam.update": "gradient Allreduce (MpiAdam.update)",
+               "normalizer.py:Normalizer.recompute_stats": "normaliser Allreduce (recompute_stats)"}
+# Drawn in this order, each on top of the last: a lane's cycle span, then what it waited in.
+TRACE_COLOURS = {COMPUTING: "#d6e2ef", ENV_WAIT: "tab:green", OTHER_MPI: "tab:purple",
+                 **dict(zip(TRACE_SITES.values(), ("tab:red", "tab:orange")))}
+
+
+def read_trace(folder):
+    """Every row of the rank<r>.csv files of a trace folder (tracing.py), ranks in order, as
+    dicts: ints, floats for the *_s columns, None where a cell is empty."""
+    paths = glob.glob(os.path.join(folder, "rank[0-9]*.csv"))
+    if not paths:
+        raise ValueError(f"no rank<r>.csv there: give the trace folder of a run made "
+                         "with --trace N (<logdir>/trace)")
+    typed = lambda key, cell: (None if cell == "" else int(cell) if key in TRACE_INTS  # noqa
+                               else float(cell) if key.endswith("_s") else cell)
+    rows = []
+    for path in paths:
+        with open(path, newline="") as f:
+            rows += [{key: typed(key, cell) for key, cell in row.items()}
+                     for row in csv.DictReader(line for line in f if not line.startswith("#"))]
+    return sorted(rows, key=lambda row: row["rank"])  # stable: each rank's rows stay in order
+
+
+def traced_cycle(rows, k=None):
+    """(k, how many cycles every rank traced whole, the rows of the k-th of them): counted from
+    0 in trace order; k None: the last. A cycle that a rank did not finish is not shown."""
+    ranks_of = {}
+    for row in rows:
+        if row["kind"] == "cycle":
+            ranks_of.setdefault((row["epoch"], row["cycle"]), set()).add(row["rank"])
+    n_ranks = len({row["rank"] for row in rows})
+    cycles = [key for key, ranks in ranks_of.items() if len(ranks) == n_ranks]
+    k = len(cycles) - 1 if k is None else k
+    if not 0 <= k < len(cycles):
+        raise ValueError(f"the trace holds {len(cycles)} cycle(s) that every rank traced: no "
+                         f"cycle {k} (--cycle K counts them from 0)")
+    return k, len(cycles), [row for row in rows if row["phase"] == "cycle"
+                            and (row["epoch"], row["cycle"]) == cycles[k]]
+
+
+def plot_trace(folder, out_path, k=None):
+    """Traced cycle k (from 0; None: the last), a lane per rank, rank 0 on top: the cycle's
+    span, and on it the time inside MPI calls and waiting for env processes. A collective
+    ends on every rank at once, so the rank with the shortest bar in it came last."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    k, n_cycles, shown = traced_cycle(read_trace(folder), k)
+    spans = {row["rank"]: row for row in shown if row["kind"] == "cycle"}
+    t0 = min(span["start_s"] for span in spans.values())
+    length = max(span["start_s"] + span["duration_s"] for span in spans.values()) - t0
+    least = 0.001 * length  # drawn width at least 0.1% of the span: a 1 ms Allreduce shows
+    fig, ax = plt.subplots(figsize=(14, 1.8 + 0.42 * len(spans)))
+    labels = []
+    for rank, span in spans.items():
+        lane = [row for row in shown if row["rank"] == rank and row["kind"] != "cycle"]
+        bars = {COMPUTING: [(span["start_s"] - t0, span["duration_s"])]}
+        for row in lane:  # its legend entry: an Allreduce by call site, other MPI, or env
+            group = ENV_WAIT if row["kind"] == "env" else TRACE_SITES.get(row["site"], OTHER_MPI)
+            bars.setdefault(group, []).append((row["start_s"] - t0, max(row["duration_s"], least)))
+        for group, colour in TRACE_COLOURS.items():
+            ax.broken_barh(bars.get(group, []), (rank - 0.4, 0.8), color=colour,
+                           label=None if labels else group)  # the first lane names them
+        mpi, env = (sum(r["duration_s"] for r in lane if r["kind"] == k) for k in ("mpi", "env"))
+        labels.append(f"rank {rank}\nMPI {mpi:.2f} s, env {env:.2f} s")
+    ax.set_yticks(list(spans), labels, fontsize=7)
+    ax.invert_yaxis()  # rank 0 on top
+    ax.set_xlim(0, length)
+    ax.set_xlabel(f"seconds from the start of the cycle (earliest rank); MPI calls and env "
+                  f"waits drawn at least {least * 1e3:.1f} ms (0.1% of the span) wide")
+    ax.legend(ncol=3, loc="lower center", bbox_to_anchor=(0.5, 1), fontsize=8, frameon=False)
+    try:
+        with open(os.path.join(os.path.dirname(os.path.abspath(folder)), "config.json")) as f:
+            cfg = json.load(f)
+    except FileNotFoundError:  # a trace folder away from its run: the title lacks the env
+        cfg = {}
+    fig.suptitle(f"{cfg.get('env', '?')}, {len(spans)} rank(s) x {cfg.get('num_env', '?')} "
+                 f"env(s): traced cycle {k} of {n_cycles} (epoch {shown[0]['epoch']}, cycle "
+                 f"{shown[0]['cycle']}), {length:.2f} s")
+    fig.tight_layout()
+    save_figure(fig, out_path)
+    plt.close(fig)
+
+
 def main(argv=None):
-    p = argparse.ArgumentParser(description="Plot test success of train.py runs")
-    p.add_argument("run_dirs", nargs="+", help="folders holding progress.csv and config.json")
-    p.add_argument("-o", "--out", default="results/curves.png", help="PNG to write")
+    p = argparse.ArgumentParser(description="Plot test success of train.py runs, or a trace")
+    p.add_argument("run_dirs", nargs="*", help="folders holding progress.csv and config.json")
+    p.add_argument("-o", "--out", help="PNG (results/curves.png; with --trace: cycle.png)")
     p.add_argument("--table", action="store_true", help="print the markdown results table")
     p.add_argument("--scaling", metavar="ENV",
                    help="one env, one curve per rank count (with --table: the scaling table)")
+    p.add_argument("--trace", metavar="FOLDER", help="one traced cycle, a lane per rank: the "
+                   "folder a run made with --trace N wrote (<logdir>/trace)")
+    p.add_argument("--cycle", type=int, metavar="K",
+                   help="with --trace: the K-th traced cycle, from 0 (default: the last)")
     args = p.parse_args(argv)
+    args.out = args.out or ("cycle.png" if args.trace else "results/curves.png")
+    if args.trace:
+        try:
+            plot_trace(args.trace, args.out, args.cycle)
+        except ValueError as e:  # one line, as p.error but without the usage
+            p.exit(2, f"{p.prog}: error: {args.trace}: {e}\n")
+        print(f"wrote {args.out} from {args.trace}")
+        return 0
     run_dirs = [d for d in args.run_dirs if os.path.exists(os.path.join(d, "progress.csv"))]
     if not run_dirs:
         p.error("none of the given folders holds a progress.csv")

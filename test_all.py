@@ -934,8 +934,8 @@ def test_her_unknown_strategy_gets_one_line_errors_on_the_command_line_and_in_he
     assert all(name in message for name in HER_STRATEGIES + ("none",)), message
     assert_main_refuses(["--replay_strategy", "later"], capsys, "--replay_strategy", "later")
     # and the command line offers exactly the sampler's strategies
-    assert set(train.CHOICES["replay_strategy"]) == set(HER_STRATEGIES + ("none",))
-    for name in train.CHOICES["replay_strategy"]:
+    assert set(config.CHOICES["replay_strategy"]) == set(HER_STRATEGIES + ("none",))
+    for name in config.CHOICES["replay_strategy"]:
         make_sample_her_transitions(name, 4, fetch_reward_fun())
 
 
@@ -2460,6 +2460,130 @@ def test_output_is_terminal_sees_through_mpirun():
     finally:
         os.close(main_fd)
     assert proc.returncode == 0 and b"TERMINAL True" in out, out[-3000:]
+
+
+# ---------------------------------------------------------------- tracing (--trace)
+
+TRACED_RUN = ("--num_env", "2", "--n_epochs", "1", "--n_cycles", "1", "--n_batches", "3",
+              "--n_test_rollouts", "1", "--seed", "9")
+
+
+@functools.lru_cache(maxsize=None)
+def traced_and_untraced_runs(root):
+    """The same 2-rank FetchReach run of one cycle, with --trace 1 and without."""
+    runs = {}
+    for name, extra in (("traced", ("--trace", "1")), ("untraced", ())):
+        runs[name] = os.path.join(root, f"{name}_run")
+        rc, out = run_cmd(train_cmd(*TRACED_RUN, *extra, "--logdir", runs[name], n_ranks=2), 300)
+        assert rc == 0, out[-3000:]
+        runs[f"{name}_out"] = out
+    return runs
+
+
+def read_trace_rows(folder):
+    """Every row of every rank<r>.csv in a trace folder, as dicts (the # lines skipped)."""
+    rows = []
+    for name in sorted(os.listdir(folder)):
+        with open(os.path.join(folder, name), newline="") as f:
+            rows += csv.DictReader(line for line in f if not line.startswith("#"))
+    return rows
+
+
+def readme_mpi_table_rows():
+    """{'file.py:function': (when, how often)} from README's table of every cross-rank call."""
+    import re
+    with open(os.path.join(HERE, "README.md")) as f:
+        readme = f.read()
+    start = readme.index("### Every call that crosses ranks")
+    table = readme[start:readme.index("\n#", start + 1)]
+    rows = {}
+    for line in table.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        match = re.match(r"`(\w+\.py): ([\w.]+)`", cells[0])
+        if match and len(cells) >= 3:
+            rows[f"{match[1]}:{match[2]}"] = (cells[1], cells[2])
+    return rows
+
+
+def expected_calls(how_often, n_batches):
+    """(calls per cycle, calls outside cycles) that README's 'how often' cell states, for a run
+    of one epoch of one cycle with n_batches updates and no demos."""
+    import re
+    def number(pattern):
+        match = re.search(pattern, how_often)
+        return int(match[1]) if match else None
+    per_update, per_cycle = number(r"(\d+) per update"), number(r"(\d+) per cycle")
+    in_cycle = per_update * n_batches if per_update else (per_cycle or 0)
+    outside = next((n for n in (number(r"(\d+) per epoch"), number(r"(\d+) per training run"),
+                                number(r"once per network: (\d+)")) if n is not None),
+                   1 if how_often.startswith("once") else 0)
+    return in_cycle, outside
+
+
+def test_trace_finds_exactly_the_calls_and_counts_of_readmes_table(tmp_path):
+    """README's table of cross-rank calls, measured: the call sites a traced run recorded are
+    the rows of the table (but those only for --resume, errors, benchmarks, tests and --trace
+    itself), and each made as many calls per cycle and outside cycles as its row says."""
+    runs = traced_and_untraced_runs(str(tmp_path.parent))
+    rows = read_trace_rows(os.path.join(runs["traced"], "trace"))
+    assert {r["rank"] for r in rows} == {"0", "1"}
+    table = {site: cells for site, cells in readme_mpi_table_rows().items()
+             if not any(word in cells[0] for word in ("only", "exception", "any time"))}
+    mpi = [r for r in rows if r["kind"] == "mpi"]
+    assert {r["site"] for r in mpi} == set(table)
+    n_batches = int(TRACED_RUN[TRACED_RUN.index("--n_batches") + 1])
+    for rank in ("0", "1"):
+        for site, (_, how_often) in table.items():
+            calls = [r for r in mpi if r["rank"] == rank and r["site"] == site]
+            counted = (sum(r["phase"] == "cycle" for r in calls),
+                       sum(r["phase"] != "cycle" for r in calls))
+            assert counted == expected_calls(how_often, n_batches), (site, how_often)
+    # the rank's pipes: one step request per env per step, one reset per env per episode
+    env = [r for r in rows if r["kind"] == "env" and r["rank"] == "0" and r["phase"] == "cycle"]
+    T = goal_env.env_dims("FetchReach-v4")[1]
+    assert sum(r["call"] == "step" for r in env) == 2 * T
+    assert sum(r["call"] == "reset" for r in env) == 2
+    assert all(int(r["bytes_sent"]) > 0 and int(r["bytes_received"]) > 0 for r in env)
+    assert "| whole cycle |" in runs["traced_out"] and "MpiAdam.update" in runs["traced_out"]
+
+
+def test_a_traced_run_computes_what_an_untraced_one_does(tmp_path):
+    runs = traced_and_untraced_runs(str(tmp_path.parent))
+    for name in ("policy_latest.npz", os.path.join("checkpoint", "rank0.npz"),
+                 os.path.join("checkpoint", "rank1.npz")):
+        assert_same_arrays(*(os.path.join(runs[r], name) for r in ("traced", "untraced")))
+    assert_same_progress(runs["traced"], runs["untraced"])
+    assert not os.path.exists(os.path.join(runs["untraced"], "trace"))
+
+
+def test_plot_trace_draws_the_traced_cycle_and_refuses_what_it_cannot(tmp_path):
+    import plot
+    runs = traced_and_untraced_runs(str(tmp_path.parent))
+    folder = os.path.join(runs["traced"], "trace")
+    k, n_cycles, shown = plot.traced_cycle(plot.read_trace(folder))
+    assert (k, n_cycles) == (0, 1) and {r["rank"] for r in shown} == {0, 1}
+    assert len(shown) == len([r for r in read_trace_rows(folder) if r["phase"] == "cycle"])
+    out = str(tmp_path / "cycle.png")
+    assert plot.main(["--trace", folder, "-o", out]) == 0 and os.path.getsize(out) > 10_000
+    for argv, phrase in (([str(tmp_path)], "no rank<r>.csv"), ([folder, "--cycle", "1"],
+                                                                  "no cycle 1")):
+        proc = subprocess.run([sys.executable, "plot.py", "--trace", *argv, "-o", out],
+                              cwd=HERE, capture_output=True, text=True, timeout=120)
+        assert_one_line_error(proc.returncode, proc.stdout + proc.stderr, 2, phrase)
+
+
+def test_bad_trace_input_gets_one_line_errors_before_training(tmp_path, capsys):
+    assert_main_refuses(["--trace", "-1"], capsys, "--trace must be 0")
+    logdir = tmp_path / "short"
+    assert_main_refuses(["--trace", "7", "--n_epochs", "2", "--n_cycles", "3", "--logdir",
+                         str(logdir)], capsys, "--trace 7 is more cycles than the run has",
+                        "at most 6")
+    blocked = tmp_path / "blocked"
+    blocked.mkdir()
+    (blocked / "trace").write_text("a file where the trace folder would go")
+    assert_main_refuses(["--trace", "1", "--logdir", str(blocked)], capsys,
+                        "cannot write to log dir")
+    assert not logdir.exists() and not (blocked / "progress.csv").exists()
 
 
 # ---------------------------------------------------------------- plots and the README's numbers

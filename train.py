@@ -47,14 +47,16 @@ from her import make_sample_her_transitions  # noqa: E402
 from logger import CycleProgress, EpochLogger, output_is_terminal  # noqa: E402
 from mpi_util import abort_job, agree, mpi_average, report  # noqa: E402
 from rollout import RolloutWorker  # noqa: E402
+from tracing import Tracer  # noqa: E402
 
 
 # ---------------------------------------------------------------- the loop
 
-def train(cfg, policy, rollout_worker, evaluator, logger, progress, logdir, comm, stop,
+def train(cfg, policy, rollout_worker, evaluator, logger, progress, logdir, comm, stop, tracer,
           start_epoch=0, start_cycle=0, best_success_rate=-1., start_losses=()):
     """The epoch/cycle/batch loop (Plappert et al. 2018, Sec. 2.2; baselines her.py train).
-    A resumed run starts at (start_epoch, start_cycle) with that epoch's losses so far."""
+    A resumed run starts at (start_epoch, start_cycle) with that epoch's losses so far.
+    tracer.cycle marks where a cycle starts and ends (--trace; it does nothing without)."""
     rank = comm.Get_rank()
     workers = (rollout_worker, evaluator)
     for epoch in range(start_epoch, cfg.n_epochs):
@@ -65,12 +67,13 @@ def train(cfg, policy, rollout_worker, evaluator, logger, progress, logdir, comm
         progress.start_epoch(epoch, first_cycle)
         losses = list(start_losses) if first_cycle > 0 else []
         for cycle in range(first_cycle, cfg.n_cycles):
-            episode = rollout_worker.generate_rollouts()  # num_env episodes from this rank's envs
-            policy.store_episode(episode)  # this rank's buffer; normaliser stats over all ranks
-            losses += [policy.train() for _ in range(cfg.n_batches)]  # MpiAdam inside
-            policy.update_target_net()
-            stop_safely_if_needed(losses, stop, epoch, cycle, best_success_rate, policy,
-                                  workers, logdir, comm)
+            with tracer.cycle(epoch, cycle):
+                episode = rollout_worker.generate_rollouts()  # num_env episodes, own envs
+                policy.store_episode(episode)  # this rank's buffer; normaliser over all ranks
+                losses += [policy.train() for _ in range(cfg.n_batches)]  # MpiAdam inside
+                policy.update_target_net()
+                stop_safely_if_needed(losses, stop, epoch, cycle, best_success_rate, policy,
+                                      workers, logdir, comm)
             progress.cycle_done(cycle)
 
         progress.cycles_finished()
@@ -114,7 +117,6 @@ def save_policies(cfg, epoch, is_best, policy, logdir):
         policy.save(os.path.join(logdir, f"policy_{epoch}.npz"))
 
 
-
 # ---------------------------------------------------------------- setting up a run
 
 def prepare(cfg, args, comm):
@@ -133,14 +135,17 @@ def prepare(cfg, args, comm):
                                    cfg.num_demo)
     return plan
 
-def make_logdir(cfg, comm):
+
+def make_logdir(cfg, comm, folders=()):
     """Each rank creates the folders it writes to: rank 0 the log dir with config.json (and
-    later progress.csv and the policies), every rank `checkpoint/` for its own checkpoint.
-    So ranks on another machine without a shared file system save into a log dir of the same
-    path on their own disk. Every rank learns if any of them could not."""
+    later progress.csv and the policies), every rank `checkpoint/` for its own checkpoint and
+    the `folders` it will write to (`trace/`). So ranks on another machine without a shared
+    file system save into a log dir of the same path on their own disk. Every rank learns if
+    any of them could not, before training starts."""
     error = None
     try:
-        os.makedirs(os.path.join(cfg.logdir, "checkpoint"), exist_ok=True)
+        for folder in ("checkpoint", *folders):
+            os.makedirs(os.path.join(cfg.logdir, folder), exist_ok=True)
         if comm.Get_rank() == 0:
             atomic_write_text(os.path.join(cfg.logdir, "config.json"),
                               json.dumps(dataclasses.asdict(cfg), indent=1))
@@ -150,16 +155,20 @@ def make_logdir(cfg, comm):
     agree(comm, error)
 
 
-
-def run(cfg, args, comm):
+def run(cfg, args, comm, tracer):
     """Set up this rank (after every rank agreed that the input is good), then train."""
     rank = comm.Get_rank()
+    if tracer.n_cycles > cfg.n_epochs * cfg.n_cycles:  # the same on every rank: all raise
+        raise UsageError(f"--trace {tracer.n_cycles} is more cycles than the run has "
+                         f"({cfg.n_epochs} epochs x {cfg.n_cycles} cycles); give at most "
+                         f"{cfg.n_epochs * cfg.n_cycles}")
     try:
         plan, error = prepare(cfg, args, comm), None
     except (UsageError, BadFileError) as e:
         plan, error = None, str(e)
     agree(comm, error)
-    make_logdir(cfg, comm)
+    make_logdir(cfg, comm, tracer.folders)
+    tracer.write_to(os.path.join(cfg.logdir, "trace"))
     if rank == 0:
         print_setup(cfg, plan, comm.Get_size())
     rank_seed = cfg.seed + 1000000 * rank  # baselines: different data on every rank
@@ -167,7 +176,7 @@ def run(cfg, args, comm):
     policy, start = make_policy(cfg, args, plan, rng, comm)
     progress = CycleProgress(sys.stdout, cfg.n_cycles, enabled=(rank == 0),
                              terminal=output_is_terminal(sys.stdout))
-    venv = build_venv(cfg)
+    venv = tracer.wrap_venv(build_venv(cfg))  # with --trace, its pipes count every message
     try:
         # Training and test rollouts share the envs, as in baselines (eval_env = env).
         rollout_worker = RolloutWorker(venv, policy, plan["dims"], plan["T"], rng,
@@ -185,7 +194,8 @@ def run(cfg, args, comm):
             save_checkpoint(cfg.logdir, 0, 0, -1., policy, (rollout_worker, evaluator), comm)
         logger = EpochLogger(cfg.logdir, enabled=(rank == 0), start_epoch=start["start_epoch"])
         best = train(cfg, policy, rollout_worker, evaluator, logger, progress, cfg.logdir, comm,
-                     StopFlag(), **start)
+                     StopFlag(), tracer, **start)
+        tracer.finish()  # if the run ended before its traced cycles did
     finally:
         progress.close()
         venv.close()
@@ -235,12 +245,17 @@ def make_parser():
     config_flags(p)
     p.add_argument("--load_path", help="policy .npz to start training from")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its checkpoint")
+    p.add_argument("--trace", type=int, default=0, metavar="N",
+                   help="record every message between processes in the first N cycles into "
+                        "<logdir>/trace/ and print a table of them (0: off; tracing.py)")
     return p
 
 
 def parse_args(argv=None):
     p = make_parser()
     args = p.parse_args(argv)
+    if args.trace < 0:
+        p.error(f"--trace must be 0 (off) or a number of cycles, got {args.trace}")
     if args.resume and args.load_path:
         p.error("--resume cannot be combined with --load_path")
     if args.resume and set(given_config_args(args)) - {"n_epochs"}:
@@ -255,9 +270,10 @@ def main(argv=None):
     # a top-level import each would initialise MPI as a second copy of its rank, which hangs
     # the job.
     from mpi4py import MPI
-    comm = MPI.COMM_WORLD
+    tracer = Tracer(args.trace)
+    comm = tracer.wrap_comm(MPI.COMM_WORLD)  # with --trace, it records every MPI call
     try:
-        run(shared_config(args, comm), args, comm)
+        run(shared_config(args, comm), args, comm, tracer)
     except (UsageError, BadFileError) as e:
         return report(comm, f"train.py: error: {e}", 2)
     except NonFiniteError as e:

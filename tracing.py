@@ -1,0 +1,295 @@
+"""--trace N: every message between processes in the first N cycles of a run, measured.
+
+No baselines counterpart: baselines logs scalars per epoch. This file answers "what crosses
+between processes, and where?" (Plappert et al. 2018, Sec. 2.2: N ranks that average their
+gradients) for the configuration actually run: it records, on every rank,
+  * every MPI call: which one (Allreduce, Bcast, allgather, ...), its call site as
+    file:function, the elements and bytes this rank puts in, when it started and how long the
+    rank spent inside it (waiting for the slowest rank included);
+  * every message between the rank and its env processes: the command (step, reset, ...), the
+    bytes each way, and how long the rank waited for the answer;
+  * every cycle: when it started and how long it took.
+It does so by wrapping the two things that carry messages, where they are created (train.py):
+the communicator (TracedComm) and the ends of the vec env's pipes (TracedPipe). The learning code
+(ddpg.py, mpi_adam.py, normalizer.py, her.py, replay.py) is unchanged: it calls the same methods
+on what it was given. With N = 0 nothing is wrapped.
+
+Recording starts with the run and stops where cycle N would begin (or where the run ends), so
+it holds the setup, the first N cycles and whatever ran between them (an epoch's test
+rollouts and logs). Then each rank writes <logdir>/trace/rank<r>.csv, and rank 0 prints one
+table over all ranks: for each call site, calls per cycle, elements per call, bytes per cycle,
+and the median over ranks of the share of the cycle's wall time spent waiting in it.
+
+Run:  mpirun -np 2 python train.py --num_env 2 --env FetchPush-v4 --trace 3
+      python plot.py --trace runs/<run>/trace -o cycle.png      # one lane per rank
+Test: `python -m pytest -q test_all.py -k trace`. (Named tracing.py: `trace` is a standard module.)
+"""
+import contextlib
+import io
+import os
+import pickle
+import statistics
+import sys
+import time
+from multiprocessing.reduction import ForkingPickler
+
+from files import atomic_write_text
+
+# The columns of rank<r>.csv, each with what it holds (written above the header as # lines).
+COLUMNS = (
+    ("rank", "the MPI rank that recorded the row"),
+    ("kind", "mpi: a call on the communicator; env: one request to an env process and its "
+             "answer; cycle: one whole cycle"),
+    ("call", "the comm method (Allreduce, Bcast, allgather, bcast, ...), the env command "
+             "(step, reset, render, close) or 'cycle'"),
+    ("site", "file:function that made the call (for env messages: the first caller outside "
+             "vecenv.py)"),
+    ("peer", "'all ranks' for MPI, 'env process i' for a pipe"),
+    ("elements", "array elements this rank put in (empty for pickled objects)"),
+    ("bytes_sent", "bytes this rank sent: the buffer, or the pickled object or command"),
+    ("bytes_received", "bytes the answer held (env messages; pickled objects received)"),
+    ("phase", "setup (before the first cycle), cycle, or between (after a cycle: test "
+              "rollouts, the epoch's logs and checkpoints)"),
+    ("epoch", "the epoch of the current or last cycle (empty in setup)"),
+    ("cycle", "the cycle within its epoch (empty in setup)"),
+    ("start_s", "when it started: seconds since 1970 (time.time(), one clock per machine)"),
+    ("duration_s", "seconds inside the call; env: waiting for the answer; cycle: its length"),
+)
+
+
+def pickled_size(obj):
+    return len(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
+
+
+def buffer_size(buf):
+    """(elements, bytes) of an MPI buffer argument: an array, or [array, MPI type]."""
+    array = buf[0] if isinstance(buf, (list, tuple)) else buf
+    return int(getattr(array, "size", 0)), int(getattr(array, "nbytes", 0))
+
+
+def caller_site(frame, skip=("tracing.py",)):
+    """'file:function' of the first frame outside the files in `skip`."""
+    while frame is not None and os.path.basename(frame.f_code.co_filename) in skip:
+        frame = frame.f_back
+    if frame is None:
+        return "?"
+    return f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_code.co_qualname}"
+
+
+class Tracer:
+    """The rows of one rank's trace, and when to record them. With n_cycles = 0 it wraps
+    nothing and records nothing, so train.py uses it the same way either way."""
+
+    def __init__(self, n_cycles, clock=time.time):
+        self.n_cycles, self.clock = n_cycles, clock
+        self.recording = n_cycles > 0
+        self.rows = []  # tuples in COLUMNS order, without the rank
+        self.phase, self.epoch, self.cycle_in_epoch = "setup", "", ""
+        self.cycles_done = 0
+        self.comm = self.folder = None
+
+    def write_to(self, folder):
+        """Where finish() writes rank<r>.csv: <logdir>/trace, once the log dir exists."""
+        self.folder = folder
+
+    @property
+    def folders(self):
+        """The log-dir folders a traced run writes to (train.make_logdir creates them)."""
+        return ("trace",) if self.n_cycles else ()
+
+    def wrap_comm(self, comm):
+        self.comm = comm  # the tracer's own gather at the end goes through the real one
+        return TracedComm(comm, self) if self.n_cycles else comm
+
+    def wrap_venv(self, venv):
+        """Put a TracedPipe on every pipe to an env process (DummyVecEnv has none)."""
+        if self.n_cycles and hasattr(venv, "remotes"):
+            venv.remotes = tuple(TracedPipe(remote, i, self)
+                                 for i, remote in enumerate(venv.remotes))
+        return venv
+
+    def record(self, kind, call, site, peer, elements, bytes_sent, bytes_received, start,
+               duration):
+        if self.recording:
+            self.rows.append((kind, call, site, peer, elements, bytes_sent, bytes_received,
+                              self.phase, self.epoch, self.cycle_in_epoch, start, duration))
+
+    @contextlib.contextmanager
+    def cycle(self, epoch, cycle):
+        """Around the body of one cycle: stops the trace where cycle n_cycles would begin."""
+        if self.recording and self.cycles_done == self.n_cycles:
+            self.finish()
+        self.phase, self.epoch, self.cycle_in_epoch = "cycle", epoch, cycle
+        start = self.clock()
+        yield
+        self.record("cycle", "cycle", "train.py:train", "", "", "", "", start,
+                    self.clock() - start)
+        self.phase = "between"
+        self.cycles_done += 1
+
+    def finish(self):
+        """Collective: every rank writes its CSV, and rank 0 prints the table over all ranks.
+        Called by every rank at the same point (a cycle boundary, or the end of the run)."""
+        if not self.recording:
+            return
+        self.recording = False
+        rank = self.comm.Get_rank()
+        path = os.path.join(self.folder, f"rank{rank}.csv")
+        atomic_write_text(path, self.csv_text(rank))
+        summaries = self.comm.gather(summarise(self.rows), root=0)  # [MPI] --trace only
+        if rank == 0:
+            print(f"Trace of {min(self.cycles_done, self.n_cycles)} cycle(s) on "
+                  f"{len(summaries)} rank(s), one CSV per rank in {self.folder} (picture: "
+                  f"python plot.py --trace {self.folder} -o cycle.png)\n"
+                  f"{format_table(summaries)}", flush=True)
+
+    def csv_text(self, rank):
+        text = io.StringIO()
+        text.writelines(f"# {name}: {meaning}\n" for name, meaning in COLUMNS)
+        text.write(",".join(name for name, _ in COLUMNS) + "\n")
+        for row in self.rows:
+            cells = [rank, *row[:-2], f"{row[-2]:.6f}", f"{row[-1]:.6f}"]
+            text.write(",".join(str(c) for c in cells) + "\n")
+        return text.getvalue()
+
+
+class TracedComm:
+    """An MPI communicator that records each collective call in its Tracer, then makes it.
+    Every other attribute (Get_rank, Get_size, ...) is the communicator's own."""
+
+    def __init__(self, comm, tracer):
+        self._comm, self._tracer = comm, tracer
+
+    def __getattr__(self, name):
+        return getattr(self._comm, name)
+
+    def _call(self, name, elements, sent, received, *args, **kwargs):
+        """Make the call `name`; record it with the caller's site and the time spent in it.
+        received=None: the pickled size of what the call returns."""
+        site = caller_site(sys._getframe(2))  # who called Allreduce, Bcast, ...
+        start = self._tracer.clock()
+        result = getattr(self._comm, name)(*args, **kwargs)
+        if received is None:
+            received = pickled_size(result) if result is not None else 0
+        self._tracer.record("mpi", name, site, "all ranks", elements, sent, received, start,
+                            self._tracer.clock() - start)
+        return result
+
+    def _is_root(self, args, kwargs):
+        return self._comm.Get_rank() == kwargs.get("root", args[0] if args else 0)
+
+    # Buffer calls (capitalised, as mpi4py names them): the array goes as it is.
+    def Allreduce(self, sendbuf, recvbuf, *args, **kwargs):
+        elements, n_bytes = buffer_size(sendbuf)
+        return self._call("Allreduce", elements, n_bytes, n_bytes, sendbuf, recvbuf, *args,
+                          **kwargs)
+
+    def Bcast(self, buf, *args, **kwargs):
+        elements, n_bytes = buffer_size(buf)
+        root = self._is_root(args, kwargs)  # the root sends the array, the others receive it
+        return self._call("Bcast", elements, n_bytes if root else 0, 0 if root else n_bytes,
+                          buf, *args, **kwargs)
+
+    def Barrier(self):
+        return self._call("Barrier", "", 0, 0)
+
+    def Abort(self, *args):
+        return self._call("Abort", "", 0, 0, *args)
+
+    # Object calls (lower case): mpi4py pickles the object.
+    def allgather(self, obj):
+        return self._call("allgather", "", pickled_size(obj), None, obj)
+
+    def bcast(self, obj, *args, **kwargs):
+        root = self._is_root(args, kwargs)
+        return self._call("bcast", "", pickled_size(obj) if root else 0, 0 if root else None,
+                          obj, *args, **kwargs)
+
+    def gather(self, obj, *args, **kwargs):
+        return self._call("gather", "", pickled_size(obj), None, obj, *args, **kwargs)
+
+    def allreduce(self, obj, *args, **kwargs):
+        return self._call("allreduce", "", pickled_size(obj), None, obj, *args, **kwargs)
+
+
+class TracedPipe:
+    """The rank's end of one env process's pipe, counting what goes through it. It pickles as
+    multiprocessing's Connection.send does (ForkingPickler), so the bytes are the pipe's own."""
+
+    def __init__(self, conn, i, tracer):
+        self._conn, self._tracer, self._peer = conn, tracer, f"env process {i}"
+        self._pending = ("", 0, "?")  # the last command sent: (name, bytes, call site)
+
+    def __getattr__(self, name):
+        return getattr(self._conn, name)
+
+    def send(self, obj):
+        data = ForkingPickler.dumps(obj)
+        name = obj[0] if isinstance(obj, tuple) and obj and isinstance(obj[0], str) else "?"
+        self._pending = (name, len(data), caller_site(sys._getframe(1),
+                                                      skip=("tracing.py", "vecenv.py")))
+        self._conn.send_bytes(data)
+
+    def recv(self):
+        start = self._tracer.clock()
+        data = self._conn.recv_bytes()  # the rank waits here for the env process's answer
+        duration = self._tracer.clock() - start
+        name, n_sent, site = self._pending
+        self._tracer.record("env", name, site, self._peer, "", n_sent, len(data), start,
+                            duration)
+        return ForkingPickler.loads(data)
+
+
+def summarise(rows):
+    """One rank's rows, per (kind, call, site): calls in and outside cycles, elements per call,
+    bytes and seconds in cycles; plus the number and total length of its cycles."""
+    cycles = [row for row in rows if row[0] == "cycle"]
+    sites = {}
+    for kind, call, site, _, elements, sent, received, phase, *_, duration in rows:
+        if kind == "cycle":
+            continue
+        s = sites.setdefault((kind, call, site), dict(in_cycles=0, outside=0, elements=set(),
+                                                      sent=0, received=0, seconds=0.))
+        s["elements"].add(elements)
+        if phase != "cycle":
+            s["outside"] += 1
+            continue
+        s["in_cycles"] += 1
+        s["sent"] += sent or 0
+        s["received"] += received or 0
+        s["seconds"] += duration
+    return dict(n_cycles=len(cycles), cycle_s=sum(row[-1] for row in cycles), sites=sites)
+
+
+def per_rank(values, fmt):
+    """One figure if every rank has the same, else each rank's."""
+    shown = [fmt(v) for v in values]
+    return shown[0] if len(set(shown)) == 1 else " ".join(f"r{r}: {v}"
+                                                          for r, v in enumerate(shown))
+
+
+def format_table(summaries):
+    """The markdown table rank 0 prints: one row per call site, ranks side by side."""
+    keys = sorted({key for s in summaries for key in s["sites"]},
+                  key=lambda k: (k[0] != "mpi", k[2], k[1]))
+    lines = ["| where (file:function) | call | calls per cycle | calls outside cycles | "
+             "elements per call | bytes sent per cycle | bytes received per cycle | "
+             "share of the cycle in it (median over ranks) |", "|---" * 8 + "|"]
+    for kind, call, site in keys:
+        stats = [s["sites"].get((kind, call, site), dict(in_cycles=0, outside=0, elements=set(),
+                                                         sent=0, received=0, seconds=0.))
+                 for s in summaries]
+        n = [max(s["n_cycles"], 1) for s in summaries]
+        shares = [st["seconds"] / max(s["cycle_s"], 1e-12) for st, s in zip(stats, summaries)]
+        elements = ", ".join(sorted(str(e) for e in stats[0]["elements"] if e != "")) or "-"
+        lines.append("| " + " | ".join([
+            f"`{site}`", f"{call} ({'pipe' if kind == 'env' else 'MPI'})",
+            per_rank([st["in_cycles"] / c for st, c in zip(stats, n)], lambda v: f"{v:g}"),
+            per_rank([st["outside"] for st in stats], str), elements,
+            per_rank([st["sent"] / c for st, c in zip(stats, n)], lambda v: f"{v:,.0f}"),
+            per_rank([st["received"] / c for st, c in zip(stats, n)], lambda v: f"{v:,.0f}"),
+            f"{statistics.median(shares):.1%}"]) + " |")
+    cycle_s = [s["cycle_s"] / max(s["n_cycles"], 1) for s in summaries]
+    lines.append(f"| whole cycle | - | - | - | - | - | - | {statistics.median(cycle_s):.3f} s "
+                 "(median over ranks) |")
+    return "\n".join(lines)
