@@ -282,13 +282,14 @@ def format_table(summaries):
         n = [max(s["n_cycles"], 1) for s in summaries]
         shares = [st["seconds"] / max(s["cycle_s"], 1e-12) for st, s in zip(stats, summaries)]
         elements = ", ".join(sorted(str(e) for e in stats[0]["elements"] if e != "")) or "-"
+        in_cycles = any(st["in_cycles"] for st in stats)  # else: setup or epoch end only
         lines.append("| " + " | ".join([
             f"`{site}`", f"{call} ({'pipe' if kind == 'env' else 'MPI'})",
             per_rank([st["in_cycles"] / c for st, c in zip(stats, n)], lambda v: f"{v:g}"),
             per_rank([st["outside"] for st in stats], str), elements,
-            per_rank([st["sent"] / c for st, c in zip(stats, n)], lambda v: f"{v:,.0f}"),
-            per_rank([st["received"] / c for st, c in zip(stats, n)], lambda v: f"{v:,.0f}"),
-            f"{statistics.median(shares):.1%}"]) + " |")
+            *([per_rank([st["sent"] / c for st, c in zip(stats, n)], lambda v: f"{v:,.0f}"),
+               per_rank([st["received"] / c for st, c in zip(stats, n)], lambda v: f"{v:,.0f}"),
+               f"{statistics.median(shares):.1%}"] if in_cycles else ["-", "-", "-"])]) + " |")
     cycle_s = [s["cycle_s"] / max(s["n_cycles"], 1) for s in summaries]
     lines.append(f"| whole cycle | - | - | - | - | - | - | {statistics.median(cycle_s):.3f} s "
                  "(median over ranks) |")
