@@ -37,8 +37,8 @@ import sys
 import numpy as np
 
 from config import ArgumentParser
-from goal_env import env_dims, make_env
 from files import DEMO_KEYS, UsageError, save_demos
+from goal_env import env_dims, make_env
 
 HOVER = 0.05  # m above the object's centre where the descent starts
 TOLERANCE = 0.01  # m: close enough to the phase's target point to move on

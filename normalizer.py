@@ -46,6 +46,8 @@ class Normalizer:
         self.std = np.ones(size, np.float32)
 
     def update(self, v):
+        """Add samples v (..., size) to this rank's local sums only: no MPI call, and nothing
+        changes mean and std until recompute_stats()."""
         v = v.reshape(-1, self.size)  # (N, size)
         self.local_sum += v.sum(axis=0)
         self.local_sumsq += np.square(v, dtype=np.float64).sum(axis=0)

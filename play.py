@@ -27,10 +27,10 @@ import sys  # noqa: E402
 import numpy as np  # noqa: E402
 
 from config import ArgumentParser, config_flags, make_config, validate_config  # noqa: E402
-from goal_env import build_venv, check_policy_fits, describe_env  # noqa: E402
 from ddpg import DDPG, POLICY_KEYS, policy_params  # noqa: E402
 from files import BadFileError, UsageError, load_npz  # noqa: E402
-from mpi_util import abort_job, agree, mpi_average, report  # noqa: E402
+from goal_env import build_venv, check_policy_fits, describe_env  # noqa: E402
+from mpi_util import agree, mpi_average, run_on_every_rank  # noqa: E402
 from rollout import RolloutWorker  # noqa: E402
 from vecenv import VecVideoRecorder  # noqa: E402
 
@@ -127,17 +127,13 @@ def main(argv=None):
         os.environ["MUJOCO_GL"] = "egl"
     from mpi4py import MPI  # here, not at the top: train.py's main says why
     comm = MPI.COMM_WORLD
-    try:
+
+    def job():
         cfg = make_config(args)
         validate_config(cfg)
         play(cfg, args, comm)
-    except (UsageError, BadFileError) as e:
-        return report(comm, f"play.py: error: {e}", 2)
-    except BaseException:
-        if comm.Get_size() == 1:
-            raise
-        abort_job(comm)
-    return 0
+    return run_on_every_rank(comm, "play.py", job,
+                             {UsageError: (2, "error: "), BadFileError: (2, "error: ")})
 
 
 if __name__ == "__main__":

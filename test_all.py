@@ -6,14 +6,44 @@ test_vec_env.py, common/mpi_adam.py's test_MpiAdam), gathered in one file:
   * Adam vs the textbook formula (Kingma & Ba 2015, Algorithm 1) written out here;
   * MpiAdam and the normaliser under real `mpirun -np 2` / `-np 3` (this file re-runs itself
     under mpirun: `mpirun -np 2 python test_all.py mpi_adam` runs one MPI case by hand);
-  * SubprocVecEnv vs the same envs stepped sequentially;
-  * the HER sampler (Andrychowicz et al. 2017, Sec. 4.5) and RolloutWorker;
+  * SubprocVecEnv and ShmemVecEnv vs the same envs stepped sequentially, and what they refuse;
+  * the HER sampler (Andrychowicz et al. 2017, Sec. 4.5), every goal strategy against its
+    distribution, and RolloutWorker;
   * save/load, every goal-task family, and end-to-end learning on FetchReach-v4;
   * demonstrations (Nair et al. 2018): the controller, the batch, the Q filter and the cloning
-    loss, and a run without them bitwise equal to the code before them (taken from git);
+    loss;
+  * runs bitwise equal to those of the code before demonstrations and before the split into
+    one concept per file (both taken from git), and resumed runs to uninterrupted ones;
+  * --trace: a traced run finds exactly README's table of cross-rank calls and computes what
+    an untraced run does;
   * the command line: every Config field a flag, every bad input one line and exit code 2.
 
-Run: `python -m pytest -q` (about 1.5 minutes on 2 cores with nothing else running).
+Run: `python -m pytest -q` (README, "Tests", gives the count and the time on 2 cores).
+
+Index: the sections below, one per file in the order of README's file table, shared helpers
+first and the MPI cases (run under mpirun by tests of sections 9, 11 and 17) last; each line
+gives the -k expression of its tests: `python -m pytest -q test_all.py -k "EXPRESSION"`.
+   0. helpers shared by many sections: no tests
+   1. train.py: -k "end_to_end or run_before or saved_policy"
+   2. config.py: -k "config or command_lines or gamma_flag or turns_the_cloning"
+   3. goal_env.py: -k "goal_task or keep_baselines or reward_range or success_key or goal_env"
+   4. play.py: -k "video"
+   5. rollout.py: -k "rollout_worker or seeded or success_rate or exploration or clip_obs"
+   6. her.py: -k "test_her"
+   7. replay.py: -k "test_replay"
+   8. actor_critic.py: -k "grad_linear or grad_relu or grad_mlp"
+   9. normalizer.py: -k "test_normalizer"
+  10. ddpg.py: -k "ddpg or loss_wrt or polyak or save_load or normaliser or demo_batch or q_filter"
+  11. mpi_adam.py: -k "adam or nineteen"
+  12. mpi_util.py: -k "orphaned or rank_failure"
+  13. files.py: -k "atomic_save or bad_policy or bad_demo"
+  14. checkpoint.py: -k "sigint or resume or older_version or interrupt or nonfinite"
+  15. logger.py: -k "progress or output_is_terminal"
+  16. tracing.py: -k "test_trace or traced_run or bad_trace"
+  17. vecenv.py: -k "vec_env or subproc_vecenv or shmem_vecenv or dummy_vecenv or env_worker"
+  18. demos.py: -k "demo_controller"
+  19. plot.py and the docs: -k "plot or scaling or docs or tagged"
+  20. mpi_case_*, under mpirun: -k "test_mpi_adam or normalizer_under or nineteen or never_touch"
 """
 import os
 
@@ -61,7 +91,7 @@ from vecenv import DummyVecEnv, ShmemVecEnv, SubprocVecEnv  # noqa: E402
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-# ---------------------------------------------------------------- helpers
+# ---------------------------------------------------------------- helpers shared by many sections
 
 def numerical_grad(f, x, h=1e-4):
     """Centred differences df/dx, perturbing x in place one entry at a time (float64).
@@ -196,6 +226,78 @@ def hang_guard(seconds):
         signal.signal(signal.SIGALRM, old)
 
 
+TINY_RUN = ["--n_cycles", "5", "--n_batches", "20", "--n_test_rollouts", "1", "--seed", "3"]
+
+
+def train_cmd(*args, n_ranks=1, script="train.py"):
+    mpi = [mpirun_exe(), "-np", str(n_ranks)] if n_ranks > 1 else []
+    return mpi + [sys.executable, os.path.join(HERE, script), *args]
+
+
+def play_cmd(*args, n_ranks=1):
+    return train_cmd(*args, n_ranks=n_ranks, script="play.py")
+
+
+def read_progress(logdir):
+    with open(os.path.join(logdir, "progress.csv")) as f:
+        return list(csv.DictReader(f))
+
+
+def assert_one_line_error(rc, out, expected_rc, *phrases):
+    lines = [line for line in out.splitlines() if line.strip()]
+    assert rc == expected_rc, out[-3000:]
+    assert "Traceback" not in out, out[-3000:]
+    error_lines = [line for line in lines if "error" in line]
+    assert len(error_lines) == 1, out[-3000:]
+    for phrase in phrases:
+        assert phrase in error_lines[0], error_lines[0]
+
+
+def assert_main_refuses(argv, capsys, *phrases):
+    """train.main(argv) in this process: exit code 2 and one line on stderr with the phrases."""
+    try:
+        rc = train.main(argv)
+    except SystemExit as e:  # argparse's own errors
+        rc = e.code
+    err = capsys.readouterr().err
+    assert rc == 2, (argv, err)
+    assert len(err.strip().splitlines()) == 1, (argv, err)
+    assert all(phrase in err for phrase in phrases), (argv, err)
+
+
+def arrays_of(path):
+    with np.load(path, allow_pickle=False) as data:
+        return {k: data[k] for k in data.files}
+
+
+def assert_same_arrays(path_a, path_b, skip=()):
+    a, b = arrays_of(path_a), arrays_of(path_b)
+    assert set(a) == set(b)
+    for key in a:
+        if key not in skip:
+            assert a[key].tobytes() == b[key].tobytes(), f"{key} differs"
+
+
+def assert_same_progress(logdir_a, logdir_b):
+    """Every progress.csv column, as written, except the wall-clock time/epoch_s."""
+    rows_a, rows_b = read_progress(logdir_a), read_progress(logdir_b)
+    assert [r["epoch"] for r in rows_a] == [r["epoch"] for r in rows_b]
+    for row_a, row_b in zip(rows_a, rows_b):
+        assert set(row_a) == set(row_b)
+        differ = {k: (row_a[k], row_b[k]) for k in row_a
+                  if k != "time/epoch_s" and row_a[k] != row_b[k]}
+        assert not differ, f"epoch {row_a['epoch']}: {differ}"
+
+
+@functools.lru_cache(maxsize=None)
+def straight_run(root, n_epochs=4):
+    """n_epochs of FetchReach in one go: the reference that resumed runs must equal bitwise."""
+    logdir = os.path.join(root, f"straight{n_epochs}")
+    rc, out = run_cmd(train_cmd("--n_epochs", str(n_epochs), "--logdir", logdir, *TINY_RUN), 600)
+    assert rc == 0, out[-3000:]
+    return logdir
+
+
 def fetch_reach_policy(rng, buffer_size=10_000, hidden=64):
     dims, T, max_u, reward_fun = goal_env.env_dims("FetchReach-v4")
     cfg = config.Config(hidden=hidden, buffer_size=buffer_size, batch_size=32)
@@ -204,228 +306,42 @@ def fetch_reach_policy(rng, buffer_size=10_000, hidden=64):
     return DDPG(params, sampler, rng), dims, T
 
 
-# ---------------------------------------------------------------- 1. backprop vs finite differences
-
-def test_grad_linear_layer():
-    rng = np.random.default_rng(0)
-    x, W, b = rng.normal(size=(5, 4)), rng.normal(size=(4, 3)), rng.normal(size=3)
-    R = rng.normal(size=(5, 3))  # L = sum(y * R), so dL/dy = R
-
-    def loss():
-        return np.sum(actor_critic.linear_forward(x, W, b)[0] * R)
-    y, cache = actor_critic.linear_forward(x, W, b)
-    dW, db = np.zeros_like(W), np.zeros_like(b)
-    dx = actor_critic.linear_backward(R, cache, dW, db)
-    assert_grad_close(dx, numerical_grad(loss, x))
-    assert_grad_close(dW, numerical_grad(loss, W))
-    assert_grad_close(db, numerical_grad(loss, b))
+def random_demo_file(path, env_id, dims, T, n, seed=0):
+    rng = np.random.default_rng(seed)
+    episodes = {"o": rng.normal(size=(n, T + 1, dims["o"])),
+                "ag": rng.normal(size=(n, T + 1, dims["g"])),
+                "g": rng.normal(size=(n, T, dims["g"])),
+                "u": rng.uniform(-1, 1, size=(n, T, dims["u"])),
+                "info_is_success": np.zeros((n, T, 1))}
+    files.save_demos(path, episodes, env_id, T)
+    return path
 
 
-def test_grad_relu_and_tanh():
-    rng = np.random.default_rng(1)
-    for forward, backward in ((actor_critic.relu_forward, actor_critic.relu_backward),
-                              (actor_critic.tanh_forward, actor_critic.tanh_backward)):
-        x = rng.normal(size=(6, 5))
-        R = rng.normal(size=(6, 5))
-        _, cache = forward(x.copy())  # relu_forward may overwrite its input
-        dx = backward(R, cache)
-        assert_grad_close(dx, numerical_grad(lambda: np.sum(forward(x.copy())[0] * R), x))
+def synthetic_episodes(n_eps, T, rng):
+    """Episodes whose o and ag encode (episode, step), so every sample can be traced back."""
+    e = np.arange(n_eps)[:, None].repeat(T + 1, axis=1)  # (n_eps, T+1)
+    t = np.arange(T + 1)[None, :].repeat(n_eps, axis=0)  # (n_eps, T+1)
+    o = np.stack([e, t], axis=-1).astype(np.float32)  # (n_eps, T+1, 2)
+    ag = np.stack([e, t, rng.normal(size=e.shape)], axis=-1).astype(np.float32)  # (n_eps, T+1, 3)
+    g = np.stack([-1. - e[:, :T], -1. - t[:, :T], rng.normal(size=(n_eps, T))],
+                 axis=-1).astype(np.float32)  # (n_eps, T, 3): never equal to any ag
+    u = rng.uniform(-1, 1, size=(n_eps, T, 4)).astype(np.float32)
+    return dict(o=o, ag=ag, g=g, u=u, info_is_success=np.zeros((n_eps, T, 1), np.float32))
 
 
-def test_grad_mlp_params_and_input():
-    rng = np.random.default_rng(2)
-    net = MLP([7, 16, 16, 16, 3], rng, dtype=np.float64)
-    x = rng.normal(size=(9, 7))
-    R = rng.normal(size=(9, 3))
-    out, caches = net.forward(x)
-    dx, = net.backward(R, caches, need_dxs=[True])
-
-    def loss():
-        return np.sum(net.forward(x)[0] * R)
-    assert_grad_close(net.grad.copy(), numerical_grad(loss, net.theta))
-    assert_grad_close(dx, numerical_grad(loss, x))
+def fetch_reward_fun():
+    return goal_env.env_dims("FetchReach-v4")[3]
 
 
-def test_grad_mlp_with_split_first_layer():
-    """The critic's first layer takes [x_pi | u] as two blocks; same gradients as one input."""
-    rng = np.random.default_rng(21)
-    net = MLP([[5, 3], 16, 16, 2], rng, dtype=np.float64)
-    x_a, x_b = rng.normal(size=(9, 5)), rng.normal(size=(9, 3))
-    R = rng.normal(size=(9, 2))
-    whole = MLP([8, 16, 16, 2], rng, dtype=np.float64)
-    whole.theta[...] = net.theta  # identical layout: W0 is (8, 16) with x_a's rows first
-    np.testing.assert_allclose(net.forward(x_a, x_b)[0],
-                               whole.forward(np.concatenate([x_a, x_b], axis=1))[0], rtol=1e-12)
-    out, caches = net.forward(x_a, x_b)
-    dx_a, dx_b = net.backward(R, caches, need_dxs=[True, True])
+def sample_from(strategy, replay_k, n_eps=40, T=10, batch=100_000, seed=7):
+    rng = np.random.default_rng(seed)
+    episodes = synthetic_episodes(n_eps, T, rng)
+    sampler = make_sample_her_transitions(strategy, replay_k, fetch_reward_fun())
+    shapes = {k: v.shape[1:] for k, v in episodes.items()}
+    buf = ReplayBuffer(shapes, n_eps * T, T, sampler, rng)
+    buf.store_episode(episodes)
+    return buf.sample(batch), sampler, episodes
 
-    def loss():
-        return np.sum(net.forward(x_a, x_b)[0] * R)
-    assert_grad_close(net.grad.copy(), numerical_grad(loss, net.theta))
-    assert_grad_close(dx_a, numerical_grad(loss, x_a))
-    assert_grad_close(dx_b, numerical_grad(loss, x_b))
-
-
-def small_actor_critic(rng, max_u=2.0):
-    dims = {"o": 5, "g": 3, "u": 2}
-    ac = ActorCritic(dims, hidden=16, layers=3, max_u=max_u, rng=rng, dtype=np.float64)
-    x_pi = rng.normal(size=(12, 8))
-    return ac, dims, x_pi
-
-
-def test_grad_critic_loss_wrt_critic_params():
-    rng = np.random.default_rng(3)
-    ac, dims, x_pi = small_actor_critic(rng)
-    u = rng.uniform(-2, 2, size=(12, 2))
-    y = rng.uniform(-5, 0, size=12)
-    ddpg.critic_loss_and_grad(ac, x_pi, u, y)
-    analytic = ac.Q.grad.copy()
-
-    def loss():
-        q, _ = ac.Q_forward(x_pi, u)
-        return np.mean((y - q) ** 2)
-    assert_grad_close(analytic, numerical_grad(loss, ac.Q.theta))
-
-
-def test_grad_actor_loss_wrt_actor_params_through_critic():
-    rng = np.random.default_rng(4)
-    ac, dims, x_pi = small_actor_critic(rng)
-    ac.Q.grad[...] = 123.  # must stay untouched: the actor loss never updates the critic
-    action_l2 = 0.7
-    ddpg.actor_loss_and_grad(ac, x_pi, action_l2)
-    analytic = ac.pi.grad.copy()
-
-    def loss():
-        pi, _ = ac.pi_forward(x_pi)
-        q, _ = ac.Q_forward(x_pi, pi)
-        return -np.mean(q) + action_l2 * np.mean((pi / ac.max_u) ** 2)
-    assert_grad_close(analytic, numerical_grad(loss, ac.pi.theta))
-    assert np.all(ac.Q.grad == 123.)
-
-
-# ---------------------------------------------------------------- 2-3. Adam and MpiAdam
-
-def test_adam_matches_textbook_formula():
-    rng = np.random.default_rng(5)
-    shapes = [(3, 4), (5,)]
-    init = [rng.normal(size=s).astype(np.float32) for s in shapes]
-    grads = rng.normal(size=(6, 17)).astype(np.float32)
-    for epsilon in (1e-8, 1e-2):  # a large epsilon makes its placement matter
-        params = [p.copy() for p in init]
-        adam = MpiAdam(params, epsilon=epsilon)
-        for g in grads:
-            adam.update(g, stepsize=0.01)
-        theta0 = np.concatenate([p.ravel() for p in init])
-        ref = textbook_adam(theta0, grads.astype(np.float64), 0.01, epsilon=epsilon)
-        np.testing.assert_allclose(adam.getflat(), ref, rtol=1e-5, atol=1e-6)
-        # the arrays handed in are the ones updated, in place
-        np.testing.assert_array_equal(params[0].ravel(), adam.getflat()[:12])
-
-
-def test_mpi_adam_two_ranks():
-    run_mpi_case(2, "mpi_adam")
-
-
-def test_mpi_adam_three_ranks():
-    run_mpi_case(3, "mpi_adam")
-
-
-def mpi_case_mpi_adam(comm):
-    """Ranks with different local gradients end identical, equal to Adam on the sum (HER's
-    scale_grad_by_procs=False) or on the mean (the default True, which is what baselines'
-    MpiAdamOptimizer does); and summing equals averaging with epsilon / n_ranks."""
-    rank, n = comm.Get_rank(), comm.Get_size()
-    rng = np.random.default_rng(0)  # same stream on every rank: every rank knows all gradients
-    init = [rng.normal(size=(4, 3)).astype(np.float32), rng.normal(size=7).astype(np.float32)]
-    local_grads = rng.normal(size=(5, n, 19)).astype(np.float32)  # (steps, rank, size)
-    # epsilon = 0.5: Adam is nearly blind to a constant factor on g, so only a large epsilon
-    # tells the summed gradient from the averaged one.
-    for scale_grad_by_procs, epsilon in ((False, 1e-8), (True, 1e-8), (False, 0.5), (True, 0.5)):
-        adam, params = mpi_adam_after(local_grads, init, scale_grad_by_procs, epsilon, comm)
-        combined = local_grads.sum(axis=1) if not scale_grad_by_procs else local_grads.mean(axis=1)
-        ref = textbook_adam(np.concatenate([p.ravel() for p in init]), combined.astype(np.float64),
-                            0.01, epsilon=epsilon)
-        np.testing.assert_allclose(adam.getflat(), ref, rtol=1e-5, atol=1e-6)
-        all_thetas = comm.allgather(adam.getflat().tobytes())  # [MPI] test only
-        assert all(t == all_thetas[0] for t in all_thetas), "ranks differ after updates"
-        adam.check_synced()  # must pass
-    # The sum is n times the mean, so m_t grows n-fold and so does sqrt(v_t): the step
-    # m_t / (sqrt(v_t) + eps) on the sum is the step on the mean with eps / n.
-    summed, _ = mpi_adam_after(local_grads, init, False, 0.5, comm)
-    averaged, _ = mpi_adam_after(local_grads, init, True, 0.5 / n, comm)
-    np.testing.assert_allclose(summed.getflat(), averaged.getflat(), rtol=1e-5, atol=1e-6)
-    # A deliberate divergence on the last rank must make check_synced raise on EVERY rank.
-    if rank == n - 1:
-        params[1][0] += 1e-3
-    try:
-        adam.check_synced()
-        raised = False
-    except RuntimeError as e:
-        raised = "diverged" in str(e)
-    assert all(comm.allgather(raised)), "check_synced did not fail on every rank"  # [MPI]
-
-
-def mpi_adam_after(local_grads, init, scale_grad_by_procs, epsilon, comm):
-    """An MpiAdam that started from diverged parameters, was synced and then took one step per
-    row of local_grads (steps, rank, size) with this rank's gradient. Returns (adam, params)."""
-    rank = comm.Get_rank()
-    params = [p + rank for p in init]  # diverged on purpose; sync() must repair it
-    adam = MpiAdam(params, epsilon=epsilon, scale_grad_by_procs=scale_grad_by_procs, comm=comm)
-    adam.sync()
-    np.testing.assert_array_equal(adam.getflat(), np.concatenate([p.ravel() for p in init]))
-    for t in range(len(local_grads)):
-        adam.update(local_grads[t, rank], stepsize=0.01)
-    return adam, params
-
-
-# ---------------------------------------------------------------- 4. normaliser
-
-def normalizer_data(rank):
-    rng = np.random.default_rng(100 + rank)
-    return rng.normal(loc=[0., 3., -1., 50.], scale=[1., 0.1, 0.001, 20.], size=(40 + 7 * rank, 4))
-
-
-def test_normalizer_one_process_matches_numpy():
-    data = normalizer_data(0)
-    norm = Normalizer(4, eps=0.01, default_clip_range=5)
-    norm.update(data[:10])
-    norm.recompute_stats()
-    norm.update(data[10:])
-    norm.recompute_stats()
-    check_normalizer_against_numpy(norm, data)
-
-
-def check_normalizer_against_numpy(norm, data):
-    mean = data.mean(axis=0)
-    std = np.maximum(data.std(axis=0), 0.01)  # eps floor: the third feature's std is 0.001
-    np.testing.assert_allclose(norm.mean, mean, rtol=1e-6)
-    np.testing.assert_allclose(norm.std, std, rtol=1e-5)
-    v = data[:5].astype(np.float32)
-    v[0] = mean + 100 * std  # far outside: the clip to [-5, 5] must bite
-    v[1] = mean - 100 * std
-    np.testing.assert_allclose(norm.normalize(v), np.clip((v - mean) / std, -5, 5),
-                               rtol=1e-4, atol=1e-5)
-    assert np.all(norm.normalize(v)[0] == 5) and np.all(norm.normalize(v)[1] == -5)
-
-
-def test_normalizer_under_mpirun():
-    run_mpi_case(3, "normalizer")
-
-
-def mpi_case_normalizer(comm):
-    rank, n = comm.Get_rank(), comm.Get_size()
-    data = normalizer_data(rank)
-    norm = Normalizer(4, eps=0.01, default_clip_range=5, comm=comm)
-    half = len(data) // 2
-    norm.update(data[:half])
-    norm.recompute_stats()
-    norm.update(data[half:])
-    norm.recompute_stats()
-    all_data = np.concatenate([normalizer_data(r) for r in range(n)])
-    check_normalizer_against_numpy(norm, all_data)
-
-
-# ---------------------------------------------------------------- 5. vec env
 
 class StubGoalEnv:
     """A goal env without physics (picklable, for env processes): observations are the step
@@ -457,264 +373,548 @@ class StubGoalEnv:
         pass
 
 
-PROCESS_VEC_ENVS = pytest.mark.parametrize("VecEnvClass", [SubprocVecEnv, ShmemVecEnv])
+class RecordingPolicy:
+    """Stands in for DDPG: records what RolloutWorker shows it, acts with zeros."""
+
+    def __init__(self, dim_u):
+        self.dim_u, self.seen = dim_u, []
+
+    def get_actions(self, o, ag, g, noise_eps=0., random_eps=0., use_target_net=False,
+                    compute_Q=False):
+        self.seen.append((o.copy(), g.copy()))
+        return np.zeros((len(o), self.dim_u), np.float32), np.zeros(len(o))
 
 
-@PROCESS_VEC_ENVS
-def test_subproc_vecenv_matches_sequential_envs(VecEnvClass):
-    env_fns = [functools.partial(goal_env.make_env, "FetchPush-v4") for _ in range(3)]
-    rng = np.random.default_rng(6)
-    actions = rng.uniform(-1, 1, size=(20, 3, 4)).astype(np.float32)
-    seq = DummyVecEnv(env_fns)
-    with hang_guard(120):
-        sub = VecEnvClass(env_fns)
-        try:
-            for venv_obs in zip(*[_trajectory(v, actions) for v in (seq, sub)]):
-                a, b = venv_obs
-                for key in a[0]:
-                    np.testing.assert_array_equal(a[0][key], b[0][key])
-                np.testing.assert_array_equal(a[1], b[1])  # rewards
-                np.testing.assert_array_equal(a[2], b[2])  # dones
-                assert a[3] == b[3]  # infos
-        finally:
-            pids = [p.pid for p in sub.ps]
-            sub.close()
-            seq.close()
-    assert not any(p.is_alive() for p in sub.ps)
-    assert not set(pids) & {c.pid for c in mp.active_children()}
-    for pid in pids:  # reaped: not even a zombie is left
-        try:
-            os.waitpid(pid, os.WNOHANG)
-            raise AssertionError(f"env process {pid} still exists")
-        except ChildProcessError:
-            pass
+class FaultyReach(gym.Wrapper):
+    """FetchReach-v4 that, from its `at_step`-th step on, raises or returns NaN observations;
+    only on MPI rank `rank` (None: every rank). Registered below as test_all:*Reach-v0."""
+
+    def __init__(self, fault, rank, at_step):
+        super().__init__(goal_env.make_env("FetchReach-v4"))
+        self.fault, self.rank, self.at_step, self.n_steps = fault, rank, at_step, 0
+
+    def step(self, u):
+        self.n_steps += 1
+        obs, r, terminated, truncated, info = self.env.step(u)
+        my_rank = int(os.environ.get("PMI_RANK", 0))  # set by mpirun; MPI itself is not needed
+        if self.n_steps >= self.at_step and self.rank in (None, my_rank):
+            if self.fault == "raise":
+                raise RuntimeError(f"injected env failure on rank {my_rank}")
+            obs = dict(obs, observation=np.full_like(obs["observation"], np.nan))
+        return obs, r, terminated, truncated, info
 
 
-def _trajectory(venv, actions):
-    steps = [(venv.reset(seed=123), None, None, None)]
-    for u in actions:
-        steps.append(venv.step(u))
-    return steps
+gym.register("RaiseOnRank1Reach-v0", entry_point="test_all:FaultyReach", max_episode_steps=50,
+             kwargs=dict(fault="raise", rank=1, at_step=120))
+# step 800 = the last step of cycle 1 of epoch 1 (epoch 0: 4 cycles + 10 test episodes of 50)
+gym.register("NaNReach-v0", entry_point="test_all:FaultyReach", max_episode_steps=50,
+             kwargs=dict(fault="nan", rank=None, at_step=800))
 
 
-@PROCESS_VEC_ENVS
-def test_subproc_vecenv_worker_exception_raises_clearly(VecEnvClass):
-    env_fns = [functools.partial(StubGoalEnv, fail_at=1000),
-               functools.partial(StubGoalEnv, fail_at=3)]
-    with hang_guard(60):
-        venv = VecEnvClass(env_fns)
-        venv.reset()
-        u = np.zeros((2, 2), np.float32)
-        venv.step(u)
-        venv.step(u)
-        try:
-            venv.step(u)
-            raise AssertionError("the failing env did not raise")
-        except RuntimeError as e:
-            assert "env process 1" in str(e) and "injected failure at step 3" in str(e)
-    assert not any(p.is_alive() for p in venv.ps)
+# ---------------------------------------------------------------- train.py: runs, end to end
+
+def test_end_to_end_fetch_reach_learns_in_five_epochs(tmp_path):
+    logdir = str(tmp_path / "run")
+    rc, out = run_cmd([sys.executable, "train.py", "--n_epochs", "5", "--seed", "1",
+                       "--logdir", logdir], timeout=600)
+    assert rc == 0, out[-4000:]
+    rows = read_progress(logdir)
+    assert len(rows) == 5
+    success = [float(r["test/success_rate"]) for r in rows]
+    assert max(success) >= 0.9, f"test success per epoch: {success}"
+    for name in ("policy_best.npz", "policy_latest.npz", "policy_0.npz"):
+        assert os.path.exists(os.path.join(logdir, name)), name
+    # play.py reloads the saved policy and runs test episodes with it
+    rc, out = run_cmd(play_cmd(os.path.join(logdir, "policy_best.npz"), "--n_test_rollouts", "2"),
+                      300)
+    assert rc == 0 and "test success rate" in out, out[-4000:]
 
 
-def test_shmem_vecenv_returns_arrays_that_the_next_step_leaves_alone():
-    venv = ShmemVecEnv([functools.partial(StubGoalEnv) for _ in range(2)])
-    try:
-        first = venv.reset()
-        kept = {k: v.copy() for k, v in first.items()}
-        second, _, _, _ = venv.step(np.zeros((2, 2), np.float32))
-        for key in kept:  # the stub counts steps: shared memory now holds 1, the copies 0
-            np.testing.assert_array_equal(first[key], kept[key])
-            assert (second[key] == 1).all() and (first[key] == 0).all()
-            assert not np.shares_memory(first[key], second[key])
-    finally:
+def test_end_to_end_mpirun_two_ranks_two_envs_stay_in_sync(tmp_path):
+    logdir = str(tmp_path / "mpi")
+    rc, out = run_cmd([mpirun_exe(), "-np", "2", sys.executable, "train.py", "--num_env", "2",
+                       "--vec_env", "shmem", "--n_epochs", "2", "--n_cycles", "3",
+                       "--n_batches", "40",
+                       "--n_test_rollouts", "2", "--logdir", logdir], timeout=600)
+    assert rc == 0, out[-4000:]
+    assert "2 rank(s) in sync" in out
+    rows = read_progress(logdir)
+    # totals count both ranks: 2 epochs x 3 cycles x 2 envs x 2 ranks
+    assert int(rows[-1]["total/episodes"]) == 24
+    assert int(rows[-1]["total/timesteps"]) == 24 * 50
+
+
+def code_of_commit(commit, paths, dest):
+    """The files `paths` as they were at `commit`, extracted from git into `dest` (the test is
+    skipped where there is no git history, e.g. in a source tarball)."""
+    import tarfile
+    archive = subprocess.run(["git", "-C", HERE, "archive", commit, *paths], capture_output=True)
+    if archive.returncode != 0:
+        pytest.skip(f"no git history with commit {commit} here")
+    with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
+        tar.extractall(dest, filter="data")
+    return str(dest)
+
+
+# The last commit before demonstrations: a run without --demo_file must be this commit's run.
+BEFORE_DEMOS = "9d04e90bf381ccdb043ab01fac13f68548f52510"
+CORE_FILES = ("train.py", "ddpg.py", "her.py", "replay.py", "mpi_adam.py", "vecenv.py")
+
+
+def test_without_demo_file_a_run_is_bitwise_the_run_before_demos(tmp_path):
+    """The same tiny FetchReach run with the code of BEFORE_DEMOS (taken out of git) and with
+    this code: identical weights, targets, normaliser sums, Adam states, replay buffer and
+    generator state (so the same random numbers were drawn), and the same progress.csv. Only
+    the policy's config_json differs: by the new demo keys at their defaults, and by
+    target_range = [-clip_return, 0] in place of clip_return (the reward-derived range is
+    Fetch's old one, bit for bit). A deliberate
+    change to what a plain run computes must move BEFORE_DEMOS to a commit that has it."""
+    before = code_of_commit(BEFORE_DEMOS, CORE_FILES, tmp_path / "before")
+    runs = {}
+    for name, code in (("before", str(before)), ("now", HERE)):
+        runs[name] = str(tmp_path / f"run_{name}")
+        rc, out = run_cmd([sys.executable, os.path.join(code, "train.py"), "--n_epochs", "1",
+                           "--n_cycles", "2", "--n_batches", "5", "--n_test_rollouts", "1",
+                           "--seed", "3", "--logdir", runs[name]], 300)
+        assert rc == 0, out[-3000:]
+    for name in ("policy_latest.npz", os.path.join("checkpoint", "rank0.npz")):
+        a, b = (os.path.join(runs[r], name) for r in ("before", "now"))
+        assert_same_arrays(a, b, skip=("config_json",))
+        old, new = (json.loads(str(arrays_of(p)["config_json"])) for p in (a, b))
+        clip_return = old.pop("clip_return")
+        assert {k: new[k] for k in old} == old
+        assert {k: new[k] for k in set(new) - set(old)} == {
+            "bc_loss": False, "q_filter": False, "demo_batch_size": 128,
+            "prm_loss_weight": 0.001, "aux_loss_weight": 0.0078,
+            "target_range": [-clip_return, 0.]}
+    assert_same_progress(runs["before"], runs["now"])
+
+
+# The last commit before the code was split into one concept per file (config.py, play.py,
+# rollout.py, ...): a run must compute exactly what that commit's run computed.
+BEFORE_LAYOUT = "110307f58f24f22e6a27ae45b3a22d1ee414be55"
+BEFORE_LAYOUT_FILES = ("train.py", "ddpg.py", "her.py", "replay.py", "mpi_adam.py", "vecenv.py",
+                       "demos.py")
+REACH_1X1 = ("--n_epochs", "2", "--n_cycles", "3", "--n_batches", "10", "--n_test_rollouts", "2",
+             "--seed", "5")
+PUSH_2X2 = ("--env", "FetchPush-v4", "--num_env", "2", "--n_epochs", "1", "--n_cycles", "2",
+            "--n_batches", "5", "--n_test_rollouts", "1", "--seed", "6")
+
+
+@pytest.mark.parametrize("args, n_ranks", [(REACH_1X1, 1), (PUSH_2X2, 2)],
+                         ids=["FetchReach-1x1", "FetchPush-2x2"])
+def test_a_run_is_bitwise_the_run_before_the_layout(tmp_path, args, n_ranks):
+    """The same run with the code of BEFORE_LAYOUT (out of git) and with this code: the same
+    progress.csv (but its wall-clock column) and the same arrays in every policy and checkpoint
+    file, bit for bit. Then the old run's files resume with this code, to the same bits as
+    this code's own run resumed."""
+    before = code_of_commit(BEFORE_LAYOUT, BEFORE_LAYOUT_FILES, tmp_path / "before")
+    runs = {}
+    for name, code in (("before", before), ("now", HERE)):
+        runs[name] = str(tmp_path / f"run_{name}")
+        mpi = [mpirun_exe(), "-np", str(n_ranks)] if n_ranks > 1 else []
+        rc, out = run_cmd(mpi + [sys.executable, os.path.join(code, "train.py"), *args,
+                                 "--logdir", runs[name]], 600)
+        assert rc == 0, out[-3000:]
+    written = sorted(os.path.relpath(os.path.join(d, f), runs["now"])
+                     for d, _, fs in os.walk(runs["now"]) for f in fs if f.endswith(".npz"))
+    assert written == sorted(os.path.relpath(os.path.join(d, f), runs["before"])
+                             for d, _, fs in os.walk(runs["before"]) for f in fs
+                             if f.endswith(".npz"))
+    for name in written:
+        assert_same_arrays(*(os.path.join(runs[r], name) for r in ("before", "now")))
+    assert_same_progress(runs["before"], runs["now"])
+    n_epochs = str(int(args[args.index("--n_epochs") + 1]) + 1)
+    for name in ("before", "now"):  # files written before the change still resume
+        rc, out = run_cmd(train_cmd("--resume", runs[name], "--n_epochs", n_epochs,
+                                    n_ranks=n_ranks), 600)
+        assert rc == 0, out[-3000:]
+    for name in written:
+        assert_same_arrays(*(os.path.join(runs[r], name) for r in ("before", "now")))
+    assert_same_progress(runs["before"], runs["now"])
+
+
+def test_training_can_start_from_a_saved_policy(tmp_path):
+    reference = straight_run(str(tmp_path.parent))
+    policy_path = os.path.join(reference, "policy_best.npz")
+    logdir = str(tmp_path / "warm")
+    rc, out = run_cmd(train_cmd("--load_path", policy_path, "--n_epochs", "0",
+                                "--logdir", logdir), 300)
+    assert rc == 0, out[-3000:]
+    start = arrays_of(checkpoint.checkpoint_path(logdir, 0))  # the state before any update
+    for key in ddpg.POLICY_KEYS[1:] + ("o_stats/sum", "g_stats/count"):
+        assert start[key].tobytes() == arrays_of(policy_path)[key].tobytes(), key
+
+
+# ---------------------------------------------------------------- config.py: settings, command line
+
+def test_config_defaults_env_overrides_and_cli():
+    cfg = config.make_config(train.parse_args([]))
+    assert (cfg.env, cfg.n_cycles, cfg.n_batches, cfg.batch_size) == ("FetchReach-v4", 10, 40, 256)
+    cfg = config.make_config(train.parse_args(["--env", "FetchPush-v4", "--num_env", "2",
+                                              "--n_batches", "7"]))
+    assert (cfg.n_cycles, cfg.num_env, cfg.n_batches, cfg.replay_k) == (50, 2, 7, 4)
+
+
+def test_every_config_field_is_a_flag_with_its_comment_as_help():
+    comments = config.config_comments()
+    actions = {a.dest: a for a in train.make_parser()._actions}
+    argv, expected = [], {}
+    for f in dataclasses.fields(config.Config):
+        action = actions[f.name]
+        assert action.option_strings == [f"--{f.name}"] and action.default is None
+        assert action.help.startswith(comments[f.name]) and len(comments[f.name]) > 10
+        # a value other than the default, of the field's type, through the command line
+        if f.type is bool:
+            value, text = not f.default, str(int(not f.default))
+        elif f.name in config.CHOICES:
+            value = next(c for c in config.CHOICES[f.name] if c != f.default)
+            text = value
+        elif f.type is str:
+            value = text = f"x{f.name}"
+        else:
+            value = f.type(f.default) + f.type(3)
+            text = repr(value)
+        argv += [f"--{f.name}", text]
+        expected[f.name] = value
+    cfg = config.make_config(train.parse_args(argv))
+    assert dataclasses.asdict(cfg) == expected
+
+
+def test_bad_command_lines_get_one_line_errors(tmp_path, capsys):
+    a_file = tmp_path / "a_file"
+    a_file.write_text("")
+    cases = [(["--env", "FetchPush-v9"], "did you mean FetchPush-v4"),
+             (["--env", "CartPole-v1"], "dict observation"),
+             (["--num_env", "0"], "--num_env must be at least 1"),
+             (["--num_env", "-2"], "--num_env must be at least 1"),
+             (["--n_epochs", "-1"], "--n_epochs must be 0 or more"),
+             (["--batch_size", "-5"], "--batch_size must be at least 1"),
+             (["--n_batches", "0"], "--n_batches must be at least 1"),
+             (["--replay_k", "-1"], "--replay_k must be 0 or more"),
+             (["--vec_env", "fast"], "--vec_env"),
+             (["--logdir", str(a_file / "sub")], "cannot write to log dir")]
+    for argv, phrase in cases:
+        assert_main_refuses(argv, capsys, phrase)
+    # and once through a real process: exit code 2, one line, no traceback
+    rc, out = run_cmd(train_cmd("--num_env", "0"), 120)
+    assert_one_line_error(rc, out, 2, "--num_env")
+
+
+def test_gamma_flag_replaces_one_minus_one_over_T_and_its_target_range():
+    dims = {"o": 4, "g": 2, "u": 2}
+    default = config.ddpg_params(config.Config(hidden=8), dims, 300, 1.0, (0., 1.))
+    assert default["gamma"] == 1. - 1. / 300  # --gamma 0, the default: baselines' rule
+    given = config.ddpg_params(config.Config(hidden=8, gamma=0.98), dims, 300, 1.0, (0., 1.))
+    assert given["gamma"] == 0.98
+    assert np.allclose(given["target_range"], [0., 1. / (1. - 0.98)])  # [0, 50], not [0, 300]
+    assert DDPG(given, None, np.random.default_rng(0)).gamma == 0.98
+
+
+def test_a_demo_file_turns_the_cloning_loss_on_unless_bc_loss_0_is_given():
+    """As baselines' her.py, which sets bc_loss = 1 whenever a demo file is given."""
+    def bc_loss(*argv):
+        return config.make_config(train.parse_args(list(argv))).bc_loss
+    assert bc_loss("--demo_file", "d.npz") is True
+    assert bc_loss("--demo_file", "d.npz", "--bc_loss", "0") is False
+    assert bc_loss("--demo_file", "d.npz", "--bc_loss", "1") is True
+    assert bc_loss() is False
+
+
+# ---------------------------------------------------------------- goal_env.py: goal tasks, rewards
+
+FETCH_AND_HAND = ("FetchPush-v4", "FetchSlide-v4", "FetchPickAndPlace-v4", "HandReach-v3",
+                  "HandManipulateBlockRotateZ-v1", "HandManipulateEgg-v1", "HandManipulatePen-v1")
+MAZES = ("PointMaze_UMaze-v3", "AntMaze_UMaze-v5")  # T = 300 and 700; rewards {0, 1}
+
+
+def test_every_goal_task_family_runs_one_cycle():
+    """Dims, T, the reward, its range and the success key come from the env: one rollout,
+    store and update on each family."""
+    for env_id in FETCH_AND_HAND + MAZES:
+        task = goal_env.describe_env(env_id)
+        dims, T = task["dims"], task["T"]
+        cfg = config.Config(env=env_id, hidden=32, buffer_size=10 * T, batch_size=16)
+        rng = np.random.default_rng(0)
+        policy = DDPG(config.ddpg_params(cfg, dims, T, task["max_u"], task["r_range"]),
+                      make_sample_her_transitions("future", 4, task["reward_fun"]), rng)
+        venv = DummyVecEnv([functools.partial(goal_env.make_env, env_id)])
+        ep = RolloutWorker(venv, policy, dims, T, rng, noise_eps=0.2, random_eps=0.3,
+                           success_key=task["success_key"]).generate_rollouts()
+        policy.store_episode(ep)
+        critic_loss, actor_loss = policy.train()
+        assert np.isfinite(critic_loss) and np.isfinite(actor_loss), env_id
+        assert ep["o"].shape == (1, T + 1, dims["o"]), env_id
         venv.close()
+        expected = ("success", (0., 1.)) if env_id in MAZES else ("is_success", (-1., 0.))
+        assert (task["success_key"], task["r_range"]) == expected, env_id
 
 
-def gone(pid):
-    """The process has ended (reaped, or a zombie waiting for whoever adopted it)."""
+def test_fetch_and_hand_keep_baselines_target_range():
+    """rewards {-1, 0}: y is clipped to [-1/(1 - gamma), 0] = [-50, 0] at T = 50, as ever."""
+    for env_id in ("FetchPush-v4", "HandReach-v3"):
+        task = goal_env.describe_env(env_id)
+        params = config.ddpg_params(config.Config(hidden=8), task["dims"], 50, 1.0, task["r_range"])
+        policy = DDPG(params, None, np.random.default_rng(0))
+        gamma = 1. - 1. / 50
+        assert (policy.Q_min, policy.Q_max) == (-1. / (1. - gamma), 0.), env_id  # bit for bit
+    assert config.target_range((-1., 0.), 0.98, clip_return=False) == [-np.inf, 0.]
+    # PointMaze's {0, 1} at T = 300; a dense reward has no lower end
+    assert np.allclose(config.target_range((0., 1.), 1 - 1 / 300, True), [0., 300.])
+    assert config.target_range((-np.inf, 0.), 0.98, True) == [-np.inf, 0.]
+
+
+def test_reward_range_tells_sparse_from_dense():
+    goals = np.random.default_rng(4).uniform(-1, 1, size=(5, 3))
+    distance = lambda ag, g: np.linalg.norm(ag - g, axis=-1)  # noqa: E731
+    for reward_fun, expected in (
+            (lambda ag, g: -(distance(ag, g) > 0.05).astype(np.float32), (-1., 0.)),  # Fetch
+            (lambda ag, g: (distance(ag, g) <= 0.45).astype(np.float64), (0., 1.)),  # maze
+            (lambda ag, g: -distance(ag, g), (-np.inf, 0.)),  # FetchReachDense
+            (lambda ag, g: np.exp(-distance(ag, g)), (-np.inf, 1.)),  # PointMazeDense
+            (lambda ag, g: distance(ag, g), (0., np.inf))):  # a reward that grows with distance
+        assert goal_env.reward_range(reward_fun, goals) == expected, expected
+        assert all(not (np.signbit(v) and v == 0) for v in goal_env.reward_range(reward_fun, goals))
+
+
+def test_success_key_is_read_from_the_env_or_refused():
+    assert goal_env.success_key("x", {"is_success": 0.}) == "is_success"
+    assert goal_env.success_key("x", {"success": False}) == "success"
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
-    except FileNotFoundError:
-        return True
+        goal_env.success_key("NoSuccess-v0", {"distance": 1.})
+        raise AssertionError("an env reporting no success was accepted")
+    except files.UsageError as e:
+        assert "NoSuccess-v0" in str(e) and "info['success']" in str(e)
 
 
-PARENT_THAT_DIES = """
-import functools, os, signal, sys
-sys.path.insert(0, {here!r})
-import numpy as np
-import test_all, vecenv
-venv = vecenv.{cls}([functools.partial(test_all.StubGoalEnv) for _ in range(2)])
-venv.reset(); venv.step(np.zeros((2, 2), np.float32))
-print("PIDS", *[p.pid for p in venv.ps], flush=True)
-os.kill(os.getpid(), signal.SIGKILL)
-"""
+class PointGoal(gym.Env):
+    """A maze-like goal task without physics: a point in [-0.5, 0.5]^2 moves by 0.2 u per step;
+    reward 1 within 0.15 of the goal, else 0, and success reported as info['success'] (the
+    conventions of PointMaze and AntMaze, not Fetch's). Registered as test_all:PointGoal-v0."""
 
+    def __init__(self):
+        box = gym.spaces.Box(-.5, .5, (2,), np.float64)
+        self.observation_space = gym.spaces.Dict(
+            observation=box, achieved_goal=box, desired_goal=box)
+        self.action_space = gym.spaces.Box(-1., 1., (2,), np.float32)
 
-@PROCESS_VEC_ENVS
-def test_vec_env_leaves_no_process_or_shared_memory_whoever_ends_it(VecEnvClass):
-    """close(), a crashed env process and a parent killed outright: afterwards no env process
-    is left and /dev/shm holds what it held before."""
-    before = shm_entries()
-    for how in ("close", "env process killed"):
-        venv = VecEnvClass([functools.partial(StubGoalEnv) for _ in range(2)])
-        venv.reset()
-        if how == "env process killed":
-            os.kill(venv.ps[0].pid, signal.SIGKILL)
-            with pytest.raises(RuntimeError, match="env process 0"):
-                venv.step(np.zeros((2, 2), np.float32))
-        venv.close()
-        assert all(gone(p.pid) for p in venv.ps), how
-        del venv
-        assert not {e for e in shm_entries() - before if not e.startswith("mpich_")}, how
-    code = PARENT_THAT_DIES.format(here=HERE, cls=VecEnvClass.__name__)
-    rc, out = run_cmd([sys.executable, "-c", code], 120)
-    assert rc == -signal.SIGKILL, out[-3000:]
-    pids = [int(p) for p in out.split("PIDS", 1)[1].split()]
-    with hang_guard(30):  # orphaned env processes see their pipe close and exit
-        while not all(gone(pid) for pid in pids):
-            time.sleep(0.1)
-    assert not {e for e in shm_entries() - before if not e.startswith("mpich_")}
-
-
-class OffSpaceGoalEnv(StubGoalEnv):
-    """StubGoalEnv whose achieved_goal, from step `at` on (0: from reset), is not what its
-    float32 (2,) space says: float64 (2,) (wrong="dtype") or float32 (3,) (wrong="shape")."""
-
-    def __init__(self, wrong, at):
-        super().__init__()
-        self.wrong, self.at = wrong, at
+    def compute_reward(self, achieved_goal, desired_goal, info):
+        return (np.linalg.norm(achieved_goal - desired_goal, axis=-1) <= .15).astype(np.float64)
 
     def _obs(self):
-        obs = super()._obs()
-        if self.t >= self.at:
-            obs["achieved_goal"] = (np.full(2, self.t, np.float64) if self.wrong == "dtype"
-                                    else np.full(3, self.t, np.float32))
-        return obs
+        return {"observation": self.x.copy(), "achieved_goal": self.x.copy(),
+                "desired_goal": self.g.copy()}
+
+    def reset(self, seed=None, options=None):
+        super().reset(seed=seed)
+        self.x, self.g = self.np_random.uniform(-.5, .5, size=(2, 2))
+        return self._obs(), {}
+
+    def step(self, u):
+        self.x = np.clip(self.x + 0.2 * np.clip(u, -1, 1), -.5, .5)
+        r = float(self.compute_reward(self.x, self.g, None))
+        return self._obs(), r, False, False, {"success": r == 1.}
 
 
-ONE_ACTION_PER_ENV = "for 2 envs; pass one action per env \\(shape \\(num_envs, dim_u\\)\\)"
+gym.register("PointGoal-v0", entry_point="test_all:PointGoal", max_episode_steps=10)
+gym.register("FixedGoal-v0", entry_point="test_all:FixedGoal", max_episode_steps=10)
+gym.register("StartAtGoal-v0", entry_point="test_all:FixedGoal", max_episode_steps=10,
+             kwargs=dict(start_at_goal=True))
 
 
-@PROCESS_VEC_ENVS
-def test_vec_env_refuses_actions_that_are_not_one_per_env(VecEnvClass):
-    """Extra rows were dropped silently, too few failed with an unrelated IndexError: now
-    refused before anything is sent, so every env is still at the same step afterwards."""
-    with hang_guard(60):
-        venv = VecEnvClass([functools.partial(StubGoalEnv) for _ in range(2)])
+class FixedGoal(PointGoal):
+    """PointGoal whose goal is always the same point: a maze with one goal cell. With
+    start_at_goal the point also starts on it, so no reset ever shows a missed goal."""
+
+    def __init__(self, start_at_goal=False):
+        super().__init__()
+        self.start_at_goal = start_at_goal
+
+    def reset(self, seed=None, options=None):
+        obs, info = super().reset(seed=seed, options=options)
+        self.g = np.array([.3, .3])
+        if self.start_at_goal:
+            self.x = self.g.copy()
+        return self._obs(), info
+
+
+def test_reward_range_of_a_task_with_one_fixed_goal_is_measured_or_refused(tmp_path, capsys):
+    """Desired goals alone (all equal here) show only the reached reward: a range [1, 1] would
+    clip every critic target to one constant. Achieved goals show the missed one; where even
+    they cannot, the run stops with one line, and --reward_range gives the range."""
+    assert goal_env.describe_env("test_all:FixedGoal-v0")["r_range"] == (0., 1.)
+    assert_main_refuses(["--env", "test_all:StartAtGoal-v0", "--logdir", str(tmp_path / "no")],
+                        capsys, "StartAtGoal-v0", "--reward_range R_MIN,R_MAX")
+    for text in ("1,0", "0", "a,b", "nan,1"):
+        assert_main_refuses(["--reward_range", text], capsys, f"--reward_range {text}")
+    logdir = str(tmp_path / "given")
+    rc, out = run_cmd(train_cmd("--env", "test_all:StartAtGoal-v0", "--reward_range", "0,1",
+                                "--n_epochs", "1", "--n_cycles", "1", "--n_batches", "1",
+                                "--n_test_rollouts", "1", "--logdir", logdir), 300)
+    assert rc == 0, out[-3000:]
+    params = json.loads(str(arrays_of(os.path.join(logdir, "policy_latest.npz"))["config_json"]))
+    assert params["target_range"] == [0., 1. / (1. - params["gamma"])]
+
+
+def test_goal_task_with_rewards_0_1_and_info_success_learns(tmp_path):
+    """Before rewards set the target's range, {0, 1} rewards were clipped to 0 and never
+    learned, and info['success'] was never read: success stayed 0."""
+    task = goal_env.describe_env("test_all:PointGoal-v0")
+    assert (task["success_key"], task["r_range"]) == ("success", (0., 1.))
+    logdir = str(tmp_path / "point")
+    rc, out = run_cmd(train_cmd("--env", "test_all:PointGoal-v0", "--n_epochs", "4",
+                                "--n_cycles", "10", "--logdir", logdir), 600)
+    assert rc == 0, out[-3000:]
+    success = [float(r["test/success_rate"]) for r in read_progress(logdir)]
+    assert max(success) >= 0.8, f"test success per epoch: {success}"
+
+
+def test_unknown_or_non_goal_env_is_rejected_clearly():
+    for env_id, message in (("FetchPush-v9", "did you mean"), ("CartPole-v1", "dict observation")):
         try:
-            venv.reset()
-            for u, got in ((np.zeros((3, 2)), "3 actions"), (np.zeros((1, 2)), "1 actions"),
-                           (np.zeros(2), r"actions of shape \(2,\)"),
-                           (np.zeros((2, 2, 1)), r"actions of shape \(2, 2, 1\)")):
-                with pytest.raises(ValueError,
-                                   match=f"^step_async got {got} {ONE_ACTION_PER_ENV}$"):
-                    venv.step(u)
-            obs, _, _, _ = venv.step(np.zeros((2, 2), np.float32))
-            assert (obs["observation"] == 1).all()  # no refused action reached an env
-        finally:
-            venv.close()
-    assert all(gone(p.pid) for p in venv.ps)
+            goal_env.env_dims(env_id)
+            raise AssertionError(f"{env_id} was accepted")
+        except files.UsageError as e:
+            assert message in str(e)
 
 
-@PROCESS_VEC_ENVS
-def test_vec_env_refuses_calls_out_of_turn(VecEnvClass):
-    """A reset, step_async or get_images with a step pending would read that step's answers as
-    its own, and step_wait with none pending would wait forever: each is refused, and the
-    pending step is still there to collect."""
-    u = np.zeros((2, 2), np.float32)
-    with hang_guard(60):
-        venv = VecEnvClass([functools.partial(StubGoalEnv) for _ in range(2)])
-        try:
-            venv.reset()
-            with pytest.raises(RuntimeError, match=rf"^{VecEnvClass.__name__}\.step_wait\(\) "
-                               r"called with no step pending; call step_async\(u\) first$"):
-                venv.step_wait()
-            venv.step_async(u)
-            for call, name in ((venv.reset, "reset"), (lambda: venv.step_async(u), "step_async"),
-                               (venv.get_images, "get_images")):
-                with pytest.raises(RuntimeError, match=rf"^{VecEnvClass.__name__}\.{name}\(\) "
-                                   r"called while a step is pending; call step_wait\(\) first$"):
-                    call()
-            obs, _, _, _ = venv.step_wait()
-            assert (obs["observation"] == 1).all()  # the step, answered once, and nothing else
-            assert (venv.reset()["observation"] == 0).all()
-            venv.step_async(u)  # left pending: close() collects it before closing
-        finally:
-            venv.close()
-    assert all(gone(p.pid) for p in venv.ps)
+# ---------------------------------------------------------------- play.py: playing, --save_video
+
+def saved_reach_policy(tmp_path):
+    policy, _, _ = fetch_reach_policy(np.random.default_rng(8), hidden=16)
+    path = str(tmp_path / "reach.npz")
+    policy.save(path)
+    return path
 
 
-@PROCESS_VEC_ENVS
-@pytest.mark.parametrize("wrong, at, received", [("dtype", 0, "float64 (2,)"),
-                                                 ("shape", 2, "float32 (3,)")])
-def test_vec_env_refuses_observations_unlike_their_space(VecEnvClass, wrong, at, received):
-    """ShmemVecEnv cast such an observation silently into shared memory, SubprocVecEnv passed it
-    on: both now refuse it in the env process, which reports the key, expected and received."""
-    u = np.zeros((2, 2), np.float32)
-    env_fns = [functools.partial(StubGoalEnv), functools.partial(OffSpaceGoalEnv, wrong, at)]
-    with hang_guard(60):
-        venv = VecEnvClass(env_fns)
-        try:
-            if at:  # every observation before step `at` is as its space says
-                venv.reset()
-                for _ in range(at - 1):
-                    venv.step(u)
-            with pytest.raises(RuntimeError, match=f"{VecEnvClass.__name__}: env process 1 "
-                               "raised") as e:
-                venv.step(u) if at else venv.reset()
-        finally:
-            venv.close()
-    assert ("TypeError: observation key 'achieved_goal': expected float32 (2,) (its space), "
-            f"received {received}; make the env return its space's dtype and shape") in str(e.value)
-    assert all(gone(p.pid) for p in venv.ps)
+def test_play_save_video_writes_every_frame_of_an_episode(tmp_path):
+    path, gif = saved_reach_policy(tmp_path), str(tmp_path / "reach.gif")
+    env = {k: v for k, v in os.environ.items() if k not in ("MUJOCO_GL", "DISPLAY")}
+    proc = subprocess.run(play_cmd(path, "--n_test_rollouts", "1", "--save_video", gif),
+                          cwd=HERE, capture_output=True, text=True, timeout=300,
+                          env=env)  # no screen: play.py picks EGL
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    from PIL import Image
+    with Image.open(gif) as im:
+        assert im.size == (240, 240)  # 480 x 480 renders, halved
+        total_ms = 0
+        for i in range(im.n_frames):
+            im.seek(i)
+            total_ms += im.info["duration"]
+    # T + 1 = 51 frames of 40 ms (Pillow merges identical neighbours, adding their durations)
+    assert total_ms == 51 * 40 and im.n_frames > 10
+    assert not [f for f in os.listdir(tmp_path) if ".tmp" in f]
 
 
-def test_dummy_vecenv_refuses_what_the_process_vec_envs_refuse():
-    """The same refusals in one process (num_env 1 in train.py), so both accept the same envs."""
-    venv = DummyVecEnv([StubGoalEnv, functools.partial(OffSpaceGoalEnv, "dtype", 1)])
-    u = np.zeros((2, 2), np.float32)
-    venv.reset()
-    with pytest.raises(ValueError, match=f"^step_async got 3 actions {ONE_ACTION_PER_ENV}$"):
-        venv.step_async(np.zeros((3, 2)))
-    with pytest.raises(RuntimeError, match=r"DummyVecEnv\.step_wait\(\) called with no step"):
-        venv.step_wait()
-    venv.step_async(u)
-    for call in (venv.reset, lambda: venv.step_async(u)):
-        with pytest.raises(RuntimeError, match="called while a step is pending"):
-            call()
-    with pytest.raises(TypeError, match=r"^observation key 'achieved_goal': expected float32 "
-                       r"\(2,\) \(its space\), received float64 \(2,\);"):
-        venv.step_wait()
+def test_save_video_bad_input_gets_one_line_and_writes_nothing(tmp_path):
+    path = saved_reach_policy(tmp_path)
+    play = [path, "--n_test_rollouts", "1"]
+    cases = [(play + ["--save_video", str(tmp_path / "no" / "dir.gif")], {}, "not writable"),
+             (play + ["--save_video", str(tmp_path / "out.avi")], {}, "only animated GIFs"),
+             (["--save_video", str(tmp_path / "x.gif")], {}, "POLICY.npz"),
+             (play + ["--save_video", str(tmp_path / "x.gif")], {"MUJOCO_GL": "nonsense"},
+              "cannot render off screen")]
+    for argv, env, phrase in cases:
+        proc = subprocess.run(play_cmd(*argv), cwd=HERE, capture_output=True, text=True,
+                              timeout=120, env={**os.environ, **env})
+        assert_one_line_error(proc.returncode, proc.stdout + proc.stderr, 2, phrase)
+    assert sorted(os.listdir(tmp_path)) == ["reach.npz"]
+
+
+# ---------------------------------------------------------------- rollout.py: RolloutWorker
+
+def test_rollout_worker_episode_shapes_and_no_dropped_step():
+    rng = np.random.default_rng(9)
+    policy, dims, T = fetch_reach_policy(rng)
+    env_fns = [functools.partial(goal_env.make_env, "FetchReach-v4") for _ in range(2)]
+    venv = DummyVecEnv(env_fns)
+    worker = RolloutWorker(venv, policy, dims, T, np.random.default_rng(11), noise_eps=0.2,
+                           random_eps=0.3)
+    ep = worker.generate_rollouts()
+    assert ep["o"].shape == (2, T + 1, dims["o"]) and ep["ag"].shape == (2, T + 1, dims["g"])
+    assert ep["g"].shape == (2, T, dims["g"]) and ep["u"].shape == (2, T, dims["u"])
+    assert ep["info_is_success"].shape == (2, T, 1)
+    assert all(v.dtype == np.float32 for v in ep.values())
+    assert np.abs(ep["u"]).max() <= 1.0
+    # Replaying the recorded actions in fresh envs with the same seed reproduces all T+1
+    # observations: the episode is aligned and no transition was dropped. The RolloutWorker draws
+    # each episode's reset seed from its generator: here the first draw of default_rng(11).
+    replay_venv = DummyVecEnv(env_fns)
+    obs = replay_venv.reset(seed=int(np.random.default_rng(11).integers(2 ** 31 - 2)))
+    np.testing.assert_allclose(ep["o"][:, 0], obs["observation"], rtol=1e-6)
+    for t in range(T):
+        np.testing.assert_allclose(ep["g"][:, t], obs["desired_goal"], rtol=1e-6)
+        obs, _, _, _ = replay_venv.step(ep["u"][:, t])
+        np.testing.assert_allclose(ep["o"][:, t + 1], obs["observation"], rtol=1e-6)
+        np.testing.assert_allclose(ep["ag"][:, t + 1], obs["achieved_goal"], rtol=1e-6)
+    venv.close()
+    replay_venv.close()
+
+
+def test_vecenv_env_i_is_seeded_with_seed_plus_i():
+    env_fns = [functools.partial(goal_env.make_env, "FetchPush-v4") for _ in range(3)]
+    for venv in (DummyVecEnv(env_fns), SubprocVecEnv(env_fns), ShmemVecEnv(env_fns)):
+        obs = venv.reset(seed=40)
+        for i in range(3):
+            alone, _ = goal_env.make_env("FetchPush-v4").reset(seed=40 + i)
+            np.testing.assert_array_equal(obs["desired_goal"][i], alone["desired_goal"])
+        assert not np.array_equal(obs["desired_goal"][0], obs["desired_goal"][1])
+        venv.close()
+
+
+def test_rollout_worker_shows_the_policy_the_current_observation_and_goal():
+    dims, T, _, _ = goal_env.env_dims("FetchReach-v4")
+    policy = RecordingPolicy(dims["u"])
+    venv = DummyVecEnv([functools.partial(goal_env.make_env, "FetchReach-v4") for _ in range(2)])
+    ep = RolloutWorker(venv, policy, dims, T, np.random.default_rng(0)).generate_rollouts()
+    assert len(policy.seen) == T
+    for t, (o, g) in enumerate(policy.seen):
+        np.testing.assert_array_equal(o, ep["o"][:, t])
+        np.testing.assert_array_equal(g, ep["g"][:, t])
     venv.close()
 
 
-# ---------------------------------------------------------------- 6. HER sampler and buffer
-
-def synthetic_episodes(n_eps, T, rng):
-    """Episodes whose o and ag encode (episode, step), so every sample can be traced back."""
-    e = np.arange(n_eps)[:, None].repeat(T + 1, axis=1)  # (n_eps, T+1)
-    t = np.arange(T + 1)[None, :].repeat(n_eps, axis=0)  # (n_eps, T+1)
-    o = np.stack([e, t], axis=-1).astype(np.float32)  # (n_eps, T+1, 2)
-    ag = np.stack([e, t, rng.normal(size=e.shape)], axis=-1).astype(np.float32)  # (n_eps, T+1, 3)
-    g = np.stack([-1. - e[:, :T], -1. - t[:, :T], rng.normal(size=(n_eps, T))],
-                 axis=-1).astype(np.float32)  # (n_eps, T, 3): never equal to any ag
-    u = rng.uniform(-1, 1, size=(n_eps, T, 4)).astype(np.float32)
-    return dict(o=o, ag=ag, g=g, u=u, info_is_success=np.zeros((n_eps, T, 1), np.float32))
+def test_success_rate_is_read_at_the_last_step():
+    dims, T = {"o": 2, "g": 2, "u": 2}, 10
+    for success_at, expected in (({10}, 1.0), (set(range(1, 10)), 0.0)):
+        venv = DummyVecEnv([functools.partial(StubGoalEnv, success_at=success_at)])
+        worker = RolloutWorker(venv, RecordingPolicy(2), dims, T, np.random.default_rng(0))
+        worker.generate_rollouts()
+        assert worker.current_success_rate() == expected
 
 
-def fetch_reward_fun():
-    return goal_env.env_dims("FetchReach-v4")[3]
+def test_exploration_noise_and_random_actions_scale_with_max_u():
+    rng = np.random.default_rng(14)
+    dims = {"o": 3, "g": 2, "u": 2}
+    cfg = config.Config(hidden=16, buffer_size=1000)
+    policy = DDPG(config.ddpg_params(cfg, dims, 10, 2.0), None, rng)  # max_u = 2
+    o = np.zeros((20000, 3), np.float32)
+    g = np.zeros((20000, 2), np.float32)
+    pi, _ = policy.get_actions(o, None, g)
+    # random_eps = 1: every action uniform on [-2, 2]: mean 0, variance 2^2 / 3
+    u, _ = policy.get_actions(o, None, g, random_eps=1.0)
+    assert abs(u.mean()) < 0.05 and abs(u.var() - 4 / 3) < 0.05
+    # random_eps = 0: Gaussian noise of std noise_eps * max_u = 0.2 around pi
+    u, _ = policy.get_actions(o, None, g, noise_eps=0.1)
+    assert abs((u - pi).std() - 0.2) < 0.01
+    # random_eps = 0.3: 30% of the rows are replaced, whole rows at a time
+    u, _ = policy.get_actions(o, None, g, random_eps=0.3)
+    replaced = np.any(u != pi, axis=1)
+    assert abs(replaced.mean() - 0.3) < 0.02
 
 
-def sample_from(strategy, replay_k, n_eps=40, T=10, batch=100_000, seed=7):
-    rng = np.random.default_rng(seed)
-    episodes = synthetic_episodes(n_eps, T, rng)
-    sampler = make_sample_her_transitions(strategy, replay_k, fetch_reward_fun())
-    shapes = {k: v.shape[1:] for k, v in episodes.items()}
-    buf = ReplayBuffer(shapes, n_eps * T, T, sampler, rng)
-    buf.store_episode(episodes)
-    return buf.sample(batch), sampler, episodes
+def test_observations_are_clipped_to_clip_obs_before_normalising():
+    rng = np.random.default_rng(15)
+    policy, dims, _ = fetch_reach_policy(rng, hidden=16)
+    o = np.full((2, dims["o"]), 1e4, np.float32)
+    g = np.full((2, dims["g"]), -1e4, np.float32)
+    x = policy._preprocess_og(o, g)
+    expected_o = policy.o_stats.normalize(np.full_like(o, 200.))
+    expected_g = policy.g_stats.normalize(np.full_like(g, -200.))
+    np.testing.assert_array_equal(x, np.concatenate([expected_o, expected_g], axis=1))
 
+
+# ---------------------------------------------------------------- her.py: the HER sampler
 
 def test_her_future_relabels_only_to_later_achieved_goals():
     tr, sampler, episodes = sample_from("future", 4)
@@ -733,6 +933,22 @@ def test_her_future_relabels_only_to_later_achieved_goals():
     # the others keep their own episode's original goal
     kept = ~relabelled
     np.testing.assert_array_equal(tr["g"][kept], episodes["g"][e[kept], t[kept]])
+
+
+def test_her_future_offset_is_uniform_over_later_steps():
+    T = 10
+    tr, _, _ = sample_from("future", 4, T=T, batch=200_000)
+    t = tr["o"][:, 1].astype(int)
+    relabelled = tr["g"][:, 0] >= 0
+    gt = tr["g"][:, 1].astype(int)
+    # for each t, future_t is uniform on {t+1, ..., T}: Pearson's chi-square per t
+    for t0 in range(T):
+        chosen = gt[relabelled & (t == t0)]
+        counts = np.bincount(chosen - t0 - 1, minlength=T - t0)
+        expected = len(chosen) / (T - t0)
+        chi2 = ((counts - expected) ** 2 / expected).sum()
+        dof = T - t0 - 1
+        assert chi2 < dof + 6 * np.sqrt(2 * dof) + 10, (t0, counts)
 
 
 def test_her_rewards_recomputed_with_env_compute_reward():
@@ -939,6 +1155,8 @@ def test_her_unknown_strategy_gets_one_line_errors_on_the_command_line_and_in_he
         make_sample_her_transitions(name, 4, fetch_reward_fun())
 
 
+# ---------------------------------------------------------------- replay.py: the replay buffer
+
 def test_replay_next_observation_is_the_following_step():
     tr, _, episodes = sample_from("future", 4, batch=5000)
     e, t = tr["o"][:, 0].astype(int), tr["o"][:, 1].astype(int)
@@ -963,129 +1181,6 @@ def test_replay_evicts_random_slots_once_full():
     assert (buf.buffers["u"][:2] == 9.).all(axis=(1, 2)).sum() == 1
 
 
-# ---------------------------------------------------------------- 7. RolloutWorker
-
-def test_rollout_worker_episode_shapes_and_no_dropped_step():
-    rng = np.random.default_rng(9)
-    policy, dims, T = fetch_reach_policy(rng)
-    env_fns = [functools.partial(goal_env.make_env, "FetchReach-v4") for _ in range(2)]
-    venv = DummyVecEnv(env_fns)
-    worker = RolloutWorker(venv, policy, dims, T, np.random.default_rng(11), noise_eps=0.2,
-                           random_eps=0.3)
-    ep = worker.generate_rollouts()
-    assert ep["o"].shape == (2, T + 1, dims["o"]) and ep["ag"].shape == (2, T + 1, dims["g"])
-    assert ep["g"].shape == (2, T, dims["g"]) and ep["u"].shape == (2, T, dims["u"])
-    assert ep["info_is_success"].shape == (2, T, 1)
-    assert all(v.dtype == np.float32 for v in ep.values())
-    assert np.abs(ep["u"]).max() <= 1.0
-    # Replaying the recorded actions in fresh envs with the same seed reproduces all T+1
-    # observations: the episode is aligned and no transition was dropped. The RolloutWorker draws
-    # each episode's reset seed from its generator: here the first draw of default_rng(11).
-    replay_venv = DummyVecEnv(env_fns)
-    obs = replay_venv.reset(seed=int(np.random.default_rng(11).integers(2 ** 31 - 2)))
-    np.testing.assert_allclose(ep["o"][:, 0], obs["observation"], rtol=1e-6)
-    for t in range(T):
-        np.testing.assert_allclose(ep["g"][:, t], obs["desired_goal"], rtol=1e-6)
-        obs, _, _, _ = replay_venv.step(ep["u"][:, t])
-        np.testing.assert_allclose(ep["o"][:, t + 1], obs["observation"], rtol=1e-6)
-        np.testing.assert_allclose(ep["ag"][:, t + 1], obs["achieved_goal"], rtol=1e-6)
-    venv.close()
-    replay_venv.close()
-
-
-def test_vecenv_env_i_is_seeded_with_seed_plus_i():
-    env_fns = [functools.partial(goal_env.make_env, "FetchPush-v4") for _ in range(3)]
-    for venv in (DummyVecEnv(env_fns), SubprocVecEnv(env_fns), ShmemVecEnv(env_fns)):
-        obs = venv.reset(seed=40)
-        for i in range(3):
-            alone, _ = goal_env.make_env("FetchPush-v4").reset(seed=40 + i)
-            np.testing.assert_array_equal(obs["desired_goal"][i], alone["desired_goal"])
-        assert not np.array_equal(obs["desired_goal"][0], obs["desired_goal"][1])
-        venv.close()
-
-
-class RecordingPolicy:
-    """Stands in for DDPG: records what RolloutWorker shows it, acts with zeros."""
-
-    def __init__(self, dim_u):
-        self.dim_u, self.seen = dim_u, []
-
-    def get_actions(self, o, ag, g, noise_eps=0., random_eps=0., use_target_net=False,
-                    compute_Q=False):
-        self.seen.append((o.copy(), g.copy()))
-        return np.zeros((len(o), self.dim_u), np.float32), np.zeros(len(o))
-
-
-def test_rollout_worker_shows_the_policy_the_current_observation_and_goal():
-    dims, T, _, _ = goal_env.env_dims("FetchReach-v4")
-    policy = RecordingPolicy(dims["u"])
-    venv = DummyVecEnv([functools.partial(goal_env.make_env, "FetchReach-v4") for _ in range(2)])
-    ep = RolloutWorker(venv, policy, dims, T, np.random.default_rng(0)).generate_rollouts()
-    assert len(policy.seen) == T
-    for t, (o, g) in enumerate(policy.seen):
-        np.testing.assert_array_equal(o, ep["o"][:, t])
-        np.testing.assert_array_equal(g, ep["g"][:, t])
-    venv.close()
-
-
-def test_success_rate_is_read_at_the_last_step():
-    dims, T = {"o": 2, "g": 2, "u": 2}, 10
-    for success_at, expected in (({10}, 1.0), (set(range(1, 10)), 0.0)):
-        venv = DummyVecEnv([functools.partial(StubGoalEnv, success_at=success_at)])
-        worker = RolloutWorker(venv, RecordingPolicy(2), dims, T, np.random.default_rng(0))
-        worker.generate_rollouts()
-        assert worker.current_success_rate() == expected
-
-
-def test_exploration_noise_and_random_actions_scale_with_max_u():
-    rng = np.random.default_rng(14)
-    dims = {"o": 3, "g": 2, "u": 2}
-    cfg = config.Config(hidden=16, buffer_size=1000)
-    policy = DDPG(config.ddpg_params(cfg, dims, 10, 2.0), None, rng)  # max_u = 2
-    o = np.zeros((20000, 3), np.float32)
-    g = np.zeros((20000, 2), np.float32)
-    pi, _ = policy.get_actions(o, None, g)
-    # random_eps = 1: every action uniform on [-2, 2]: mean 0, variance 2^2 / 3
-    u, _ = policy.get_actions(o, None, g, random_eps=1.0)
-    assert abs(u.mean()) < 0.05 and abs(u.var() - 4 / 3) < 0.05
-    # random_eps = 0: Gaussian noise of std noise_eps * max_u = 0.2 around pi
-    u, _ = policy.get_actions(o, None, g, noise_eps=0.1)
-    assert abs((u - pi).std() - 0.2) < 0.01
-    # random_eps = 0.3: 30% of the rows are replaced, whole rows at a time
-    u, _ = policy.get_actions(o, None, g, random_eps=0.3)
-    replaced = np.any(u != pi, axis=1)
-    assert abs(replaced.mean() - 0.3) < 0.02
-
-
-def test_observations_are_clipped_to_clip_obs_before_normalising():
-    rng = np.random.default_rng(15)
-    policy, dims, _ = fetch_reach_policy(rng, hidden=16)
-    o = np.full((2, dims["o"]), 1e4, np.float32)
-    g = np.full((2, dims["g"]), -1e4, np.float32)
-    x = policy._preprocess_og(o, g)
-    expected_o = policy.o_stats.normalize(np.full_like(o, 200.))
-    expected_g = policy.g_stats.normalize(np.full_like(g, -200.))
-    np.testing.assert_array_equal(x, np.concatenate([expected_o, expected_g], axis=1))
-
-
-def test_goal_normaliser_sees_the_relabelled_goals():
-    rng = np.random.default_rng(16)
-    dims, T = {"o": 2, "g": 3, "u": 4}, 10
-    episodes = synthetic_episodes(3, T, rng)
-    fed = {}
-
-    def stub_sampler(episode_batch, batch_size, rng):
-        fed["n"] = batch_size
-        return {"o": np.ones((batch_size, 2), np.float32),
-                "g": np.full((batch_size, 3), 7., np.float32)}
-    cfg = config.Config(hidden=16, buffer_size=100)
-    policy = DDPG(config.ddpg_params(cfg, dims, T, 1.0), stub_sampler, rng)
-    policy.store_episode(episodes)
-    assert fed["n"] == 3 * T  # one normalising sample per stored transition
-    np.testing.assert_array_equal(policy.g_stats.mean, 7.)  # the sampler's goals, not ep["g"]
-    assert policy.g_stats.total_count[0] == 3 * T
-
-
 def test_replay_eviction_never_loses_an_episode_of_the_same_batch():
     for seed in range(20):
         rng = np.random.default_rng(seed)
@@ -1100,23 +1195,140 @@ def test_replay_eviction_never_loses_an_episode_of_the_same_batch():
         assert {100., 200., 300.} <= markers, f"seed {seed}: an episode was overwritten"
 
 
-def test_her_future_offset_is_uniform_over_later_steps():
-    T = 10
-    tr, _, _ = sample_from("future", 4, T=T, batch=200_000)
-    t = tr["o"][:, 1].astype(int)
-    relabelled = tr["g"][:, 0] >= 0
-    gt = tr["g"][:, 1].astype(int)
-    # for each t, future_t is uniform on {t+1, ..., T}: Pearson's chi-square per t
-    for t0 in range(T):
-        chosen = gt[relabelled & (t == t0)]
-        counts = np.bincount(chosen - t0 - 1, minlength=T - t0)
-        expected = len(chosen) / (T - t0)
-        chi2 = ((counts - expected) ** 2 / expected).sum()
-        dof = T - t0 - 1
-        assert chi2 < dof + 6 * np.sqrt(2 * dof) + 10, (t0, counts)
+# ---------------------------------------------------------------- actor_critic.py: backward passes
+
+def test_grad_linear_layer():
+    rng = np.random.default_rng(0)
+    x, W, b = rng.normal(size=(5, 4)), rng.normal(size=(4, 3)), rng.normal(size=3)
+    R = rng.normal(size=(5, 3))  # L = sum(y * R), so dL/dy = R
+
+    def loss():
+        return np.sum(actor_critic.linear_forward(x, W, b)[0] * R)
+    y, cache = actor_critic.linear_forward(x, W, b)
+    dW, db = np.zeros_like(W), np.zeros_like(b)
+    dx = actor_critic.linear_backward(R, cache, dW, db)
+    assert_grad_close(dx, numerical_grad(loss, x))
+    assert_grad_close(dW, numerical_grad(loss, W))
+    assert_grad_close(db, numerical_grad(loss, b))
 
 
-# ---------------------------------------------------------------- the DDPG update itself
+def test_grad_relu_and_tanh():
+    rng = np.random.default_rng(1)
+    for forward, backward in ((actor_critic.relu_forward, actor_critic.relu_backward),
+                              (actor_critic.tanh_forward, actor_critic.tanh_backward)):
+        x = rng.normal(size=(6, 5))
+        R = rng.normal(size=(6, 5))
+        _, cache = forward(x.copy())  # relu_forward may overwrite its input
+        dx = backward(R, cache)
+        assert_grad_close(dx, numerical_grad(lambda: np.sum(forward(x.copy())[0] * R), x))
+
+
+def test_grad_mlp_params_and_input():
+    rng = np.random.default_rng(2)
+    net = MLP([7, 16, 16, 16, 3], rng, dtype=np.float64)
+    x = rng.normal(size=(9, 7))
+    R = rng.normal(size=(9, 3))
+    out, caches = net.forward(x)
+    dx, = net.backward(R, caches, need_dxs=[True])
+
+    def loss():
+        return np.sum(net.forward(x)[0] * R)
+    assert_grad_close(net.grad.copy(), numerical_grad(loss, net.theta))
+    assert_grad_close(dx, numerical_grad(loss, x))
+
+
+def test_grad_mlp_with_split_first_layer():
+    """The critic's first layer takes [x_pi | u] as two blocks; same gradients as one input."""
+    rng = np.random.default_rng(21)
+    net = MLP([[5, 3], 16, 16, 2], rng, dtype=np.float64)
+    x_a, x_b = rng.normal(size=(9, 5)), rng.normal(size=(9, 3))
+    R = rng.normal(size=(9, 2))
+    whole = MLP([8, 16, 16, 2], rng, dtype=np.float64)
+    whole.theta[...] = net.theta  # identical layout: W0 is (8, 16) with x_a's rows first
+    np.testing.assert_allclose(net.forward(x_a, x_b)[0],
+                               whole.forward(np.concatenate([x_a, x_b], axis=1))[0], rtol=1e-12)
+    out, caches = net.forward(x_a, x_b)
+    dx_a, dx_b = net.backward(R, caches, need_dxs=[True, True])
+
+    def loss():
+        return np.sum(net.forward(x_a, x_b)[0] * R)
+    assert_grad_close(net.grad.copy(), numerical_grad(loss, net.theta))
+    assert_grad_close(dx_a, numerical_grad(loss, x_a))
+    assert_grad_close(dx_b, numerical_grad(loss, x_b))
+
+
+# ---------------------------------------------------------------- normalizer.py: the normaliser
+
+def normalizer_data(rank):
+    rng = np.random.default_rng(100 + rank)
+    return rng.normal(loc=[0., 3., -1., 50.], scale=[1., 0.1, 0.001, 20.], size=(40 + 7 * rank, 4))
+
+
+def test_normalizer_one_process_matches_numpy():
+    data = normalizer_data(0)
+    norm = Normalizer(4, eps=0.01, default_clip_range=5)
+    norm.update(data[:10])
+    norm.recompute_stats()
+    norm.update(data[10:])
+    norm.recompute_stats()
+    check_normalizer_against_numpy(norm, data)
+
+
+def check_normalizer_against_numpy(norm, data):
+    mean = data.mean(axis=0)
+    std = np.maximum(data.std(axis=0), 0.01)  # eps floor: the third feature's std is 0.001
+    np.testing.assert_allclose(norm.mean, mean, rtol=1e-6)
+    np.testing.assert_allclose(norm.std, std, rtol=1e-5)
+    v = data[:5].astype(np.float32)
+    v[0] = mean + 100 * std  # far outside: the clip to [-5, 5] must bite
+    v[1] = mean - 100 * std
+    np.testing.assert_allclose(norm.normalize(v), np.clip((v - mean) / std, -5, 5),
+                               rtol=1e-4, atol=1e-5)
+    assert np.all(norm.normalize(v)[0] == 5) and np.all(norm.normalize(v)[1] == -5)
+
+
+def test_normalizer_under_mpirun():
+    run_mpi_case(3, "normalizer")
+
+
+# ---------------------------------------------------------------- ddpg.py: losses, update, demos
+
+def small_actor_critic(rng, max_u=2.0):
+    dims = {"o": 5, "g": 3, "u": 2}
+    ac = ActorCritic(dims, hidden=16, layers=3, max_u=max_u, rng=rng, dtype=np.float64)
+    x_pi = rng.normal(size=(12, 8))
+    return ac, dims, x_pi
+
+
+def test_grad_critic_loss_wrt_critic_params():
+    rng = np.random.default_rng(3)
+    ac, dims, x_pi = small_actor_critic(rng)
+    u = rng.uniform(-2, 2, size=(12, 2))
+    y = rng.uniform(-5, 0, size=12)
+    ddpg.critic_loss_and_grad(ac, x_pi, u, y)
+    analytic = ac.Q.grad.copy()
+
+    def loss():
+        q, _ = ac.Q_forward(x_pi, u)
+        return np.mean((y - q) ** 2)
+    assert_grad_close(analytic, numerical_grad(loss, ac.Q.theta))
+
+
+def test_grad_actor_loss_wrt_actor_params_through_critic():
+    rng = np.random.default_rng(4)
+    ac, dims, x_pi = small_actor_critic(rng)
+    ac.Q.grad[...] = 123.  # must stay untouched: the actor loss never updates the critic
+    action_l2 = 0.7
+    ddpg.actor_loss_and_grad(ac, x_pi, action_l2)
+    analytic = ac.pi.grad.copy()
+
+    def loss():
+        pi, _ = ac.pi_forward(x_pi)
+        q, _ = ac.Q_forward(x_pi, pi)
+        return -np.mean(q) + action_l2 * np.mean((pi / ac.max_u) ** 2)
+    assert_grad_close(analytic, numerical_grad(loss, ac.pi.theta))
+    assert np.all(ac.Q.grad == 123.)
+
 
 def test_ddpg_train_uses_clipped_target_from_target_nets():
     """The critic gradient of train() equals the one for y = clip(r + gamma Q_targ(o_2, g,
@@ -1170,8 +1382,6 @@ def test_update_target_net_is_polyak_average():
                                0.95 * old_pi + 0.05 * policy.main.pi.theta, rtol=1e-6)
 
 
-# ---------------------------------------------------------------- 8. save / load
-
 def test_save_load_round_trip_gives_identical_actions(tmp_path):
     rng = np.random.default_rng(10)
     policy, dims, T = fetch_reach_policy(rng)
@@ -1196,660 +1406,22 @@ def test_save_load_round_trip_gives_identical_actions(tmp_path):
     venv.close()
 
 
-# ---------------------------------------------------------------- every goal-task family
-
-FETCH_AND_HAND = ("FetchPush-v4", "FetchSlide-v4", "FetchPickAndPlace-v4", "HandReach-v3",
-                  "HandManipulateBlockRotateZ-v1", "HandManipulateEgg-v1", "HandManipulatePen-v1")
-MAZES = ("PointMaze_UMaze-v3", "AntMaze_UMaze-v5")  # T = 300 and 700; rewards {0, 1}
-
-
-def test_every_goal_task_family_runs_one_cycle():
-    """Dims, T, the reward, its range and the success key come from the env: one rollout,
-    store and update on each family."""
-    for env_id in FETCH_AND_HAND + MAZES:
-        task = goal_env.describe_env(env_id)
-        dims, T = task["dims"], task["T"]
-        cfg = config.Config(env=env_id, hidden=32, buffer_size=10 * T, batch_size=16)
-        rng = np.random.default_rng(0)
-        policy = DDPG(config.ddpg_params(cfg, dims, T, task["max_u"], task["r_range"]),
-                      make_sample_her_transitions("future", 4, task["reward_fun"]), rng)
-        venv = DummyVecEnv([functools.partial(goal_env.make_env, env_id)])
-        ep = RolloutWorker(venv, policy, dims, T, rng, noise_eps=0.2, random_eps=0.3,
-                           success_key=task["success_key"]).generate_rollouts()
-        policy.store_episode(ep)
-        critic_loss, actor_loss = policy.train()
-        assert np.isfinite(critic_loss) and np.isfinite(actor_loss), env_id
-        assert ep["o"].shape == (1, T + 1, dims["o"]), env_id
-        venv.close()
-        expected = ("success", (0., 1.)) if env_id in MAZES else ("is_success", (-1., 0.))
-        assert (task["success_key"], task["r_range"]) == expected, env_id
-
-
-def test_fetch_and_hand_keep_baselines_target_range():
-    """rewards {-1, 0}: y is clipped to [-1/(1 - gamma), 0] = [-50, 0] at T = 50, as ever."""
-    for env_id in ("FetchPush-v4", "HandReach-v3"):
-        task = goal_env.describe_env(env_id)
-        params = config.ddpg_params(config.Config(hidden=8), task["dims"], 50, 1.0, task["r_range"])
-        policy = DDPG(params, None, np.random.default_rng(0))
-        gamma = 1. - 1. / 50
-        assert (policy.Q_min, policy.Q_max) == (-1. / (1. - gamma), 0.), env_id  # bit for bit
-    assert config.target_range((-1., 0.), 0.98, clip_return=False) == [-np.inf, 0.]
-    # PointMaze's {0, 1} at T = 300; a dense reward has no lower end
-    assert np.allclose(config.target_range((0., 1.), 1 - 1 / 300, True), [0., 300.])
-    assert config.target_range((-np.inf, 0.), 0.98, True) == [-np.inf, 0.]
-
-
-def test_gamma_flag_replaces_one_minus_one_over_T_and_its_target_range():
-    dims = {"o": 4, "g": 2, "u": 2}
-    default = config.ddpg_params(config.Config(hidden=8), dims, 300, 1.0, (0., 1.))
-    assert default["gamma"] == 1. - 1. / 300  # --gamma 0, the default: baselines' rule
-    given = config.ddpg_params(config.Config(hidden=8, gamma=0.98), dims, 300, 1.0, (0., 1.))
-    assert given["gamma"] == 0.98
-    assert np.allclose(given["target_range"], [0., 1. / (1. - 0.98)])  # [0, 50], not [0, 300]
-    assert DDPG(given, None, np.random.default_rng(0)).gamma == 0.98
-
-
-def test_reward_range_tells_sparse_from_dense():
-    goals = np.random.default_rng(4).uniform(-1, 1, size=(5, 3))
-    distance = lambda ag, g: np.linalg.norm(ag - g, axis=-1)  # noqa: E731
-    for reward_fun, expected in (
-            (lambda ag, g: -(distance(ag, g) > 0.05).astype(np.float32), (-1., 0.)),  # Fetch
-            (lambda ag, g: (distance(ag, g) <= 0.45).astype(np.float64), (0., 1.)),  # maze
-            (lambda ag, g: -distance(ag, g), (-np.inf, 0.)),  # FetchReachDense
-            (lambda ag, g: np.exp(-distance(ag, g)), (-np.inf, 1.)),  # PointMazeDense
-            (lambda ag, g: distance(ag, g), (0., np.inf))):  # a reward that grows with distance
-        assert goal_env.reward_range(reward_fun, goals) == expected, expected
-        assert all(not (np.signbit(v) and v == 0) for v in goal_env.reward_range(reward_fun, goals))
-
-
-def test_success_key_is_read_from_the_env_or_refused():
-    assert goal_env.success_key("x", {"is_success": 0.}) == "is_success"
-    assert goal_env.success_key("x", {"success": False}) == "success"
-    try:
-        goal_env.success_key("NoSuccess-v0", {"distance": 1.})
-        raise AssertionError("an env reporting no success was accepted")
-    except files.UsageError as e:
-        assert "NoSuccess-v0" in str(e) and "info['success']" in str(e)
-
-
-class PointGoal(gym.Env):
-    """A maze-like goal task without physics: a point in [-0.5, 0.5]^2 moves by 0.2 u per step;
-    reward 1 within 0.15 of the goal, else 0, and success reported as info['success'] (the
-    conventions of PointMaze and AntMaze, not Fetch's). Registered as test_all:PointGoal-v0."""
-
-    def __init__(self):
-        box = gym.spaces.Box(-.5, .5, (2,), np.float64)
-        self.observation_space = gym.spaces.Dict(
-            observation=box, achieved_goal=box, desired_goal=box)
-        self.action_space = gym.spaces.Box(-1., 1., (2,), np.float32)
-
-    def compute_reward(self, achieved_goal, desired_goal, info):
-        return (np.linalg.norm(achieved_goal - desired_goal, axis=-1) <= .15).astype(np.float64)
-
-    def _obs(self):
-        return {"observation": self.x.copy(), "achieved_goal": self.x.copy(),
-                "desired_goal": self.g.copy()}
-
-    def reset(self, seed=None, options=None):
-        super().reset(seed=seed)
-        self.x, self.g = self.np_random.uniform(-.5, .5, size=(2, 2))
-        return self._obs(), {}
-
-    def step(self, u):
-        self.x = np.clip(self.x + 0.2 * np.clip(u, -1, 1), -.5, .5)
-        r = float(self.compute_reward(self.x, self.g, None))
-        return self._obs(), r, False, False, {"success": r == 1.}
-
-
-gym.register("PointGoal-v0", entry_point="test_all:PointGoal", max_episode_steps=10)
-gym.register("FixedGoal-v0", entry_point="test_all:FixedGoal", max_episode_steps=10)
-gym.register("StartAtGoal-v0", entry_point="test_all:FixedGoal", max_episode_steps=10,
-             kwargs=dict(start_at_goal=True))
-
-
-class FixedGoal(PointGoal):
-    """PointGoal whose goal is always the same point: a maze with one goal cell. With
-    start_at_goal the point also starts on it, so no reset ever shows a missed goal."""
-
-    def __init__(self, start_at_goal=False):
-        super().__init__()
-        self.start_at_goal = start_at_goal
-
-    def reset(self, seed=None, options=None):
-        obs, info = super().reset(seed=seed, options=options)
-        self.g = np.array([.3, .3])
-        if self.start_at_goal:
-            self.x = self.g.copy()
-        return self._obs(), info
-
-
-def test_reward_range_of_a_task_with_one_fixed_goal_is_measured_or_refused(tmp_path, capsys):
-    """Desired goals alone (all equal here) show only the reached reward: a range [1, 1] would
-    clip every critic target to one constant. Achieved goals show the missed one; where even
-    they cannot, the run stops with one line, and --reward_range gives the range."""
-    assert goal_env.describe_env("test_all:FixedGoal-v0")["r_range"] == (0., 1.)
-    assert_main_refuses(["--env", "test_all:StartAtGoal-v0", "--logdir", str(tmp_path / "no")],
-                        capsys, "StartAtGoal-v0", "--reward_range R_MIN,R_MAX")
-    for text in ("1,0", "0", "a,b", "nan,1"):
-        assert_main_refuses(["--reward_range", text], capsys, f"--reward_range {text}")
-    logdir = str(tmp_path / "given")
-    rc, out = run_cmd(train_cmd("--env", "test_all:StartAtGoal-v0", "--reward_range", "0,1",
-                                "--n_epochs", "1", "--n_cycles", "1", "--n_batches", "1",
-                                "--n_test_rollouts", "1", "--logdir", logdir), 300)
-    assert rc == 0, out[-3000:]
-    params = json.loads(str(arrays_of(os.path.join(logdir, "policy_latest.npz"))["config_json"]))
-    assert params["target_range"] == [0., 1. / (1. - params["gamma"])]
-
-
-def test_goal_task_with_rewards_0_1_and_info_success_learns(tmp_path):
-    """Before rewards set the target's range, {0, 1} rewards were clipped to 0 and never
-    learned, and info['success'] was never read: success stayed 0."""
-    task = goal_env.describe_env("test_all:PointGoal-v0")
-    assert (task["success_key"], task["r_range"]) == ("success", (0., 1.))
-    logdir = str(tmp_path / "point")
-    rc, out = run_cmd(train_cmd("--env", "test_all:PointGoal-v0", "--n_epochs", "4",
-                                "--n_cycles", "10", "--logdir", logdir), 600)
-    assert rc == 0, out[-3000:]
-    success = [float(r["test/success_rate"]) for r in read_progress(logdir)]
-    assert max(success) >= 0.8, f"test success per epoch: {success}"
-
-
-def test_config_defaults_env_overrides_and_cli():
-    cfg = config.make_config(train.parse_args([]))
-    assert (cfg.env, cfg.n_cycles, cfg.n_batches, cfg.batch_size) == ("FetchReach-v4", 10, 40, 256)
-    cfg = config.make_config(train.parse_args(["--env", "FetchPush-v4", "--num_env", "2",
-                                              "--n_batches", "7"]))
-    assert (cfg.n_cycles, cfg.num_env, cfg.n_batches, cfg.replay_k) == (50, 2, 7, 4)
-
-
-def test_unknown_or_non_goal_env_is_rejected_clearly():
-    for env_id, message in (("FetchPush-v9", "did you mean"), ("CartPole-v1", "dict observation")):
-        try:
-            goal_env.env_dims(env_id)
-            raise AssertionError(f"{env_id} was accepted")
-        except files.UsageError as e:
-            assert message in str(e)
-
-
-# ---------------------------------------------------------------- 9. end to end
-
-def read_progress(logdir):
-    with open(os.path.join(logdir, "progress.csv")) as f:
-        return list(csv.DictReader(f))
-
-
-def test_end_to_end_fetch_reach_learns_in_five_epochs(tmp_path):
-    logdir = str(tmp_path / "run")
-    rc, out = run_cmd([sys.executable, "train.py", "--n_epochs", "5", "--seed", "1",
-                       "--logdir", logdir], timeout=600)
-    assert rc == 0, out[-4000:]
-    rows = read_progress(logdir)
-    assert len(rows) == 5
-    success = [float(r["test/success_rate"]) for r in rows]
-    assert max(success) >= 0.9, f"test success per epoch: {success}"
-    for name in ("policy_best.npz", "policy_latest.npz", "policy_0.npz"):
-        assert os.path.exists(os.path.join(logdir, name)), name
-    # play.py reloads the saved policy and runs test episodes with it
-    rc, out = run_cmd(play_cmd(os.path.join(logdir, "policy_best.npz"), "--n_test_rollouts", "2"),
-                      300)
-    assert rc == 0 and "test success rate" in out, out[-4000:]
-
-
-def test_end_to_end_mpirun_two_ranks_two_envs_stay_in_sync(tmp_path):
-    logdir = str(tmp_path / "mpi")
-    rc, out = run_cmd([mpirun_exe(), "-np", "2", sys.executable, "train.py", "--num_env", "2",
-                       "--vec_env", "shmem", "--n_epochs", "2", "--n_cycles", "3",
-                       "--n_batches", "40",
-                       "--n_test_rollouts", "2", "--logdir", logdir], timeout=600)
-    assert rc == 0, out[-4000:]
-    assert "2 rank(s) in sync" in out
-    rows = read_progress(logdir)
-    # totals count both ranks: 2 epochs x 3 cycles x 2 envs x 2 ranks
-    assert int(rows[-1]["total/episodes"]) == 24
-    assert int(rows[-1]["total/timesteps"]) == 24 * 50
-
-
-# ---------------------------------------------------------------- when things go wrong
-
-class FaultyReach(gym.Wrapper):
-    """FetchReach-v4 that, from its `at_step`-th step on, raises or returns NaN observations;
-    only on MPI rank `rank` (None: every rank). Registered below as test_all:*Reach-v0."""
-
-    def __init__(self, fault, rank, at_step):
-        super().__init__(goal_env.make_env("FetchReach-v4"))
-        self.fault, self.rank, self.at_step, self.n_steps = fault, rank, at_step, 0
-
-    def step(self, u):
-        self.n_steps += 1
-        obs, r, terminated, truncated, info = self.env.step(u)
-        my_rank = int(os.environ.get("PMI_RANK", 0))  # set by mpirun; MPI itself is not needed
-        if self.n_steps >= self.at_step and self.rank in (None, my_rank):
-            if self.fault == "raise":
-                raise RuntimeError(f"injected env failure on rank {my_rank}")
-            obs = dict(obs, observation=np.full_like(obs["observation"], np.nan))
-        return obs, r, terminated, truncated, info
-
-
-gym.register("RaiseOnRank1Reach-v0", entry_point="test_all:FaultyReach", max_episode_steps=50,
-             kwargs=dict(fault="raise", rank=1, at_step=120))
-# step 800 = the last step of cycle 1 of epoch 1 (epoch 0: 4 cycles + 10 test episodes of 50)
-gym.register("NaNReach-v0", entry_point="test_all:FaultyReach", max_episode_steps=50,
-             kwargs=dict(fault="nan", rank=None, at_step=800))
-
-TINY_RUN = ["--n_cycles", "5", "--n_batches", "20", "--n_test_rollouts", "1", "--seed", "3"]
-
-
-def train_cmd(*args, n_ranks=1, script="train.py"):
-    mpi = [mpirun_exe(), "-np", str(n_ranks)] if n_ranks > 1 else []
-    return mpi + [sys.executable, os.path.join(HERE, script), *args]
-
-
-def play_cmd(*args, n_ranks=1):
-    return train_cmd(*args, n_ranks=n_ranks, script="play.py")
-
-
-def assert_one_line_error(rc, out, expected_rc, *phrases):
-    lines = [line for line in out.splitlines() if line.strip()]
-    assert rc == expected_rc, out[-3000:]
-    assert "Traceback" not in out, out[-3000:]
-    error_lines = [line for line in lines if "error" in line]
-    assert len(error_lines) == 1, out[-3000:]
-    for phrase in phrases:
-        assert phrase in error_lines[0], error_lines[0]
-
-
-def arrays_of(path):
-    with np.load(path, allow_pickle=False) as data:
-        return {k: data[k] for k in data.files}
-
-
-def assert_same_arrays(path_a, path_b, skip=()):
-    a, b = arrays_of(path_a), arrays_of(path_b)
-    assert set(a) == set(b)
-    for key in a:
-        if key not in skip:
-            assert a[key].tobytes() == b[key].tobytes(), f"{key} differs"
-
-
-@functools.lru_cache(maxsize=None)
-def straight_run(root, n_epochs=4):
-    """n_epochs of FetchReach in one go: the reference that resumed runs must equal bitwise."""
-    logdir = os.path.join(root, f"straight{n_epochs}")
-    rc, out = run_cmd(train_cmd("--n_epochs", str(n_epochs), "--logdir", logdir, *TINY_RUN), 600)
-    assert rc == 0, out[-3000:]
-    return logdir
-
-
-def resumable_copy(root, logdir):
-    """A copy of the 2-epoch straight run, to be resumed (the original stays as it is)."""
-    shutil.copytree(straight_run(root, n_epochs=2), logdir)
-    return logdir
-
-
-def assert_same_progress(logdir_a, logdir_b):
-    """Every progress.csv column, as written, except the wall-clock time/epoch_s."""
-    rows_a, rows_b = read_progress(logdir_a), read_progress(logdir_b)
-    assert [r["epoch"] for r in rows_a] == [r["epoch"] for r in rows_b]
-    for row_a, row_b in zip(rows_a, rows_b):
-        assert set(row_a) == set(row_b)
-        differ = {k: (row_a[k], row_b[k]) for k in row_a
-                  if k != "time/epoch_s" and row_a[k] != row_b[k]}
-        assert not differ, f"epoch {row_a['epoch']}: {differ}"
-
-
-def test_orphaned_mpich_segments_are_found_and_removed_but_live_ones_kept(tmp_path):
-    """A job that aborts leaves its segment; it is an orphan once the job is over, while the
-    segment of a job still running (held open by its ranks) never is."""
-    before = shm_entries()
-    try:
-        orphans = orphan_of_an_aborted_job(before)
-        running_job_keeps_its_segment(tmp_path, orphans)
-    finally:  # whatever failed, this test's jobs leave nothing behind to fail another test
-        remove_orphans_of_job(before, patience_s=2.)
-
-
-def orphan_of_an_aborted_job(before):
-    """Run a 2-rank job whose rank 1 aborts; return the one segment it left behind."""
-    code = ("from mpi4py import MPI; c = MPI.COMM_WORLD; c.Barrier(); "
-            "c.Abort(1) if c.Get_rank() == 1 else c.Barrier()")
-    subprocess.run([mpirun_exe(), "-np", "2", sys.executable, "-c", code], cwd=HERE,
-                   capture_output=True, timeout=120)  # not run_cmd: it would clean up
-    with hang_guard(30):  # the aborted ranks may still be exiting when mpirun returns
-        while not [p for p in mpi_util.orphaned_mpich_segments()
-                   if os.path.basename(p) not in before]:
-            time.sleep(0.2)
-    orphans = {p for p in mpi_util.orphaned_mpich_segments() if os.path.basename(p) not in before}
-    assert len(orphans) == 1 and os.path.basename(min(orphans)).startswith("mpich_shm_")
-    return orphans
-
-
-def running_job_keeps_its_segment(tmp_path, orphans):
-    """A running job: two ranks that say they are up, wait for a file to appear, then finish.
-
-    Each rank says so with a file of its own, not a line on stdout: mpirun forwards the ranks'
-    output on its own schedule, so two ranks' "UP\\n" can arrive as "UPUP\\n"."""
-    go = tmp_path / "go"
-    waiting = ("import os, time; from mpi4py import MPI; c = MPI.COMM_WORLD; c.Barrier(); "
-               f"open(os.path.join({str(tmp_path)!r}, f'up{{c.Get_rank()}}'), 'w').close()\n"
-               f"while not os.path.exists({str(go)!r}): time.sleep(0.1)")
-    entries_before = shm_entries()
-    job = subprocess.Popen([mpirun_exe(), "-np", "2", sys.executable, "-c", waiting], cwd=HERE,
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        with hang_guard(120):
-            while not all((tmp_path / f"up{rank}").exists() for rank in (0, 1)):
-                assert job.poll() is None, f"the waiting job ended early (exit {job.returncode})"
-                time.sleep(0.1)
-            running = {e for e in shm_entries() - entries_before if e.startswith("mpich_shm_")}
-            assert len(running) == 1
-            assert orphans <= set(mpi_util.remove_orphaned_mpich_segments())
-            assert not mpi_util.orphaned_mpich_segments()
-            assert running <= shm_entries(), "the running job's segment was removed"
-            go.touch()
-            assert job.wait() == 0
-    finally:
-        go.touch()  # a job left waiting would hold its segment forever
-        if job.poll() is None:
-            try:
-                job.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                job.kill()
-                job.wait()
-    assert not running & shm_entries()  # a job that finalises removes its own segment
-
-
-def test_rank_failure_ends_whole_mpi_job_with_one_traceback(tmp_path):
-    for n_ranks in (2, 3):
-        rc, out = run_cmd(train_cmd("--env", "test_all:RaiseOnRank1Reach-v0", "--n_epochs", "3",
-                                    "--logdir", str(tmp_path / f"np{n_ranks}"), *TINY_RUN,
-                                    n_ranks=n_ranks), timeout=120)
-        assert rc != 0, out[-3000:]
-        assert out.count("injected env failure on rank 1") == 1 and out.count("Traceback") == 1, \
-            out[-3000:]
-
-
-@PROCESS_VEC_ENVS
-def test_killed_env_worker_raises_naming_it_and_leaves_no_process(VecEnvClass):
-    env_fns = [functools.partial(goal_env.make_env, "FetchReach-v4") for _ in range(3)]
-    with hang_guard(60):
-        venv = VecEnvClass(env_fns)
-        venv.reset(seed=0)
-        u = np.zeros((3, 4), np.float32)
-        venv.step(u)
-        victim = venv.ps[1]
-        os.kill(victim.pid, signal.SIGKILL)
-        victim.join()
-        try:
-            venv.step(u)
-            raise AssertionError("stepping with a dead env process did not raise")
-        except RuntimeError as e:
-            assert f"env process 1 (pid {victim.pid}) died" in str(e)
-    assert not any(p.is_alive() for p in venv.ps)
-    for p in venv.ps:
-        try:
-            os.waitpid(p.pid, os.WNOHANG)
-            raise AssertionError(f"env process {p.pid} still exists (zombie)")
-        except ChildProcessError:
-            pass
-
-
-def interrupt_when_logging(cmd, logdir, timeout=300):
-    """Start a training command, send SIGINT once its first epoch is logged, return (rc, out)."""
-    before = shm_entries()
-    proc = subprocess.Popen(cmd, cwd=HERE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)
-    progress = os.path.join(logdir, "progress.csv")
-    try:
-        with hang_guard(timeout):
-            while not os.path.exists(progress) and proc.poll() is None:
-                time.sleep(0.2)
-            proc.send_signal(signal.SIGINT)
-            out, _ = proc.communicate()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        remove_orphans_of_job(before, patience_s=2.)
-    return proc.returncode, out
-
-
-def test_sigint_saves_checkpoint_and_resume_is_bitwise_identical(tmp_path):
-    reference = straight_run(str(tmp_path.parent))
-    logdir = str(tmp_path / "interrupted")
-    rc, out = interrupt_when_logging(train_cmd("--n_epochs", "4", "--logdir", logdir, *TINY_RUN),
-                                     logdir)
-    assert rc == 130, f"expected exit code 130 (interrupted), got {rc}:\n{out[-3000:]}"
-    assert out.count("interrupted in epoch") == 1
-    DDPG.load(os.path.join(logdir, "policy_latest.npz"))  # complete and loadable
-    ckpt = arrays_of(checkpoint.checkpoint_path(logdir, 0))
-    assert int(ckpt["cycle"]) > 0, "the interrupt was expected mid-epoch"
-    assert not [f for f in os.listdir(logdir) if ".tmp" in f]
-    rc, out = run_cmd(train_cmd("--resume", logdir), 600)
-    assert rc == 0, out[-3000:]
-    assert_same_arrays(os.path.join(reference, "policy_latest.npz"),
-                       os.path.join(logdir, "policy_latest.npz"))
-    # the interrupted epoch's row too: its training success and losses span all its cycles
-    assert_same_progress(reference, logdir)
-
-
-def test_resume_at_epoch_boundary_is_bitwise_identical(tmp_path):
-    reference = straight_run(str(tmp_path.parent))
-    logdir = resumable_copy(str(tmp_path.parent), str(tmp_path / "two_plus_two"))
-    rc, out = run_cmd(train_cmd("--resume", logdir, "--n_epochs", "4"), 600)
-    assert rc == 0, out[-3000:]
-    for name in ("policy_latest.npz", os.path.join("checkpoint", "rank0.npz")):
-        assert_same_arrays(os.path.join(reference, name), os.path.join(logdir, name))
-    assert_same_progress(reference, logdir)
-
-
-def test_checkpoint_of_an_older_version_still_resumes(tmp_path):
-    """Checkpoints written before the epoch's training logs were saved lack their keys. At an
-    epoch boundary nothing is missing, so the run still continues exactly; mid-epoch it resumes
-    with a note."""
-    reference = straight_run(str(tmp_path.parent))
-    logdir = resumable_copy(str(tmp_path.parent), str(tmp_path / "old_checkpoint"))
-    path = checkpoint.checkpoint_path(logdir, 0)
-    old = {k: v for k, v in arrays_of(path).items() if not k.startswith("log/")}
-    assert len(old) < len(arrays_of(path))
-    np.savez(path, **old)
-    rc, out = run_cmd(train_cmd("--resume", logdir, "--n_epochs", "4"), 600)
-    assert rc == 0 and "note:" not in out, out[-3000:]
-    assert_same_arrays(os.path.join(reference, "policy_latest.npz"),
-                       os.path.join(logdir, "policy_latest.npz"))
-    assert_same_progress(reference, logdir)
-    # mid-epoch: resumable, the history starts empty, and the note says what that means
-    worker = RolloutWorker(DummyVecEnv([StubGoalEnv]), RecordingPolicy(2), {"o": 2, "g": 2},
-                           10, np.random.default_rng(0))
-    losses, note = checkpoint.restore_epoch_so_far(dict(old, cycle=np.array(3)), worker)
-    assert losses == [] and not worker.success_history and "epoch 2" in note
-
-
-def test_interrupt_after_the_last_cycle_resumes_with_the_same_row(tmp_path, monkeypatch):
-    """Stopped after an epoch's last cycle, before its test rollouts: the resumed run logs
-    that epoch from the saved history and losses alone (it runs no training cycle of it)."""
-    class StopAtRead:
-        """checkpoint.StopFlag's stand-in (no signal handlers): `requested`, read once per cycle,
-        is true at read number stop_at (None: never)."""
-        def __init__(self, stop_at):
-            self.stop_at, self.reads = stop_at, 0
-
-        @property
-        def requested(self):
-            self.reads += 1
-            return self.reads == self.stop_at
-    run = ["--n_epochs", "2", *TINY_RUN]  # 5 cycles per epoch: read 5 is epoch 0's last
-    reference, logdir = str(tmp_path / "reference"), str(tmp_path / "stopped")
-    monkeypatch.setattr(train, "StopFlag", lambda: StopAtRead(None))
-    assert train.main(["--logdir", reference, *run]) == 0
-    monkeypatch.setattr(train, "StopFlag", lambda: StopAtRead(5))
-    assert train.main(["--logdir", logdir, *run]) == 130
-    ckpt = arrays_of(checkpoint.checkpoint_path(logdir, 0))
-    assert (int(ckpt["epoch"]), int(ckpt["cycle"])) == (0, 5)
-    assert ckpt["log/train_losses"].shape == (5 * 20, 2)
-    monkeypatch.setattr(train, "StopFlag", lambda: StopAtRead(None))
-    assert train.main(["--resume", logdir]) == 0
-    assert_same_progress(reference, logdir)
-    assert_same_arrays(os.path.join(reference, "policy_latest.npz"),
-                       os.path.join(logdir, "policy_latest.npz"))
-
-
-def test_sigint_under_mpirun_then_resume_stays_in_sync(tmp_path):
-    logdir = str(tmp_path / "mpi")
-    args = ("--num_env", "2", "--n_epochs", "3", "--logdir", logdir, *TINY_RUN)
-    rc, out = interrupt_when_logging(train_cmd(*args, n_ranks=2), logdir)
-    assert rc == 130, f"expected exit code 130 (interrupted), got {rc}:\n{out[-3000:]}"
-    assert out.count("interrupted in epoch") == 1
-    for rank in (0, 1):
-        assert int(arrays_of(checkpoint.checkpoint_path(logdir, rank))["cycle"]) > 0
-    rc, out = run_cmd(train_cmd("--resume", logdir, n_ranks=2), 600)
-    assert rc == 0 and "2 rank(s) in sync" in out, out[-3000:]
-    rc, out = run_cmd(train_cmd("--resume", logdir, "--n_epochs", "4"), 120)  # 1 rank, not 2
-    assert_one_line_error(rc, out, 2, "mpirun -np 2")
-
-
-def test_nonfinite_loss_stops_after_keeping_last_good_checkpoint(tmp_path):
-    logdir = str(tmp_path / "nan")
-    rc, out = run_cmd(train_cmd("--env", "test_all:NaNReach-v0", "--n_epochs", "3",
-                                "--n_cycles", "4", "--n_batches", "2", "--logdir", logdir), 300)
-    assert rc == 1 and "Traceback" not in out, out[-3000:]
-    assert "non-finite train/critic_loss" in out and "in epoch 1, cycle 1" in out, out[-3000:]
-    ckpt = arrays_of(checkpoint.checkpoint_path(logdir, 0))
-    assert (int(ckpt["epoch"]), int(ckpt["cycle"])) == (1, 0)  # end of epoch 0: the last good
-    assert all(np.isfinite(v).all() for k, v in ckpt.items() if v.dtype.kind == "f")
-
-
-def test_nonfinite_parameters_are_caught_even_when_the_losses_were_finite(tmp_path):
-    """The last update of a cycle can make the weights NaN after its loss was computed."""
-    from mpi4py import MPI
-
-    class NotInterrupted:
-        requested = False
-    policy, _, _ = fetch_reach_policy(np.random.default_rng(17), hidden=16)
-    policy.main.Q.theta[5] = np.inf
-    try:
-        checkpoint.stop_safely_if_needed([(0.1, 0.2)] * 3, NotInterrupted(), 2, 7, 0.5, policy, (),
-                                    str(tmp_path), MPI.COMM_WORLD)
-        raise AssertionError("non-finite critic parameters were not caught")
-    except checkpoint.NonFiniteError as e:
-        assert "non-finite critic parameters in epoch 2, cycle 7" in str(e)
-    assert os.listdir(tmp_path) == []  # nothing saved
-
-
-def test_atomic_save_never_leaves_a_half_written_file(tmp_path, monkeypatch):
-    path = str(tmp_path / "policy.npz")
-    files.atomic_savez(path, {"a": np.arange(3)})
-
-    def crash_midway(f, **arrays):
-        f.write(b"PK\x03\x04 half a zip")
-        raise KeyboardInterrupt  # killed while saving
-    monkeypatch.setattr(np, "savez", crash_midway)
-    try:
-        files.atomic_savez(path, {"a": np.arange(5)})
-    except KeyboardInterrupt:
-        pass
-    monkeypatch.undo()
-    np.testing.assert_array_equal(arrays_of(path)["a"], np.arange(3))
-    assert os.listdir(tmp_path) == ["policy.npz"]
-
-
-def test_training_can_start_from_a_saved_policy(tmp_path):
-    reference = straight_run(str(tmp_path.parent))
-    policy_path = os.path.join(reference, "policy_best.npz")
-    logdir = str(tmp_path / "warm")
-    rc, out = run_cmd(train_cmd("--load_path", policy_path, "--n_epochs", "0",
-                                "--logdir", logdir), 300)
-    assert rc == 0, out[-3000:]
-    start = arrays_of(checkpoint.checkpoint_path(logdir, 0))  # the state before any update
-    for key in ddpg.POLICY_KEYS[1:] + ("o_stats/sum", "g_stats/count"):
-        assert start[key].tobytes() == arrays_of(policy_path)[key].tobytes(), key
-
-
-def test_bad_policy_and_checkpoint_files_get_one_line_errors(tmp_path):
-    reference = straight_run(str(tmp_path.parent))
-    good = os.path.join(reference, "policy_best.npz")
-    truncated = str(tmp_path / "truncated.npz")
-    with open(good, "rb") as f, open(truncated, "wb") as g:
-        g.write(f.read()[:5000])
-    foreign = str(tmp_path / "foreign.npz")
-    np.savez(foreign, weights=np.ones(3))
-    pickled = str(tmp_path / "pickled.npz")  # a complete policy whose config needs unpickling
-    np.savez(pickled, **dict(arrays_of(good), config_json=np.array([{"evil": 1}], dtype=object)))
-    for path, phrase in ((truncated, "truncated"), (foreign, "no 'config_json'"),
-                         (pickled, "cannot read"), (str(tmp_path / "missing.npz"), "no such")):
-        rc, out = run_cmd(play_cmd(path), 120)
-        assert_one_line_error(rc, out, 2, path, phrase)
-    bad_run = str(tmp_path / "bad_run")
-    shutil.copytree(reference, bad_run)
-    shutil.copy(truncated, checkpoint.checkpoint_path(bad_run, 0))
-    rc, out = run_cmd(train_cmd("--resume", bad_run), 120)
-    assert_one_line_error(rc, out, 2, "rank0.npz", "truncated")
-    # a policy of another env: dimension mismatch, named
-    rc, out = run_cmd(play_cmd(good, "--env", "FetchPush-v4"), 120)
-    assert_one_line_error(rc, out, 2, "FetchReach-v4", "FetchPush-v4")
-
-
-def assert_main_refuses(argv, capsys, *phrases):
-    """train.main(argv) in this process: exit code 2 and one line on stderr with the phrases."""
-    try:
-        rc = train.main(argv)
-    except SystemExit as e:  # argparse's own errors
-        rc = e.code
-    err = capsys.readouterr().err
-    assert rc == 2, (argv, err)
-    assert len(err.strip().splitlines()) == 1, (argv, err)
-    assert all(phrase in err for phrase in phrases), (argv, err)
-
-
-def test_bad_command_lines_get_one_line_errors(tmp_path, capsys):
-    a_file = tmp_path / "a_file"
-    a_file.write_text("")
-    cases = [(["--env", "FetchPush-v9"], "did you mean FetchPush-v4"),
-             (["--env", "CartPole-v1"], "dict observation"),
-             (["--num_env", "0"], "--num_env must be at least 1"),
-             (["--num_env", "-2"], "--num_env must be at least 1"),
-             (["--n_epochs", "-1"], "--n_epochs must be 0 or more"),
-             (["--batch_size", "-5"], "--batch_size must be at least 1"),
-             (["--n_batches", "0"], "--n_batches must be at least 1"),
-             (["--replay_k", "-1"], "--replay_k must be 0 or more"),
-             (["--vec_env", "fast"], "--vec_env"),
-             (["--logdir", str(a_file / "sub")], "cannot write to log dir")]
-    for argv, phrase in cases:
-        assert_main_refuses(argv, capsys, phrase)
-    # and once through a real process: exit code 2, one line, no traceback
-    rc, out = run_cmd(train_cmd("--num_env", "0"), 120)
-    assert_one_line_error(rc, out, 2, "--num_env")
-
-
-# ---------------------------------------------------------------- demonstrations (Nair et al.)
-
-def test_demo_controller_succeeds_and_writes_the_buffer_layout(tmp_path, capsys):
-    """demos.py on FetchPickAndPlace: its success rate printed, the file in the replay buffer's
-    layout, loadable without pickle, and every stored step replays in a fresh env."""
-    path = str(tmp_path / "demos.npz")
-    assert demos.main(["--num_demo", "4", "--out", path]) == 0
-    out = capsys.readouterr().out
-    rate = float(out.split("success rate ")[1].split()[0])
-    assert rate >= 0.8, out
-    dims, T, _, _ = goal_env.env_dims("FetchPickAndPlace-v4")
-    with np.load(path, allow_pickle=False) as data:
-        assert str(data["env"]) == "FetchPickAndPlace-v4" and int(data["T"]) == T
-    ep = files.load_demos(path, "FetchPickAndPlace-v4", dims, T, num_demo=4)
-    assert ep["o"].shape == (4, T + 1, dims["o"]) and ep["ag"].shape == (4, T + 1, dims["g"])
-    assert ep["g"].shape == (4, T, dims["g"]) and ep["u"].shape == (4, T, dims["u"])
-    assert ep["info_is_success"].shape == (4, T, 1)
-    assert all(v.dtype == np.float32 for v in ep.values())
-    assert np.all(ep["info_is_success"][:, -1, 0] == 1)  # only successful episodes are kept
-    assert np.abs(ep["u"]).max() <= 1
-    # Episode 0 of a fully successful run reset with seed 0: replay its actions.
-    if rate == 1:
-        env = goal_env.make_env("FetchPickAndPlace-v4")
-        obs, _ = env.reset(seed=0)
-        for t in range(T):
-            np.testing.assert_allclose(ep["o"][0, t], obs["observation"], rtol=1e-5, atol=1e-6)
-            np.testing.assert_allclose(ep["g"][0, t], obs["desired_goal"], rtol=1e-6)
-            obs, _, _, _, _ = env.step(ep["u"][0, t])
-        np.testing.assert_allclose(ep["ag"][0, T], obs["achieved_goal"], rtol=1e-5, atol=1e-6)
-        env.close()
+def test_goal_normaliser_sees_the_relabelled_goals():
+    rng = np.random.default_rng(16)
+    dims, T = {"o": 2, "g": 3, "u": 4}, 10
+    episodes = synthetic_episodes(3, T, rng)
+    fed = {}
+
+    def stub_sampler(episode_batch, batch_size, rng):
+        fed["n"] = batch_size
+        return {"o": np.ones((batch_size, 2), np.float32),
+                "g": np.full((batch_size, 3), 7., np.float32)}
+    cfg = config.Config(hidden=16, buffer_size=100)
+    policy = DDPG(config.ddpg_params(cfg, dims, T, 1.0), stub_sampler, rng)
+    policy.store_episode(episodes)
+    assert fed["n"] == 3 * T  # one normalising sample per stored transition
+    np.testing.assert_array_equal(policy.g_stats.mean, 7.)  # the sampler's goals, not ep["g"]
+    assert policy.g_stats.total_count[0] == 3 * T
 
 
 DEMO_T, DEMO_ROWS = 5, 8  # episode length and demo_batch_size of the small agents below
@@ -1998,159 +1570,152 @@ def test_ddpg_train_with_bc_loss_steps_along_the_bc_gradient():
     np.testing.assert_allclose(grads["pi"], before.pi.grad, rtol=1e-5, atol=1e-8)
 
 
-def code_of_commit(commit, paths, dest):
-    """The files `paths` as they were at `commit`, extracted from git into `dest` (the test is
-    skipped where there is no git history, e.g. in a source tarball)."""
-    import tarfile
-    archive = subprocess.run(["git", "-C", HERE, "archive", commit, *paths], capture_output=True)
-    if archive.returncode != 0:
-        pytest.skip(f"no git history with commit {commit} here")
-    with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
-        tar.extractall(dest, filter="data")
-    return str(dest)
+# ---------------------------------------------------------------- mpi_adam.py: Adam and MpiAdam
+
+def test_adam_matches_textbook_formula():
+    rng = np.random.default_rng(5)
+    shapes = [(3, 4), (5,)]
+    init = [rng.normal(size=s).astype(np.float32) for s in shapes]
+    grads = rng.normal(size=(6, 17)).astype(np.float32)
+    for epsilon in (1e-8, 1e-2):  # a large epsilon makes its placement matter
+        params = [p.copy() for p in init]
+        adam = MpiAdam(params, epsilon=epsilon)
+        for g in grads:
+            adam.update(g, stepsize=0.01)
+        theta0 = np.concatenate([p.ravel() for p in init])
+        ref = textbook_adam(theta0, grads.astype(np.float64), 0.01, epsilon=epsilon)
+        np.testing.assert_allclose(adam.getflat(), ref, rtol=1e-5, atol=1e-6)
+        # the arrays handed in are the ones updated, in place
+        np.testing.assert_array_equal(params[0].ravel(), adam.getflat()[:12])
 
 
-# The last commit before demonstrations: a run without --demo_file must be this commit's run.
-BEFORE_DEMOS = "9d04e90bf381ccdb043ab01fac13f68548f52510"
-CORE_FILES = ("train.py", "ddpg.py", "her.py", "replay.py", "mpi_adam.py", "vecenv.py")
+def test_mpi_adam_two_ranks():
+    run_mpi_case(2, "mpi_adam")
 
 
-def test_without_demo_file_a_run_is_bitwise_the_run_before_demos(tmp_path):
-    """The same tiny FetchReach run with the code of BEFORE_DEMOS (taken out of git) and with
-    this code: identical weights, targets, normaliser sums, Adam states, replay buffer and
-    generator state (so the same random numbers were drawn), and the same progress.csv. Only
-    the policy's config_json differs: by the new demo keys at their defaults, and by
-    target_range = [-clip_return, 0] in place of clip_return (the reward-derived range is
-    Fetch's old one, bit for bit). A deliberate
-    change to what a plain run computes must move BEFORE_DEMOS to a commit that has it."""
-    before = code_of_commit(BEFORE_DEMOS, CORE_FILES, tmp_path / "before")
-    runs = {}
-    for name, code in (("before", str(before)), ("now", HERE)):
-        runs[name] = str(tmp_path / f"run_{name}")
-        rc, out = run_cmd([sys.executable, os.path.join(code, "train.py"), "--n_epochs", "1",
-                           "--n_cycles", "2", "--n_batches", "5", "--n_test_rollouts", "1",
-                           "--seed", "3", "--logdir", runs[name]], 300)
-        assert rc == 0, out[-3000:]
-    for name in ("policy_latest.npz", os.path.join("checkpoint", "rank0.npz")):
-        a, b = (os.path.join(runs[r], name) for r in ("before", "now"))
-        assert_same_arrays(a, b, skip=("config_json",))
-        old, new = (json.loads(str(arrays_of(p)["config_json"])) for p in (a, b))
-        clip_return = old.pop("clip_return")
-        assert {k: new[k] for k in old} == old
-        assert {k: new[k] for k in set(new) - set(old)} == {
-            "bc_loss": False, "q_filter": False, "demo_batch_size": 128,
-            "prm_loss_weight": 0.001, "aux_loss_weight": 0.0078,
-            "target_range": [-clip_return, 0.]}
-    assert_same_progress(runs["before"], runs["now"])
+def test_mpi_adam_three_ranks():
+    run_mpi_case(3, "mpi_adam")
 
 
-# The last commit before the code was split into one concept per file (config.py, play.py,
-# rollout.py, ...): a run must compute exactly what that commit's run computed.
-BEFORE_LAYOUT = "110307f58f24f22e6a27ae45b3a22d1ee414be55"
-BEFORE_LAYOUT_FILES = ("train.py", "ddpg.py", "her.py", "replay.py", "mpi_adam.py", "vecenv.py",
-                       "demos.py")
-REACH_1X1 = ("--n_epochs", "2", "--n_cycles", "3", "--n_batches", "10", "--n_test_rollouts", "2",
-             "--seed", "5")
-PUSH_2X2 = ("--env", "FetchPush-v4", "--num_env", "2", "--n_epochs", "1", "--n_cycles", "2",
-            "--n_batches", "5", "--n_test_rollouts", "1", "--seed", "6")
+def test_nineteen_ranks_update_as_one_process_summing_their_gradients():
+    """The arithmetic of the paper's 19 ranks, checked against a single-process reference."""
+    run_mpi_case(19, "many_ranks_vs_one_process", timeout=300)
 
 
-@pytest.mark.parametrize("args, n_ranks", [(REACH_1X1, 1), (PUSH_2X2, 2)],
-                         ids=["FetchReach-1x1", "FetchPush-2x2"])
-def test_a_run_is_bitwise_the_run_before_the_layout(tmp_path, args, n_ranks):
-    """The same run with the code of BEFORE_LAYOUT (out of git) and with this code: the same
-    progress.csv (but its wall-clock column) and the same arrays in every policy and checkpoint
-    file, bit for bit. Then the old run's files resume with this code, to the same bits as
-    this code's own run resumed."""
-    before = code_of_commit(BEFORE_LAYOUT, BEFORE_LAYOUT_FILES, tmp_path / "before")
-    runs = {}
-    for name, code in (("before", before), ("now", HERE)):
-        runs[name] = str(tmp_path / f"run_{name}")
-        mpi = [mpirun_exe(), "-np", str(n_ranks)] if n_ranks > 1 else []
-        rc, out = run_cmd(mpi + [sys.executable, os.path.join(code, "train.py"), *args,
-                                 "--logdir", runs[name]], 600)
-        assert rc == 0, out[-3000:]
-    written = sorted(os.path.relpath(os.path.join(d, f), runs["now"])
-                     for d, _, fs in os.walk(runs["now"]) for f in fs if f.endswith(".npz"))
-    assert written == sorted(os.path.relpath(os.path.join(d, f), runs["before"])
-                             for d, _, fs in os.walk(runs["before"]) for f in fs
-                             if f.endswith(".npz"))
-    for name in written:
-        assert_same_arrays(*(os.path.join(runs[r], name) for r in ("before", "now")))
-    assert_same_progress(runs["before"], runs["now"])
-    n_epochs = str(int(args[args.index("--n_epochs") + 1]) + 1)
-    for name in ("before", "now"):  # files written before the change still resume
-        rc, out = run_cmd(train_cmd("--resume", runs[name], "--n_epochs", n_epochs,
-                                    n_ranks=n_ranks), 600)
-        assert rc == 0, out[-3000:]
-    for name in written:
-        assert_same_arrays(*(os.path.join(runs[r], name) for r in ("before", "now")))
-    assert_same_progress(runs["before"], runs["now"])
+# ---------------------------------------------------------------- mpi_util.py: MPI jobs, /dev/shm
+
+def test_orphaned_mpich_segments_are_found_and_removed_but_live_ones_kept(tmp_path):
+    """A job that aborts leaves its segment; it is an orphan once the job is over, while the
+    segment of a job still running (held open by its ranks) never is."""
+    before = shm_entries()
+    try:
+        orphans = orphan_of_an_aborted_job(before)
+        running_job_keeps_its_segment(tmp_path, orphans)
+    finally:  # whatever failed, this test's jobs leave nothing behind to fail another test
+        remove_orphans_of_job(before, patience_s=2.)
 
 
-def random_demo_file(path, env_id, dims, T, n, seed=0):
-    rng = np.random.default_rng(seed)
-    episodes = {"o": rng.normal(size=(n, T + 1, dims["o"])),
-                "ag": rng.normal(size=(n, T + 1, dims["g"])),
-                "g": rng.normal(size=(n, T, dims["g"])),
-                "u": rng.uniform(-1, 1, size=(n, T, dims["u"])),
-                "info_is_success": np.zeros((n, T, 1))}
-    files.save_demos(path, episodes, env_id, T)
-    return path
+def orphan_of_an_aborted_job(before):
+    """Run a 2-rank job whose rank 1 aborts; return the one segment it left behind."""
+    code = ("from mpi4py import MPI; c = MPI.COMM_WORLD; c.Barrier(); "
+            "c.Abort(1) if c.Get_rank() == 1 else c.Barrier()")
+    subprocess.run([mpirun_exe(), "-np", "2", sys.executable, "-c", code], cwd=HERE,
+                   capture_output=True, timeout=120)  # not run_cmd: it would clean up
+    with hang_guard(30):  # the aborted ranks may still be exiting when mpirun returns
+        while not [p for p in mpi_util.orphaned_mpich_segments()
+                   if os.path.basename(p) not in before]:
+            time.sleep(0.2)
+    orphans = {p for p in mpi_util.orphaned_mpich_segments() if os.path.basename(p) not in before}
+    assert len(orphans) == 1 and os.path.basename(min(orphans)).startswith("mpich_shm_")
+    return orphans
 
 
-def test_resume_with_demos_is_bitwise_identical(tmp_path):
-    """A demo run resumed at an epoch boundary re-reads the demo file, and its normalisers
-    (restored) do not count the demos twice."""
-    dims, T, _, _ = goal_env.env_dims("FetchReach-v4")
-    path = random_demo_file(str(tmp_path / "reach.npz"), "FetchReach-v4", dims, T, n=6)
-    demo_run = ["--demo_file", path, "--num_demo", "5", "--bc_loss", "1", "--q_filter", "1",
-                "--demo_batch_size", "64", "--n_cycles", "2", "--n_batches", "5",
-                "--n_test_rollouts", "1", "--seed", "4"]
-    straight, resumed = str(tmp_path / "straight"), str(tmp_path / "resumed")
-    for logdir, n_epochs in ((straight, "2"), (resumed, "1")):
-        rc, out = run_cmd(train_cmd("--n_epochs", n_epochs, "--logdir", logdir, *demo_run), 300)
-        assert rc == 0, out[-3000:]
-    rc, out = run_cmd(train_cmd("--resume", resumed, "--n_epochs", "2"), 300)
-    assert rc == 0, out[-3000:]
-    for name in ("policy_latest.npz", os.path.join("checkpoint", "rank0.npz")):
-        assert_same_arrays(os.path.join(straight, name), os.path.join(resumed, name))
-    assert_same_progress(straight, resumed)
+def running_job_keeps_its_segment(tmp_path, orphans):
+    """A running job: two ranks that say they are up, wait for a file to appear, then finish.
+
+    Each rank says so with a file of its own, not a line on stdout: mpirun forwards the ranks'
+    output on its own schedule, so two ranks' "UP\\n" can arrive as "UPUP\\n"."""
+    go = tmp_path / "go"
+    waiting = ("import os, time; from mpi4py import MPI; c = MPI.COMM_WORLD; c.Barrier(); "
+               f"open(os.path.join({str(tmp_path)!r}, f'up{{c.Get_rank()}}'), 'w').close()\n"
+               f"while not os.path.exists({str(go)!r}): time.sleep(0.1)")
+    entries_before = shm_entries()
+    job = subprocess.Popen([mpirun_exe(), "-np", "2", sys.executable, "-c", waiting], cwd=HERE,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        with hang_guard(120):
+            while not all((tmp_path / f"up{rank}").exists() for rank in (0, 1)):
+                assert job.poll() is None, f"the waiting job ended early (exit {job.returncode})"
+                time.sleep(0.1)
+            running = {e for e in shm_entries() - entries_before if e.startswith("mpich_shm_")}
+            assert len(running) == 1
+            assert orphans <= set(mpi_util.remove_orphaned_mpich_segments())
+            assert not mpi_util.orphaned_mpich_segments()
+            assert running <= shm_entries(), "the running job's segment was removed"
+            go.touch()
+            assert job.wait() == 0
+    finally:
+        go.touch()  # a job left waiting would hold its segment forever
+        if job.poll() is None:
+            try:
+                job.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                job.kill()
+                job.wait()
+    assert not running & shm_entries()  # a job that finalises removes its own segment
 
 
-def test_every_config_field_is_a_flag_with_its_comment_as_help():
-    comments = config.config_comments()
-    actions = {a.dest: a for a in train.make_parser()._actions}
-    argv, expected = [], {}
-    for f in dataclasses.fields(config.Config):
-        action = actions[f.name]
-        assert action.option_strings == [f"--{f.name}"] and action.default is None
-        assert action.help.startswith(comments[f.name]) and len(comments[f.name]) > 10
-        # a value other than the default, of the field's type, through the command line
-        if f.type is bool:
-            value, text = not f.default, str(int(not f.default))
-        elif f.name in config.CHOICES:
-            value = next(c for c in config.CHOICES[f.name] if c != f.default)
-            text = value
-        elif f.type is str:
-            value = text = f"x{f.name}"
-        else:
-            value = f.type(f.default) + f.type(3)
-            text = repr(value)
-        argv += [f"--{f.name}", text]
-        expected[f.name] = value
-    cfg = config.make_config(train.parse_args(argv))
-    assert dataclasses.asdict(cfg) == expected
+def test_rank_failure_ends_whole_mpi_job_with_one_traceback(tmp_path):
+    for n_ranks in (2, 3):
+        rc, out = run_cmd(train_cmd("--env", "test_all:RaiseOnRank1Reach-v0", "--n_epochs", "3",
+                                    "--logdir", str(tmp_path / f"np{n_ranks}"), *TINY_RUN,
+                                    n_ranks=n_ranks), timeout=120)
+        assert rc != 0, out[-3000:]
+        assert out.count("injected env failure on rank 1") == 1 and out.count("Traceback") == 1, \
+            out[-3000:]
 
 
-def test_a_demo_file_turns_the_cloning_loss_on_unless_bc_loss_0_is_given():
-    """As baselines' her.py, which sets bc_loss = 1 whenever a demo file is given."""
-    def bc_loss(*argv):
-        return config.make_config(train.parse_args(list(argv))).bc_loss
-    assert bc_loss("--demo_file", "d.npz") is True
-    assert bc_loss("--demo_file", "d.npz", "--bc_loss", "0") is False
-    assert bc_loss("--demo_file", "d.npz", "--bc_loss", "1") is True
-    assert bc_loss() is False
+# ---------------------------------------------------------------- files.py: saving, bad files
+
+def test_atomic_save_never_leaves_a_half_written_file(tmp_path, monkeypatch):
+    path = str(tmp_path / "policy.npz")
+    files.atomic_savez(path, {"a": np.arange(3)})
+
+    def crash_midway(f, **arrays):
+        f.write(b"PK\x03\x04 half a zip")
+        raise KeyboardInterrupt  # killed while saving
+    monkeypatch.setattr(np, "savez", crash_midway)
+    try:
+        files.atomic_savez(path, {"a": np.arange(5)})
+    except KeyboardInterrupt:
+        pass
+    monkeypatch.undo()
+    np.testing.assert_array_equal(arrays_of(path)["a"], np.arange(3))
+    assert os.listdir(tmp_path) == ["policy.npz"]
+
+
+def test_bad_policy_and_checkpoint_files_get_one_line_errors(tmp_path):
+    reference = straight_run(str(tmp_path.parent))
+    good = os.path.join(reference, "policy_best.npz")
+    truncated = str(tmp_path / "truncated.npz")
+    with open(good, "rb") as f, open(truncated, "wb") as g:
+        g.write(f.read()[:5000])
+    foreign = str(tmp_path / "foreign.npz")
+    np.savez(foreign, weights=np.ones(3))
+    pickled = str(tmp_path / "pickled.npz")  # a complete policy whose config needs unpickling
+    np.savez(pickled, **dict(arrays_of(good), config_json=np.array([{"evil": 1}], dtype=object)))
+    for path, phrase in ((truncated, "truncated"), (foreign, "no 'config_json'"),
+                         (pickled, "cannot read"), (str(tmp_path / "missing.npz"), "no such")):
+        rc, out = run_cmd(play_cmd(path), 120)
+        assert_one_line_error(rc, out, 2, path, phrase)
+    bad_run = str(tmp_path / "bad_run")
+    shutil.copytree(reference, bad_run)
+    shutil.copy(truncated, checkpoint.checkpoint_path(bad_run, 0))
+    rc, out = run_cmd(train_cmd("--resume", bad_run), 120)
+    assert_one_line_error(rc, out, 2, "rank0.npz", "truncated")
+    # a policy of another env: dimension mismatch, named
+    rc, out = run_cmd(play_cmd(good, "--env", "FetchPush-v4"), 120)
+    assert_one_line_error(rc, out, 2, "FetchReach-v4", "FetchPush-v4")
 
 
 def test_bad_demo_input_gets_one_line_errors(tmp_path, capsys):
@@ -2195,50 +1760,174 @@ def test_bad_demo_input_gets_one_line_errors(tmp_path, capsys):
     assert_one_line_error(rc, out, 2, push, "do not fit")
 
 
-# ---------------------------------------------------------------- watching a policy
+# ---------------------------------------------------------------- checkpoint.py: stop and resume
 
-def saved_reach_policy(tmp_path):
-    policy, _, _ = fetch_reach_policy(np.random.default_rng(8), hidden=16)
-    path = str(tmp_path / "reach.npz")
-    policy.save(path)
-    return path
-
-
-def test_play_save_video_writes_every_frame_of_an_episode(tmp_path):
-    path, gif = saved_reach_policy(tmp_path), str(tmp_path / "reach.gif")
-    env = {k: v for k, v in os.environ.items() if k not in ("MUJOCO_GL", "DISPLAY")}
-    proc = subprocess.run(play_cmd(path, "--n_test_rollouts", "1", "--save_video", gif),
-                          cwd=HERE, capture_output=True, text=True, timeout=300,
-                          env=env)  # no screen: play.py picks EGL
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
-    from PIL import Image
-    with Image.open(gif) as im:
-        assert im.size == (240, 240)  # 480 x 480 renders, halved
-        total_ms = 0
-        for i in range(im.n_frames):
-            im.seek(i)
-            total_ms += im.info["duration"]
-    # T + 1 = 51 frames of 40 ms (Pillow merges identical neighbours, adding their durations)
-    assert total_ms == 51 * 40 and im.n_frames > 10
-    assert not [f for f in os.listdir(tmp_path) if ".tmp" in f]
+def resumable_copy(root, logdir):
+    """A copy of the 2-epoch straight run, to be resumed (the original stays as it is)."""
+    shutil.copytree(straight_run(root, n_epochs=2), logdir)
+    return logdir
 
 
-def test_save_video_bad_input_gets_one_line_and_writes_nothing(tmp_path):
-    path = saved_reach_policy(tmp_path)
-    play = [path, "--n_test_rollouts", "1"]
-    cases = [(play + ["--save_video", str(tmp_path / "no" / "dir.gif")], {}, "not writable"),
-             (play + ["--save_video", str(tmp_path / "out.avi")], {}, "only animated GIFs"),
-             (["--save_video", str(tmp_path / "x.gif")], {}, "POLICY.npz"),
-             (play + ["--save_video", str(tmp_path / "x.gif")], {"MUJOCO_GL": "nonsense"},
-              "cannot render off screen")]
-    for argv, env, phrase in cases:
-        proc = subprocess.run(play_cmd(*argv), cwd=HERE, capture_output=True, text=True,
-                              timeout=120, env={**os.environ, **env})
-        assert_one_line_error(proc.returncode, proc.stdout + proc.stderr, 2, phrase)
-    assert sorted(os.listdir(tmp_path)) == ["reach.npz"]
+def interrupt_when_logging(cmd, logdir, timeout=300):
+    """Start a training command, send SIGINT once its first epoch is logged, return (rc, out)."""
+    before = shm_entries()
+    proc = subprocess.Popen(cmd, cwd=HERE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    progress = os.path.join(logdir, "progress.csv")
+    try:
+        with hang_guard(timeout):
+            while not os.path.exists(progress) and proc.poll() is None:
+                time.sleep(0.2)
+            proc.send_signal(signal.SIGINT)
+            out, _ = proc.communicate()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        remove_orphans_of_job(before, patience_s=2.)
+    return proc.returncode, out
 
 
-# ---------------------------------------------------------------- many ranks, many machines
+def test_sigint_saves_checkpoint_and_resume_is_bitwise_identical(tmp_path):
+    reference = straight_run(str(tmp_path.parent))
+    logdir = str(tmp_path / "interrupted")
+    rc, out = interrupt_when_logging(train_cmd("--n_epochs", "4", "--logdir", logdir, *TINY_RUN),
+                                     logdir)
+    assert rc == 130, f"expected exit code 130 (interrupted), got {rc}:\n{out[-3000:]}"
+    assert out.count("interrupted in epoch") == 1
+    DDPG.load(os.path.join(logdir, "policy_latest.npz"))  # complete and loadable
+    ckpt = arrays_of(checkpoint.checkpoint_path(logdir, 0))
+    assert int(ckpt["cycle"]) > 0, "the interrupt was expected mid-epoch"
+    assert not [f for f in os.listdir(logdir) if ".tmp" in f]
+    rc, out = run_cmd(train_cmd("--resume", logdir), 600)
+    assert rc == 0, out[-3000:]
+    assert_same_arrays(os.path.join(reference, "policy_latest.npz"),
+                       os.path.join(logdir, "policy_latest.npz"))
+    # the interrupted epoch's row too: its training success and losses span all its cycles
+    assert_same_progress(reference, logdir)
+
+
+def test_resume_at_epoch_boundary_is_bitwise_identical(tmp_path):
+    reference = straight_run(str(tmp_path.parent))
+    logdir = resumable_copy(str(tmp_path.parent), str(tmp_path / "two_plus_two"))
+    rc, out = run_cmd(train_cmd("--resume", logdir, "--n_epochs", "4"), 600)
+    assert rc == 0, out[-3000:]
+    for name in ("policy_latest.npz", os.path.join("checkpoint", "rank0.npz")):
+        assert_same_arrays(os.path.join(reference, name), os.path.join(logdir, name))
+    assert_same_progress(reference, logdir)
+
+
+def test_checkpoint_of_an_older_version_still_resumes(tmp_path):
+    """Checkpoints written before the epoch's training logs were saved lack their keys. At an
+    epoch boundary nothing is missing, so the run still continues exactly; mid-epoch it resumes
+    with a note."""
+    reference = straight_run(str(tmp_path.parent))
+    logdir = resumable_copy(str(tmp_path.parent), str(tmp_path / "old_checkpoint"))
+    path = checkpoint.checkpoint_path(logdir, 0)
+    old = {k: v for k, v in arrays_of(path).items() if not k.startswith("log/")}
+    assert len(old) < len(arrays_of(path))
+    np.savez(path, **old)
+    rc, out = run_cmd(train_cmd("--resume", logdir, "--n_epochs", "4"), 600)
+    assert rc == 0 and "note:" not in out, out[-3000:]
+    assert_same_arrays(os.path.join(reference, "policy_latest.npz"),
+                       os.path.join(logdir, "policy_latest.npz"))
+    assert_same_progress(reference, logdir)
+    # mid-epoch: resumable, the history starts empty, and the note says what that means
+    worker = RolloutWorker(DummyVecEnv([StubGoalEnv]), RecordingPolicy(2), {"o": 2, "g": 2},
+                           10, np.random.default_rng(0))
+    losses, note = checkpoint.restore_epoch_so_far(dict(old, cycle=np.array(3)), worker)
+    assert losses == [] and not worker.success_history and "epoch 2" in note
+
+
+def test_interrupt_after_the_last_cycle_resumes_with_the_same_row(tmp_path, monkeypatch):
+    """Stopped after an epoch's last cycle, before its test rollouts: the resumed run logs
+    that epoch from the saved history and losses alone (it runs no training cycle of it)."""
+    class StopAtRead:
+        """checkpoint.StopFlag's stand-in (no signal handlers): `requested`, read once per cycle,
+        is true at read number stop_at (None: never)."""
+        def __init__(self, stop_at):
+            self.stop_at, self.reads = stop_at, 0
+
+        @property
+        def requested(self):
+            self.reads += 1
+            return self.reads == self.stop_at
+    run = ["--n_epochs", "2", *TINY_RUN]  # 5 cycles per epoch: read 5 is epoch 0's last
+    reference, logdir = str(tmp_path / "reference"), str(tmp_path / "stopped")
+    monkeypatch.setattr(train, "StopFlag", lambda: StopAtRead(None))
+    assert train.main(["--logdir", reference, *run]) == 0
+    monkeypatch.setattr(train, "StopFlag", lambda: StopAtRead(5))
+    assert train.main(["--logdir", logdir, *run]) == 130
+    ckpt = arrays_of(checkpoint.checkpoint_path(logdir, 0))
+    assert (int(ckpt["epoch"]), int(ckpt["cycle"])) == (0, 5)
+    assert ckpt["log/train_losses"].shape == (5 * 20, 2)
+    monkeypatch.setattr(train, "StopFlag", lambda: StopAtRead(None))
+    assert train.main(["--resume", logdir]) == 0
+    assert_same_progress(reference, logdir)
+    assert_same_arrays(os.path.join(reference, "policy_latest.npz"),
+                       os.path.join(logdir, "policy_latest.npz"))
+
+
+def test_sigint_under_mpirun_then_resume_stays_in_sync(tmp_path):
+    logdir = str(tmp_path / "mpi")
+    args = ("--num_env", "2", "--n_epochs", "3", "--logdir", logdir, *TINY_RUN)
+    rc, out = interrupt_when_logging(train_cmd(*args, n_ranks=2), logdir)
+    assert rc == 130, f"expected exit code 130 (interrupted), got {rc}:\n{out[-3000:]}"
+    assert out.count("interrupted in epoch") == 1
+    for rank in (0, 1):
+        assert int(arrays_of(checkpoint.checkpoint_path(logdir, rank))["cycle"]) > 0
+    rc, out = run_cmd(train_cmd("--resume", logdir, n_ranks=2), 600)
+    assert rc == 0 and "2 rank(s) in sync" in out, out[-3000:]
+    rc, out = run_cmd(train_cmd("--resume", logdir, "--n_epochs", "4"), 120)  # 1 rank, not 2
+    assert_one_line_error(rc, out, 2, "mpirun -np 2")
+
+
+def test_resume_with_demos_is_bitwise_identical(tmp_path):
+    """A demo run resumed at an epoch boundary re-reads the demo file, and its normalisers
+    (restored) do not count the demos twice."""
+    dims, T, _, _ = goal_env.env_dims("FetchReach-v4")
+    path = random_demo_file(str(tmp_path / "reach.npz"), "FetchReach-v4", dims, T, n=6)
+    demo_run = ["--demo_file", path, "--num_demo", "5", "--bc_loss", "1", "--q_filter", "1",
+                "--demo_batch_size", "64", "--n_cycles", "2", "--n_batches", "5",
+                "--n_test_rollouts", "1", "--seed", "4"]
+    straight, resumed = str(tmp_path / "straight"), str(tmp_path / "resumed")
+    for logdir, n_epochs in ((straight, "2"), (resumed, "1")):
+        rc, out = run_cmd(train_cmd("--n_epochs", n_epochs, "--logdir", logdir, *demo_run), 300)
+        assert rc == 0, out[-3000:]
+    rc, out = run_cmd(train_cmd("--resume", resumed, "--n_epochs", "2"), 300)
+    assert rc == 0, out[-3000:]
+    for name in ("policy_latest.npz", os.path.join("checkpoint", "rank0.npz")):
+        assert_same_arrays(os.path.join(straight, name), os.path.join(resumed, name))
+    assert_same_progress(straight, resumed)
+
+
+def test_nonfinite_loss_stops_after_keeping_last_good_checkpoint(tmp_path):
+    logdir = str(tmp_path / "nan")
+    rc, out = run_cmd(train_cmd("--env", "test_all:NaNReach-v0", "--n_epochs", "3",
+                                "--n_cycles", "4", "--n_batches", "2", "--logdir", logdir), 300)
+    assert rc == 1 and "Traceback" not in out, out[-3000:]
+    assert "non-finite train/critic_loss" in out and "in epoch 1, cycle 1" in out, out[-3000:]
+    ckpt = arrays_of(checkpoint.checkpoint_path(logdir, 0))
+    assert (int(ckpt["epoch"]), int(ckpt["cycle"])) == (1, 0)  # end of epoch 0: the last good
+    assert all(np.isfinite(v).all() for k, v in ckpt.items() if v.dtype.kind == "f")
+
+
+def test_nonfinite_parameters_are_caught_even_when_the_losses_were_finite(tmp_path):
+    """The last update of a cycle can make the weights NaN after its loss was computed."""
+    from mpi4py import MPI
+
+    class NotInterrupted:
+        requested = False
+    policy, _, _ = fetch_reach_policy(np.random.default_rng(17), hidden=16)
+    policy.main.Q.theta[5] = np.inf
+    try:
+        checkpoint.stop_safely_if_needed([(0.1, 0.2)] * 3, NotInterrupted(), 2, 7, 0.5, policy, (),
+                                    str(tmp_path), MPI.COMM_WORLD)
+        raise AssertionError("non-finite critic parameters were not caught")
+    except checkpoint.NonFiniteError as e:
+        assert "non-finite critic parameters in epoch 2, cycle 7" in str(e)
+    assert os.listdir(tmp_path) == []  # nothing saved
+
 
 def test_ranks_without_a_shared_file_system_each_save_and_resume(tmp_path):
     """Two machines without a shared disk, played by two working directories: mpirun starts
@@ -2265,128 +1954,7 @@ def test_ranks_without_a_shared_file_system_each_save_and_resume(tmp_path):
         assert int(arrays_of(checkpoint.checkpoint_path(str(side / "run"), rank))["epoch"]) == 2
 
 
-def test_nineteen_ranks_update_as_one_process_summing_their_gradients():
-    """The arithmetic of the paper's 19 ranks, checked against a single-process reference."""
-    run_mpi_case(19, "many_ranks_vs_one_process", timeout=300)
-
-
-class OneRankComm:
-    """A world of one rank for the reference replicas below: every collective is a copy."""
-
-    def Get_size(self):
-        return 1
-
-    def Get_rank(self):
-        return 0
-
-    def Allreduce(self, send, recv):
-        recv[...] = send
-
-    def Bcast(self, buf, root=0):
-        pass
-
-
-class GradientRecorder:
-    """Stands in for a replica's MpiAdam: keeps the gradient, leaves the parameters alone."""
-
-    def update(self, g, stepsize):
-        self.g = g.astype(np.float64)
-
-    def check_synced(self):
-        pass
-
-
-SMALL_CYCLES, SMALL_BATCHES, SMALL_T = 2, 3, 5
-
-
-def small_ddpg(rank, comm):
-    """A small agent of rank `rank` (its own seed and data), episodes of SMALL_T steps."""
-    def reward_fun(ag_2, g):  # Fetch's form: 0 within 0.05 of the goal, else -1
-        return -(np.linalg.norm(ag_2 - g, axis=-1) > 0.05).astype(np.float32)
-    cfg = config.Config(hidden=16, layers=2, batch_size=32, buffer_size=1000)
-    params = config.ddpg_params(cfg, {"o": 2, "g": 3, "u": 4}, SMALL_T, 1.0)
-    rng = np.random.default_rng(1000 + rank)
-    return DDPG(params, make_sample_her_transitions("future", 4, reward_fun), rng, comm), rng
-
-
-def small_episodes(rank, cycle, rng):
-    ep = synthetic_episodes(2, SMALL_T, rng)
-    ep["o"] += 10 * rank + cycle  # (2, T+1, 2): every rank's data differs
-    return ep
-
-
-def mpi_case_many_ranks_vs_one_process(comm):
-    """Train `n` ranks for real, then rebuild the same run in rank 0 alone: n replicas whose
-    collectives are copies, with the aggregation done here by hand. Gradients: summed over
-    ranks in float64, then textbook Adam. Normaliser: numpy mean and std over every rank's
-    relabelled transitions. The real run must match it."""
-    rank, n = comm.Get_rank(), comm.Get_size()
-    policy, rng = small_ddpg(rank, comm)
-    for cycle in range(SMALL_CYCLES):
-        policy.store_episode(small_episodes(rank, cycle, rng))
-        for _ in range(SMALL_BATCHES):
-            policy.train()
-        policy.update_target_net()
-    if rank == 0:
-        reference = one_process_reference(n)
-        for name in ("Q", "pi"):
-            np.testing.assert_allclose(getattr(policy.main, name).theta, reference[name],
-                                       rtol=1e-4, atol=2e-6, err_msg=name)
-            np.testing.assert_allclose(getattr(policy.target, name).theta,
-                                       reference["target_" + name], rtol=1e-4, atol=2e-6)
-        for stats in ("o_stats", "g_stats"):
-            np.testing.assert_allclose(getattr(policy, stats).mean, reference[stats][0],
-                                       rtol=1e-5, atol=1e-6)
-            np.testing.assert_allclose(getattr(policy, stats).std, reference[stats][1],
-                                       rtol=1e-5, atol=1e-6)
-    policy.check_synced()
-
-
-def record_inputs(norm, seen):
-    """Let a Normalizer keep working, and append every array it is fed to `seen`."""
-    real_update = norm.update
-
-    def update(v):
-        seen.append(v.reshape(-1, norm.size))
-        real_update(v)
-    norm.update = update
-
-
-def one_process_reference(n):
-    replicas = [small_ddpg(r, OneRankComm()) for r in range(n)]
-    fed = {"o_stats": [], "g_stats": []}  # every array any replica's normaliser was fed
-    for policy, _ in replicas:
-        policy.main.copy_from(replicas[0][0].main)  # MpiAdam.sync: rank 0's initial weights
-        policy.target.copy_from(replicas[0][0].main)
-        policy.Q_adam, policy.pi_adam = GradientRecorder(), GradientRecorder()
-        for stats, seen in fed.items():
-            record_inputs(getattr(policy, stats), seen)
-    main = replicas[0][0].main
-    adams = {name: TextbookAdam(getattr(main, name).theta, lr=1e-3) for name in ("Q", "pi")}
-    for cycle in range(SMALL_CYCLES):
-        for rank, (policy, rng) in enumerate(replicas):
-            policy.store_episode(small_episodes(rank, cycle, rng))
-        for stats, seen in fed.items():  # mean and std over all ranks' data so far
-            data = np.concatenate(seen).astype(np.float64)
-            mean, std = data.mean(axis=0), np.maximum(data.std(axis=0), 0.01)
-            for policy, _ in replicas:
-                getattr(policy, stats).mean[...], getattr(policy, stats).std[...] = mean, std
-        for _ in range(SMALL_BATCHES):
-            for policy, _ in replicas:  # each rank's own batch and gradient, same parameters
-                policy.train()
-            for name, adam in adams.items():
-                # theta <- Adam(theta, sum over ranks of g_rank): what Allreduce(SUM) gives
-                adam.step(sum(getattr(policy, name + "_adam").g for policy, _ in replicas))
-                for policy, _ in replicas:
-                    getattr(policy.main, name).theta[...] = adam.theta
-        for policy, _ in replicas:
-            policy.update_target_net()
-    policy = replicas[0][0]
-    return {"Q": adams["Q"].theta, "pi": adams["pi"].theta,
-            "target_Q": policy.target.Q.theta, "target_pi": policy.target.pi.theta,
-            "o_stats": (policy.o_stats.mean, policy.o_stats.std),
-            "g_stats": (policy.g_stats.mean, policy.g_stats.std)}
-
+# ---------------------------------------------------------------- logger.py: the progress line
 
 class FakeClock:
     def __init__(self, step_s):
@@ -2462,7 +2030,7 @@ def test_output_is_terminal_sees_through_mpirun():
     assert proc.returncode == 0 and b"TERMINAL True" in out, out[-3000:]
 
 
-# ---------------------------------------------------------------- tracing (--trace)
+# ---------------------------------------------------------------- tracing.py: --trace
 
 TRACED_RUN = ("--num_env", "2", "--n_epochs", "1", "--n_cycles", "1", "--n_batches", "3",
               "--n_test_rollouts", "1", "--seed", "9")
@@ -2556,22 +2124,6 @@ def test_a_traced_run_computes_what_an_untraced_one_does(tmp_path):
     assert not os.path.exists(os.path.join(runs["untraced"], "trace"))
 
 
-def test_plot_trace_draws_the_traced_cycle_and_refuses_what_it_cannot(tmp_path):
-    import plot
-    runs = traced_and_untraced_runs(str(tmp_path.parent))
-    folder = os.path.join(runs["traced"], "trace")
-    k, n_cycles, shown = plot.traced_cycle(plot.read_trace(folder))
-    assert (k, n_cycles) == (0, 1) and {r["rank"] for r in shown} == {0, 1}
-    assert len(shown) == len([r for r in read_trace_rows(folder) if r["phase"] == "cycle"])
-    out = str(tmp_path / "cycle.png")
-    assert plot.main(["--trace", folder, "-o", out]) == 0 and os.path.getsize(out) > 10_000
-    for argv, phrase in (([str(tmp_path)], "no rank<r>.csv"), ([folder, "--cycle", "1"],
-                                                                  "no cycle 1")):
-        proc = subprocess.run([sys.executable, "plot.py", "--trace", *argv, "-o", out],
-                              cwd=HERE, capture_output=True, text=True, timeout=120)
-        assert_one_line_error(proc.returncode, proc.stdout + proc.stderr, 2, phrase)
-
-
 def test_bad_trace_input_gets_one_line_errors_before_training(tmp_path, capsys):
     assert_main_refuses(["--trace", "-1"], capsys, "--trace must be 0")
     logdir = tmp_path / "short"
@@ -2586,7 +2138,303 @@ def test_bad_trace_input_gets_one_line_errors_before_training(tmp_path, capsys):
     assert not logdir.exists() and not (blocked / "progress.csv").exists()
 
 
-# ---------------------------------------------------------------- plots and the README's numbers
+# ---------------------------------------------------------------- vecenv.py: env processes
+
+PROCESS_VEC_ENVS = pytest.mark.parametrize("VecEnvClass", [SubprocVecEnv, ShmemVecEnv])
+
+
+@PROCESS_VEC_ENVS
+def test_subproc_vecenv_matches_sequential_envs(VecEnvClass):
+    env_fns = [functools.partial(goal_env.make_env, "FetchPush-v4") for _ in range(3)]
+    rng = np.random.default_rng(6)
+    actions = rng.uniform(-1, 1, size=(20, 3, 4)).astype(np.float32)
+    seq = DummyVecEnv(env_fns)
+    with hang_guard(120):
+        sub = VecEnvClass(env_fns)
+        try:
+            for venv_obs in zip(*[_trajectory(v, actions) for v in (seq, sub)]):
+                a, b = venv_obs
+                for key in a[0]:
+                    np.testing.assert_array_equal(a[0][key], b[0][key])
+                np.testing.assert_array_equal(a[1], b[1])  # rewards
+                np.testing.assert_array_equal(a[2], b[2])  # dones
+                assert a[3] == b[3]  # infos
+        finally:
+            pids = [p.pid for p in sub.ps]
+            sub.close()
+            seq.close()
+    assert not any(p.is_alive() for p in sub.ps)
+    assert not set(pids) & {c.pid for c in mp.active_children()}
+    for pid in pids:  # reaped: not even a zombie is left
+        try:
+            os.waitpid(pid, os.WNOHANG)
+            raise AssertionError(f"env process {pid} still exists")
+        except ChildProcessError:
+            pass
+
+
+def _trajectory(venv, actions):
+    steps = [(venv.reset(seed=123), None, None, None)]
+    for u in actions:
+        steps.append(venv.step(u))
+    return steps
+
+
+@PROCESS_VEC_ENVS
+def test_subproc_vecenv_worker_exception_raises_clearly(VecEnvClass):
+    env_fns = [functools.partial(StubGoalEnv, fail_at=1000),
+               functools.partial(StubGoalEnv, fail_at=3)]
+    with hang_guard(60):
+        venv = VecEnvClass(env_fns)
+        venv.reset()
+        u = np.zeros((2, 2), np.float32)
+        venv.step(u)
+        venv.step(u)
+        try:
+            venv.step(u)
+            raise AssertionError("the failing env did not raise")
+        except RuntimeError as e:
+            assert "env process 1" in str(e) and "injected failure at step 3" in str(e)
+    assert not any(p.is_alive() for p in venv.ps)
+
+
+def test_shmem_vecenv_returns_arrays_that_the_next_step_leaves_alone():
+    venv = ShmemVecEnv([functools.partial(StubGoalEnv) for _ in range(2)])
+    try:
+        first = venv.reset()
+        kept = {k: v.copy() for k, v in first.items()}
+        second, _, _, _ = venv.step(np.zeros((2, 2), np.float32))
+        for key in kept:  # the stub counts steps: shared memory now holds 1, the copies 0
+            np.testing.assert_array_equal(first[key], kept[key])
+            assert (second[key] == 1).all() and (first[key] == 0).all()
+            assert not np.shares_memory(first[key], second[key])
+    finally:
+        venv.close()
+
+
+def gone(pid):
+    """The process has ended (reaped, or a zombie waiting for whoever adopted it)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+PARENT_THAT_DIES = """
+import functools, os, signal, sys
+sys.path.insert(0, {here!r})
+import numpy as np
+import test_all, vecenv
+venv = vecenv.{cls}([functools.partial(test_all.StubGoalEnv) for _ in range(2)])
+venv.reset(); venv.step(np.zeros((2, 2), np.float32))
+print("PIDS", *[p.pid for p in venv.ps], flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+@PROCESS_VEC_ENVS
+def test_vec_env_leaves_no_process_or_shared_memory_whoever_ends_it(VecEnvClass):
+    """close(), a crashed env process and a parent killed outright: afterwards no env process
+    is left and /dev/shm holds what it held before."""
+    before = shm_entries()
+    for how in ("close", "env process killed"):
+        venv = VecEnvClass([functools.partial(StubGoalEnv) for _ in range(2)])
+        venv.reset()
+        if how == "env process killed":
+            os.kill(venv.ps[0].pid, signal.SIGKILL)
+            with pytest.raises(RuntimeError, match="env process 0"):
+                venv.step(np.zeros((2, 2), np.float32))
+        venv.close()
+        assert all(gone(p.pid) for p in venv.ps), how
+        del venv
+        assert not {e for e in shm_entries() - before if not e.startswith("mpich_")}, how
+    code = PARENT_THAT_DIES.format(here=HERE, cls=VecEnvClass.__name__)
+    rc, out = run_cmd([sys.executable, "-c", code], 120)
+    assert rc == -signal.SIGKILL, out[-3000:]
+    pids = [int(p) for p in out.split("PIDS", 1)[1].split()]
+    with hang_guard(30):  # orphaned env processes see their pipe close and exit
+        while not all(gone(pid) for pid in pids):
+            time.sleep(0.1)
+    assert not {e for e in shm_entries() - before if not e.startswith("mpich_")}
+
+
+@PROCESS_VEC_ENVS
+def test_killed_env_worker_raises_naming_it_and_leaves_no_process(VecEnvClass):
+    env_fns = [functools.partial(goal_env.make_env, "FetchReach-v4") for _ in range(3)]
+    with hang_guard(60):
+        venv = VecEnvClass(env_fns)
+        venv.reset(seed=0)
+        u = np.zeros((3, 4), np.float32)
+        venv.step(u)
+        victim = venv.ps[1]
+        os.kill(victim.pid, signal.SIGKILL)
+        victim.join()
+        try:
+            venv.step(u)
+            raise AssertionError("stepping with a dead env process did not raise")
+        except RuntimeError as e:
+            assert f"env process 1 (pid {victim.pid}) died" in str(e)
+    assert not any(p.is_alive() for p in venv.ps)
+    for p in venv.ps:
+        try:
+            os.waitpid(p.pid, os.WNOHANG)
+            raise AssertionError(f"env process {p.pid} still exists (zombie)")
+        except ChildProcessError:
+            pass
+
+
+class OffSpaceGoalEnv(StubGoalEnv):
+    """StubGoalEnv whose achieved_goal, from step `at` on (0: from reset), is not what its
+    float32 (2,) space says: float64 (2,) (wrong="dtype") or float32 (3,) (wrong="shape")."""
+
+    def __init__(self, wrong, at):
+        super().__init__()
+        self.wrong, self.at = wrong, at
+
+    def _obs(self):
+        obs = super()._obs()
+        if self.t >= self.at:
+            obs["achieved_goal"] = (np.full(2, self.t, np.float64) if self.wrong == "dtype"
+                                    else np.full(3, self.t, np.float32))
+        return obs
+
+
+ONE_ACTION_PER_ENV = "for 2 envs; pass one action per env \\(shape \\(num_envs, dim_u\\)\\)"
+
+
+@PROCESS_VEC_ENVS
+def test_vec_env_refuses_actions_that_are_not_one_per_env(VecEnvClass):
+    """Extra rows were dropped silently, too few failed with an unrelated IndexError: now
+    refused before anything is sent, so every env is still at the same step afterwards."""
+    with hang_guard(60):
+        venv = VecEnvClass([functools.partial(StubGoalEnv) for _ in range(2)])
+        try:
+            venv.reset()
+            for u, got in ((np.zeros((3, 2)), "3 actions"), (np.zeros((1, 2)), "1 actions"),
+                           (np.zeros(2), r"actions of shape \(2,\)"),
+                           (np.zeros((2, 2, 1)), r"actions of shape \(2, 2, 1\)")):
+                with pytest.raises(ValueError,
+                                   match=f"^step_async got {got} {ONE_ACTION_PER_ENV}$"):
+                    venv.step(u)
+            obs, _, _, _ = venv.step(np.zeros((2, 2), np.float32))
+            assert (obs["observation"] == 1).all()  # no refused action reached an env
+        finally:
+            venv.close()
+    assert all(gone(p.pid) for p in venv.ps)
+
+
+@PROCESS_VEC_ENVS
+def test_vec_env_refuses_calls_out_of_turn(VecEnvClass):
+    """A reset, step_async or get_images with a step pending would read that step's answers as
+    its own, and step_wait with none pending would wait forever: each is refused, and the
+    pending step is still there to collect."""
+    u = np.zeros((2, 2), np.float32)
+    with hang_guard(60):
+        venv = VecEnvClass([functools.partial(StubGoalEnv) for _ in range(2)])
+        try:
+            venv.reset()
+            with pytest.raises(RuntimeError, match=rf"^{VecEnvClass.__name__}\.step_wait\(\) "
+                               r"called with no step pending; call step_async\(u\) first$"):
+                venv.step_wait()
+            venv.step_async(u)
+            for call, name in ((venv.reset, "reset"), (lambda: venv.step_async(u), "step_async"),
+                               (venv.get_images, "get_images")):
+                with pytest.raises(RuntimeError, match=rf"^{VecEnvClass.__name__}\.{name}\(\) "
+                                   r"called while a step is pending; call step_wait\(\) first$"):
+                    call()
+            obs, _, _, _ = venv.step_wait()
+            assert (obs["observation"] == 1).all()  # the step, answered once, and nothing else
+            assert (venv.reset()["observation"] == 0).all()
+            venv.step_async(u)  # left pending: close() collects it before closing
+        finally:
+            venv.close()
+    assert all(gone(p.pid) for p in venv.ps)
+
+
+@PROCESS_VEC_ENVS
+@pytest.mark.parametrize("wrong, at, received", [("dtype", 0, "float64 (2,)"),
+                                                 ("shape", 2, "float32 (3,)")])
+def test_vec_env_refuses_observations_unlike_their_space(VecEnvClass, wrong, at, received):
+    """ShmemVecEnv cast such an observation silently into shared memory, SubprocVecEnv passed it
+    on: both now refuse it in the env process, which reports the key, expected and received."""
+    u = np.zeros((2, 2), np.float32)
+    env_fns = [functools.partial(StubGoalEnv), functools.partial(OffSpaceGoalEnv, wrong, at)]
+    with hang_guard(60):
+        venv = VecEnvClass(env_fns)
+        try:
+            if at:  # every observation before step `at` is as its space says
+                venv.reset()
+                for _ in range(at - 1):
+                    venv.step(u)
+            with pytest.raises(RuntimeError, match=f"{VecEnvClass.__name__}: env process 1 "
+                               "raised") as e:
+                venv.step(u) if at else venv.reset()
+        finally:
+            venv.close()
+    assert ("TypeError: observation key 'achieved_goal': expected float32 (2,) (its space), "
+            f"received {received}; make the env return its space's dtype and shape") in str(e.value)
+    assert all(gone(p.pid) for p in venv.ps)
+
+
+def test_dummy_vecenv_refuses_what_the_process_vec_envs_refuse():
+    """The same refusals in one process (num_env 1 in train.py), so both accept the same envs."""
+    venv = DummyVecEnv([StubGoalEnv, functools.partial(OffSpaceGoalEnv, "dtype", 1)])
+    u = np.zeros((2, 2), np.float32)
+    venv.reset()
+    with pytest.raises(ValueError, match=f"^step_async got 3 actions {ONE_ACTION_PER_ENV}$"):
+        venv.step_async(np.zeros((3, 2)))
+    with pytest.raises(RuntimeError, match=r"DummyVecEnv\.step_wait\(\) called with no step"):
+        venv.step_wait()
+    venv.step_async(u)
+    for call in (venv.reset, lambda: venv.step_async(u)):
+        with pytest.raises(RuntimeError, match="called while a step is pending"):
+            call()
+    with pytest.raises(TypeError, match=r"^observation key 'achieved_goal': expected float32 "
+                       r"\(2,\) \(its space\), received float64 \(2,\);"):
+        venv.step_wait()
+    venv.close()
+
+
+def test_env_workers_never_touch_mpi_under_mpirun():
+    """An env process that imported mpi4py would initialise MPI as a second copy of its rank
+    and hang the job (vecenv.py's docstring says why)."""
+    run_mpi_case(2, "workers_without_mpi", timeout=120)
+
+
+# ---------------------------------------------------------------- demos.py: the demo controller
+
+def test_demo_controller_succeeds_and_writes_the_buffer_layout(tmp_path, capsys):
+    """demos.py on FetchPickAndPlace: its success rate printed, the file in the replay buffer's
+    layout, loadable without pickle, and every stored step replays in a fresh env."""
+    path = str(tmp_path / "demos.npz")
+    assert demos.main(["--num_demo", "4", "--out", path]) == 0
+    out = capsys.readouterr().out
+    rate = float(out.split("success rate ")[1].split()[0])
+    assert rate >= 0.8, out
+    dims, T, _, _ = goal_env.env_dims("FetchPickAndPlace-v4")
+    with np.load(path, allow_pickle=False) as data:
+        assert str(data["env"]) == "FetchPickAndPlace-v4" and int(data["T"]) == T
+    ep = files.load_demos(path, "FetchPickAndPlace-v4", dims, T, num_demo=4)
+    assert ep["o"].shape == (4, T + 1, dims["o"]) and ep["ag"].shape == (4, T + 1, dims["g"])
+    assert ep["g"].shape == (4, T, dims["g"]) and ep["u"].shape == (4, T, dims["u"])
+    assert ep["info_is_success"].shape == (4, T, 1)
+    assert all(v.dtype == np.float32 for v in ep.values())
+    assert np.all(ep["info_is_success"][:, -1, 0] == 1)  # only successful episodes are kept
+    assert np.abs(ep["u"]).max() <= 1
+    # Episode 0 of a fully successful run reset with seed 0: replay its actions.
+    if rate == 1:
+        env = goal_env.make_env("FetchPickAndPlace-v4")
+        obs, _ = env.reset(seed=0)
+        for t in range(T):
+            np.testing.assert_allclose(ep["o"][0, t], obs["observation"], rtol=1e-5, atol=1e-6)
+            np.testing.assert_allclose(ep["g"][0, t], obs["desired_goal"], rtol=1e-6)
+            obs, _, _, _, _ = env.step(ep["u"][0, t])
+        np.testing.assert_allclose(ep["ag"][0, T], obs["achieved_goal"], rtol=1e-5, atol=1e-6)
+        env.close()
+
+
+# ---------------------------------------------------------------- plot.py and docs: plots, tables
 
 def write_synthetic_run(run_dir, seed, success, n_ranks=2, epoch_s=20.0, **settings):
     os.makedirs(run_dir)
@@ -2676,6 +2524,22 @@ def test_scaling_figure_and_table_one_row_per_rank_count(tmp_path):
     assert table[3] == "| 19 x 2 | 1 | 6 | 95,000 | 475 | 80 | 0.10 | 1.00 | 1 | 2 |"
     run = plot.read_run(dirs[1])
     assert np.allclose(run["hours"], 475. * np.arange(1, 7) / 3600.)
+
+
+def test_plot_trace_draws_the_traced_cycle_and_refuses_what_it_cannot(tmp_path):
+    import plot
+    runs = traced_and_untraced_runs(str(tmp_path.parent))
+    folder = os.path.join(runs["traced"], "trace")
+    k, n_cycles, shown = plot.traced_cycle(plot.read_trace(folder))
+    assert (k, n_cycles) == (0, 1) and {r["rank"] for r in shown} == {0, 1}
+    assert len(shown) == len([r for r in read_trace_rows(folder) if r["phase"] == "cycle"])
+    out = str(tmp_path / "cycle.png")
+    assert plot.main(["--trace", folder, "-o", out]) == 0 and os.path.getsize(out) > 10_000
+    for argv, phrase in (([str(tmp_path)], "no rank<r>.csv"), ([folder, "--cycle", "1"],
+                                                                  "no cycle 1")):
+        proc = subprocess.run([sys.executable, "plot.py", "--trace", *argv, "-o", out],
+                              cwd=HERE, capture_output=True, text=True, timeout=120)
+        assert_one_line_error(proc.returncode, proc.stdout + proc.stderr, 2, phrase)
 
 
 def test_plot_tables_in_docs_results_match_committed_csvs():
@@ -2799,12 +2663,185 @@ def test_every_relative_link_and_anchor_in_the_docs_resolves(tmp_path):
         ["missing.md", "page.md#nowhere"]
 
 
-# ---------------------------------------------------------------- MPI cases (run under mpirun)
+# ---------------------------------------------------------------- MPI cases: run under mpirun
 
-def test_env_workers_never_touch_mpi_under_mpirun():
-    """An env process that imported mpi4py would initialise MPI as a second copy of its rank
-    and hang the job (vecenv.py's docstring says why)."""
-    run_mpi_case(2, "workers_without_mpi", timeout=120)
+def mpi_case_mpi_adam(comm):
+    """Ranks with different local gradients end identical, equal to Adam on the sum (HER's
+    scale_grad_by_procs=False) or on the mean (the default True, which is what baselines'
+    MpiAdamOptimizer does); and summing equals averaging with epsilon / n_ranks."""
+    rank, n = comm.Get_rank(), comm.Get_size()
+    rng = np.random.default_rng(0)  # same stream on every rank: every rank knows all gradients
+    init = [rng.normal(size=(4, 3)).astype(np.float32), rng.normal(size=7).astype(np.float32)]
+    local_grads = rng.normal(size=(5, n, 19)).astype(np.float32)  # (steps, rank, size)
+    # epsilon = 0.5: Adam is nearly blind to a constant factor on g, so only a large epsilon
+    # tells the summed gradient from the averaged one.
+    for scale_grad_by_procs, epsilon in ((False, 1e-8), (True, 1e-8), (False, 0.5), (True, 0.5)):
+        adam, params = mpi_adam_after(local_grads, init, scale_grad_by_procs, epsilon, comm)
+        combined = local_grads.sum(axis=1) if not scale_grad_by_procs else local_grads.mean(axis=1)
+        ref = textbook_adam(np.concatenate([p.ravel() for p in init]), combined.astype(np.float64),
+                            0.01, epsilon=epsilon)
+        np.testing.assert_allclose(adam.getflat(), ref, rtol=1e-5, atol=1e-6)
+        all_thetas = comm.allgather(adam.getflat().tobytes())  # [MPI] test only
+        assert all(t == all_thetas[0] for t in all_thetas), "ranks differ after updates"
+        adam.check_synced()  # must pass
+    # The sum is n times the mean, so m_t grows n-fold and so does sqrt(v_t): the step
+    # m_t / (sqrt(v_t) + eps) on the sum is the step on the mean with eps / n.
+    summed, _ = mpi_adam_after(local_grads, init, False, 0.5, comm)
+    averaged, _ = mpi_adam_after(local_grads, init, True, 0.5 / n, comm)
+    np.testing.assert_allclose(summed.getflat(), averaged.getflat(), rtol=1e-5, atol=1e-6)
+    # A deliberate divergence on the last rank must make check_synced raise on EVERY rank.
+    if rank == n - 1:
+        params[1][0] += 1e-3
+    try:
+        adam.check_synced()
+        raised = False
+    except RuntimeError as e:
+        raised = "diverged" in str(e)
+    assert all(comm.allgather(raised)), "check_synced did not fail on every rank"  # [MPI]
+
+
+def mpi_adam_after(local_grads, init, scale_grad_by_procs, epsilon, comm):
+    """An MpiAdam that started from diverged parameters, was synced and then took one step per
+    row of local_grads (steps, rank, size) with this rank's gradient. Returns (adam, params)."""
+    rank = comm.Get_rank()
+    params = [p + rank for p in init]  # diverged on purpose; sync() must repair it
+    adam = MpiAdam(params, epsilon=epsilon, scale_grad_by_procs=scale_grad_by_procs, comm=comm)
+    adam.sync()
+    np.testing.assert_array_equal(adam.getflat(), np.concatenate([p.ravel() for p in init]))
+    for t in range(len(local_grads)):
+        adam.update(local_grads[t, rank], stepsize=0.01)
+    return adam, params
+
+
+def mpi_case_normalizer(comm):
+    rank, n = comm.Get_rank(), comm.Get_size()
+    data = normalizer_data(rank)
+    norm = Normalizer(4, eps=0.01, default_clip_range=5, comm=comm)
+    half = len(data) // 2
+    norm.update(data[:half])
+    norm.recompute_stats()
+    norm.update(data[half:])
+    norm.recompute_stats()
+    all_data = np.concatenate([normalizer_data(r) for r in range(n)])
+    check_normalizer_against_numpy(norm, all_data)
+
+
+class OneRankComm:
+    """A world of one rank for the reference replicas below: every collective is a copy."""
+
+    def Get_size(self):
+        return 1
+
+    def Get_rank(self):
+        return 0
+
+    def Allreduce(self, send, recv):
+        recv[...] = send
+
+    def Bcast(self, buf, root=0):
+        pass
+
+
+class GradientRecorder:
+    """Stands in for a replica's MpiAdam: keeps the gradient, leaves the parameters alone."""
+
+    def update(self, g, stepsize):
+        self.g = g.astype(np.float64)
+
+    def check_synced(self):
+        pass
+
+
+SMALL_CYCLES, SMALL_BATCHES, SMALL_T = 2, 3, 5
+
+
+def small_ddpg(rank, comm):
+    """A small agent of rank `rank` (its own seed and data), episodes of SMALL_T steps."""
+    def reward_fun(ag_2, g):  # Fetch's form: 0 within 0.05 of the goal, else -1
+        return -(np.linalg.norm(ag_2 - g, axis=-1) > 0.05).astype(np.float32)
+    cfg = config.Config(hidden=16, layers=2, batch_size=32, buffer_size=1000)
+    params = config.ddpg_params(cfg, {"o": 2, "g": 3, "u": 4}, SMALL_T, 1.0)
+    rng = np.random.default_rng(1000 + rank)
+    return DDPG(params, make_sample_her_transitions("future", 4, reward_fun), rng, comm), rng
+
+
+def small_episodes(rank, cycle, rng):
+    ep = synthetic_episodes(2, SMALL_T, rng)
+    ep["o"] += 10 * rank + cycle  # (2, T+1, 2): every rank's data differs
+    return ep
+
+
+def mpi_case_many_ranks_vs_one_process(comm):
+    """Train `n` ranks for real, then rebuild the same run in rank 0 alone: n replicas whose
+    collectives are copies, with the aggregation done here by hand. Gradients: summed over
+    ranks in float64, then textbook Adam. Normaliser: numpy mean and std over every rank's
+    relabelled transitions. The real run must match it."""
+    rank, n = comm.Get_rank(), comm.Get_size()
+    policy, rng = small_ddpg(rank, comm)
+    for cycle in range(SMALL_CYCLES):
+        policy.store_episode(small_episodes(rank, cycle, rng))
+        for _ in range(SMALL_BATCHES):
+            policy.train()
+        policy.update_target_net()
+    if rank == 0:
+        reference = one_process_reference(n)
+        for name in ("Q", "pi"):
+            np.testing.assert_allclose(getattr(policy.main, name).theta, reference[name],
+                                       rtol=1e-4, atol=2e-6, err_msg=name)
+            np.testing.assert_allclose(getattr(policy.target, name).theta,
+                                       reference["target_" + name], rtol=1e-4, atol=2e-6)
+        for stats in ("o_stats", "g_stats"):
+            np.testing.assert_allclose(getattr(policy, stats).mean, reference[stats][0],
+                                       rtol=1e-5, atol=1e-6)
+            np.testing.assert_allclose(getattr(policy, stats).std, reference[stats][1],
+                                       rtol=1e-5, atol=1e-6)
+    policy.check_synced()
+
+
+def record_inputs(norm, seen):
+    """Let a Normalizer keep working, and append every array it is fed to `seen`."""
+    real_update = norm.update
+
+    def update(v):
+        seen.append(v.reshape(-1, norm.size))
+        real_update(v)
+    norm.update = update
+
+
+def one_process_reference(n):
+    replicas = [small_ddpg(r, OneRankComm()) for r in range(n)]
+    fed = {"o_stats": [], "g_stats": []}  # every array any replica's normaliser was fed
+    for policy, _ in replicas:
+        policy.main.copy_from(replicas[0][0].main)  # MpiAdam.sync: rank 0's initial weights
+        policy.target.copy_from(replicas[0][0].main)
+        policy.Q_adam, policy.pi_adam = GradientRecorder(), GradientRecorder()
+        for stats, seen in fed.items():
+            record_inputs(getattr(policy, stats), seen)
+    main = replicas[0][0].main
+    adams = {name: TextbookAdam(getattr(main, name).theta, lr=1e-3) for name in ("Q", "pi")}
+    for cycle in range(SMALL_CYCLES):
+        for rank, (policy, rng) in enumerate(replicas):
+            policy.store_episode(small_episodes(rank, cycle, rng))
+        for stats, seen in fed.items():  # mean and std over all ranks' data so far
+            data = np.concatenate(seen).astype(np.float64)
+            mean, std = data.mean(axis=0), np.maximum(data.std(axis=0), 0.01)
+            for policy, _ in replicas:
+                getattr(policy, stats).mean[...], getattr(policy, stats).std[...] = mean, std
+        for _ in range(SMALL_BATCHES):
+            for policy, _ in replicas:  # each rank's own batch and gradient, same parameters
+                policy.train()
+            for name, adam in adams.items():
+                # theta <- Adam(theta, sum over ranks of g_rank): what Allreduce(SUM) gives
+                adam.step(sum(getattr(policy, name + "_adam").g for policy, _ in replicas))
+                for policy, _ in replicas:
+                    getattr(policy.main, name).theta[...] = adam.theta
+        for policy, _ in replicas:
+            policy.update_target_net()
+    policy = replicas[0][0]
+    return {"Q": adams["Q"].theta, "pi": adams["pi"].theta,
+            "target_Q": policy.target.Q.theta, "target_pi": policy.target.pi.theta,
+            "o_stats": (policy.o_stats.mean, policy.o_stats.std),
+            "g_stats": (policy.g_stats.mean, policy.g_stats.std)}
 
 
 def mpi_case_workers_without_mpi(comm):

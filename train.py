@@ -40,12 +40,12 @@ from checkpoint import (Interrupted, NonFiniteError, StopFlag, checkpoint_path, 
                         stop_safely_if_needed)
 from config import (ArgumentParser, config_flags, ddpg_params,  # noqa: E402
                     given_config_args, parse_reward_range, shared_config)
-from goal_env import build_venv, check_policy_fits, describe_env  # noqa: E402
 from ddpg import DDPG, POLICY_KEYS, policy_params  # noqa: E402
 from files import BadFileError, UsageError, atomic_write_text, load_demos, load_npz  # noqa: E402
+from goal_env import build_venv, check_policy_fits, describe_env  # noqa: E402
 from her import make_sample_her_transitions  # noqa: E402
 from logger import CycleProgress, EpochLogger, output_is_terminal  # noqa: E402
-from mpi_util import abort_job, agree, mpi_average, report  # noqa: E402
+from mpi_util import agree, mpi_average, run_on_every_rank  # noqa: E402
 from rollout import RolloutWorker  # noqa: E402
 from tracing import Tracer  # noqa: E402
 
@@ -272,19 +272,10 @@ def main(argv=None):
     from mpi4py import MPI
     tracer = Tracer(args.trace)
     comm = tracer.wrap_comm(MPI.COMM_WORLD)  # with --trace, it records every MPI call
-    try:
-        run(shared_config(args, comm), args, comm, tracer)
-    except (UsageError, BadFileError) as e:
-        return report(comm, f"train.py: error: {e}", 2)
-    except NonFiniteError as e:
-        return report(comm, f"train.py: {e}", 1)
-    except Interrupted as e:
-        return report(comm, f"train.py: {e}", 130)
-    except BaseException:
-        if comm.Get_size() == 1:
-            raise
-        abort_job(comm)
-    return 0
+    return run_on_every_rank(comm, "train.py",
+                             lambda: run(shared_config(args, comm), args, comm, tracer),
+                             {UsageError: (2, "error: "), BadFileError: (2, "error: "),
+                              NonFiniteError: (1, ""), Interrupted: (130, "")})
 
 
 if __name__ == "__main__":
