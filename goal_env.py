@@ -47,7 +47,7 @@ def make_env(env_id, render_mode=None):
 
 def env_dims(env_id):
     """(dims, T, max_u, reward_fun) of a goal task; see describe_env."""
-    d = describe_env(env_id)
+    d = describe_env(env_id, need_range=False)  # nothing here needs the reward range
     return d["dims"], d["T"], d["max_u"], d["reward_fun"]
 
 

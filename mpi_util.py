@@ -14,8 +14,8 @@ What MPICH leaves behind: each job's ranks share a memory segment /dev/shm/mpich
 MPICH unlinks in MPI_Finalize. A job that ends in MPI_Abort (a rank raised, see
 `run_on_every_rank`) or is killed by a signal never gets there, and its segment stays until
 the machine reboots; its size grows with the number of ranks (about 1 MB per rank: measured
-2.1 MB at 2 ranks, 4.2 MB at 4, 20 MB at 19). `remove_orphaned_mpich_segments()` deletes those that no process has open or
-mapped any more:
+2.1 MB at 2 ranks, 4.2 MB at 4, 20 MB at 19). `remove_orphaned_mpich_segments()` deletes
+those that no process has open or mapped any more:
     python -c "import mpi_util; print(mpi_util.remove_orphaned_mpich_segments())"
 
 Every line that talks to other ranks carries the comment tag `[MPI]`.

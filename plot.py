@@ -18,8 +18,8 @@ cycle: a lane per rank, its time in MPI calls (who waits for whom) and waiting f
 Run:
     python plot.py runs/* -o results/fetch.png     # the figure
     python plot.py results/* --table               # the markdown table docs/results.md shows
-    python plot.py results/FetchPush-v4-* --scaling FetchPush-v4 -o results/scaling.png
-    python plot.py results/FetchPush-v4-* --scaling FetchPush-v4 --table
+    python plot.py results/FetchPush-v4-*x2-seed[0-9] --scaling FetchPush-v4 -o results/scaling.png
+    python plot.py results/FetchPush-v4-*x2-seed[0-9] --scaling FetchPush-v4 --table
     python plot.py --trace runs/<run>/trace -o cycle.png [--cycle K]   # one traced cycle
 Test: `python -m pytest -q test_all.py -k plot`.
 """
@@ -222,7 +222,7 @@ def first_epoch_at(run, level):
     return next((int(e) for e, s in zip(run["epoch"], run["success"]) if s >= level), None)
 
 
-def scaling_table(run_dirs, env, after_epochs=(5, 10, 20)):
+def scaling_table(run_dirs, env, after_epochs=(5, 10, 15, 20, 25)):
     """Markdown, one row per rank count of one env: cost per epoch and learning speed."""
     groups = {key: runs for key, runs in group_runs([read_run(d) for d in run_dirs]).items()
               if key[0] == env}

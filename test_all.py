@@ -2553,9 +2553,16 @@ def test_plot_tables_in_docs_results_match_committed_csvs():
         page = f.read()
     assert plot.results_table(run_dirs) in page, \
         "docs/results.md's results table differs from `python plot.py results/* --table`"
-    push = [d for d in run_dirs if os.path.basename(d).startswith("FetchPush-v4-")]
+    import fnmatch
+    push = [d for d in run_dirs if fnmatch.fnmatch(os.path.basename(d),
+                                                   "FetchPush-v4-*x2-seed[0-9]")]
     assert plot.scaling_table(push, "FetchPush-v4") in page, "docs/results.md's scaling table " \
-        "differs from `python plot.py results/FetchPush-v4-* --scaling FetchPush-v4 --table`"
+        "differs from `python plot.py results/FetchPush-v4-*x2-seed[0-9] --scaling FetchPush-v4" \
+        " --table`"
+    strategies = [d for d in run_dirs if os.path.basename(d).startswith("FetchPush-v4-4x2-")]
+    assert plot.scaling_table(strategies, "FetchPush-v4") in page, "docs/results.md's table " \
+        "of HER strategies differs from `python plot.py results/FetchPush-v4-4x2-* --scaling " \
+        "FetchPush-v4 --table`"
 
 
 def test_every_mpi_call_is_tagged_and_in_the_readme_table():
