@@ -12,15 +12,16 @@ arrays of shape (num_env, dim). Gradients never pass through here, and nothing h
 
 Deviations from baselines, on purpose:
   * No auto-reset. baselines resets an env inside step() when it reports done, which makes the
-    HER rollout loop lose the last transition of each episode. Here the caller (her.RolloutWorker)
-    steps exactly T times and then calls reset(), so every episode keeps all T transitions.
+    HER rollout loop lose the last transition of each episode. Here the caller
+    (rollout.RolloutWorker) steps exactly T times and then calls reset(), so every episode
+    keeps all T transitions.
   * step() returns gymnasium's done = terminated or truncated, and the per-env info dicts.
   * Env processes are started with the `spawn` method and never import mpi4py. A forked
     child would share its rank's MPI state (sockets, shared memory), which MPI does not allow
     to be shared; a spawned child starts clean but re-imports the main script, and if that
     imported mpi4py, MPI would initialise in the child with its rank's environment, as a
     second copy of that rank, and the job would hang or abort. That is why train.py imports
-    mpi4py inside main() and mpi_adam.py only on first use.
+    mpi4py inside main() and mpi_util.world_comm only on first use.
   * Refused, with a one-line error: actions not one row per env, a call out of turn (reset or
     step_async with a step pending, step_wait with none), and an observation whose dtype or shape
     is not its space's (checked in the env process; baselines' ShmemVecEnv casts it silently).
