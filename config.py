@@ -1,4 +1,4 @@
-"""The configuration of a run: Config, the command line made from it, and what is read off the env.
+"""The configuration of a run: Config, the command line made from it, and their checks.
 
 Mirrors openai/baselines `her/experiment/config.py` (DEFAULT_PARAMS, DEFAULT_ENV_PARAMS,
 prepare_params, configure_dims, configure_her, configure_ddpg). Implements the hyperparameters of
@@ -13,7 +13,7 @@ Here, in this order:
   * the command line, and shared_config: rank 0's configuration, broadcast to every rank.
 What is read off the env (baselines' configure_dims and its tmp env) is in goal_env.py.
 
-Test: `python -m pytest -q test_all.py -k "config or command_line or goal_task or reward"`.
+Test: `python -m pytest -q test_all.py -k "config or command_lines or gamma_flag or cloning"`.
 """
 import argparse
 import dataclasses
