@@ -59,11 +59,11 @@ def row(name, value, unit, note=""):
     print(f"{name:<58} {value:>10.3f} {unit:<8} {note}", flush=True)
 
 
-def make_policy(buffer_size=1_000_000, n_episodes=200, seed=0, env=ENV, **config):
-    """A FetchPush-sized agent with n_episodes of random episodes stored; `config` overrides
+def make_policy(buffer_size=1_000_000, n_episodes=200, seed=0, env=ENV, **overrides):
+    """A FetchPush-sized agent with n_episodes of random episodes stored; `overrides` are
     config.Config fields."""
     dims, T, max_u, reward_fun = goal_env.env_dims(env)
-    cfg = config.Config(env=env, buffer_size=buffer_size, **config)
+    cfg = config.Config(env=env, buffer_size=buffer_size, **overrides)
     rng = np.random.default_rng(seed)
     policy = DDPG(config.ddpg_params(cfg, dims, T, max_u),
                   make_sample_her_transitions("future", 4, reward_fun), rng)

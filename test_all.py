@@ -42,7 +42,7 @@ gives the -k expression of its tests: `python -m pytest -q test_all.py -k "EXPRE
   16. tracing.py: -k "test_trace or traced_run or bad_trace"
   17. vecenv.py: -k "vec_env or subproc_vecenv or shmem_vecenv or dummy_vecenv or env_worker"
   18. demos.py: -k "demo_controller"
-  19. plot.py and the docs: -k "plot or scaling or docs or tagged"
+  19. plot.py, bench.py and the docs: -k "plot or scaling or docs or tagged or bench"
   20. mpi_case_*, under mpirun: -k "test_mpi_adam or normalizer_under or nineteen or never_touch"
 """
 import os
@@ -57,6 +57,7 @@ import json  # noqa: E402
 import functools  # noqa: E402
 import io  # noqa: E402
 import multiprocessing as mp  # noqa: E402
+import re  # noqa: E402
 import shutil  # noqa: E402
 import signal  # noqa: E402
 import subprocess  # noqa: E402
@@ -77,7 +78,6 @@ import files  # noqa: E402
 import goal_env  # noqa: E402
 import logger  # noqa: E402
 import mpi_util  # noqa: E402
-import play  # noqa: E402
 import train  # noqa: E402
 from actor_critic import MLP, ActorCritic  # noqa: E402
 from ddpg import DDPG  # noqa: E402
@@ -808,11 +808,11 @@ def test_play_save_video_writes_every_frame_of_an_episode(tmp_path):
 
 def test_save_video_bad_input_gets_one_line_and_writes_nothing(tmp_path):
     path = saved_reach_policy(tmp_path)
-    play = [path, "--n_test_rollouts", "1"]
-    cases = [(play + ["--save_video", str(tmp_path / "no" / "dir.gif")], {}, "not writable"),
-             (play + ["--save_video", str(tmp_path / "out.avi")], {}, "only animated GIFs"),
+    args = [path, "--n_test_rollouts", "1"]
+    cases = [(args + ["--save_video", str(tmp_path / "no" / "dir.gif")], {}, "not writable"),
+             (args + ["--save_video", str(tmp_path / "out.avi")], {}, "only animated GIFs"),
              (["--save_video", str(tmp_path / "x.gif")], {}, "POLICY.npz"),
-             (play + ["--save_video", str(tmp_path / "x.gif")], {"MUJOCO_GL": "nonsense"},
+             (args + ["--save_video", str(tmp_path / "x.gif")], {"MUJOCO_GL": "nonsense"},
               "cannot render off screen")]
     for argv, env, phrase in cases:
         proc = subprocess.run(play_cmd(*argv), cwd=HERE, capture_output=True, text=True,
@@ -2059,7 +2059,6 @@ def read_trace_rows(folder):
 
 def readme_mpi_table_rows():
     """{'file.py:function': (when, how often)} from README's table of every cross-rank call."""
-    import re
     with open(os.path.join(HERE, "README.md")) as f:
         readme = f.read()
     start = readme.index("### Every call that crosses ranks")
@@ -2076,7 +2075,6 @@ def readme_mpi_table_rows():
 def expected_calls(how_often, n_batches):
     """(calls per cycle, calls outside cycles) that README's 'how often' cell states, for a run
     of one epoch of one cycle with n_batches updates and no demos."""
-    import re
     def number(pattern):
         match = re.search(pattern, how_often)
         return int(match[1]) if match else None
@@ -2434,7 +2432,7 @@ def test_demo_controller_succeeds_and_writes_the_buffer_layout(tmp_path, capsys)
         env.close()
 
 
-# ---------------------------------------------------------------- plot.py and docs: plots, tables
+# ---------------------------------------------------------------- plot.py, bench.py and docs
 
 def write_synthetic_run(run_dir, seed, success, n_ranks=2, epoch_s=20.0, **settings):
     os.makedirs(run_dir)
@@ -2487,8 +2485,8 @@ def test_plot_never_takes_a_run_with_its_own_replay_strategy_or_k_for_another_se
             "random_gamma": ([0.0, 0.3], dict(replay_strategy="random", gamma=0.9)),
             "old": ([0.2, 0.3], {})}  # a version without the two keys: future, k = 4
     dirs = {name: str(tmp_path / name) for name in runs}
-    for name, (success, config) in runs.items():
-        write_synthetic_run(dirs[name], int(name == "old"), success, n_ranks=1, **config)
+    for name, (success, settings) in runs.items():
+        write_synthetic_run(dirs[name], int(name == "old"), success, n_ranks=1, **settings)
     with open(os.path.join(dirs["old"], "config.json")) as f:
         cfg = json.load(f)
     del cfg["replay_strategy"], cfg["replay_k"]
@@ -2542,6 +2540,23 @@ def test_plot_trace_draws_the_traced_cycle_and_refuses_what_it_cannot(tmp_path):
         assert_one_line_error(proc.returncode, proc.stdout + proc.stderr, 2, phrase)
 
 
+def test_bench_update_section_runs_and_prints_its_ratios():
+    """bench.py is not timed here (no timing asserts); this only proves its update section
+    still builds an agent from Config and prints every row with a finite number."""
+    rc, out = run_cmd(train_cmd("--only", "update", "--quick", script="bench.py"), timeout=300)
+    assert rc == 0, out
+    rows = {}
+    for line in out.splitlines():
+        m = re.match(r"(\S.*?)\s{2,}(-?[0-9.]+) (ms|x)\b", line)
+        if m:
+            rows[m.group(1)] = float(m.group(2))
+    for name in ("GEMM floor of one update", "DDPG.train() update", "HER sampling of a batch",
+                 "normalising it", "MpiAdam.update, critic"):
+        assert any(k.startswith(name) and np.isfinite(v) and v > 0 for k, v in rows.items()), \
+            (name, out)
+    assert "ratio to floor" in out, out
+
+
 def test_plot_tables_in_docs_results_match_committed_csvs():
     """docs/results.md shows the results and scaling tables that plot.py makes of results/."""
     import plot
@@ -2568,7 +2583,6 @@ def test_plot_tables_in_docs_results_match_committed_csvs():
 def test_every_mpi_call_is_tagged_and_in_the_readme_table():
     """The README promises that `grep "# [MPI]"` lists every line that talks to other ranks and
     that its table names every comm method the code calls: a new call must keep both true."""
-    import re
     with open(os.path.join(HERE, "README.md")) as f:
         readme = f.read()
     start = readme.index("### Every call that crosses ranks")
@@ -2611,7 +2625,6 @@ def test_every_mpi_call_is_tagged_and_in_the_readme_table():
 def markdown_links(text):
     """The targets of the [text](target) links and ![alt](target) images of a markdown page,
     outside code blocks and code spans."""
-    import re
     text = re.sub(r"^[ \t]*```.*?^[ \t]*```", "", text, flags=re.M | re.S)  # code blocks
     text = re.sub(r"`[^`\n]*`", "", text)  # code spans
     return re.findall(r"\]\(([^()\s]+)\)", text)
@@ -2620,7 +2633,6 @@ def markdown_links(text):
 def heading_anchors(text):
     """The anchors GitHub makes of a page's headings: lowercase; every character other than a
     letter, digit, space, hyphen or underscore dropped; spaces to hyphens."""
-    import re
     text = re.sub(r"^[ \t]*```.*?^[ \t]*```", "", text, flags=re.M | re.S)
     headings = re.findall(r"^#{1,6}[ \t]+(.+?)[ \t#]*$", text, flags=re.M)
     return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in headings}
@@ -2628,7 +2640,6 @@ def heading_anchors(text):
 
 def broken_links(page):
     """'page: target (why)' for every relative link of a markdown page that does not resolve."""
-    import re
     with open(page) as f:
         text = f.read()
     broken = []
