@@ -2,7 +2,7 @@
 # The HER goal-strategy runs of docs/results.md: FetchPush-v4 at 4 ranks x 2 envs, 25 epochs each,
 # one run at a time; a run that was stopped (Ctrl-C saves a checkpoint) is resumed. Each run's
 # progress.csv and config.json then go to results/<its folder>; a run already complete there is
-# skipped. 20 to 55 minutes a run on 2 cores, with the machine's speed (docs/results.md).
+# skipped. 20 to 60 minutes a run on 2 cores, with the machine's speed (docs/results.md).
 #   bash results/her-strategies.sh
 cd "$(dirname "$0")/.."
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1
