@@ -38,7 +38,8 @@ from ddpg import DDPG  # noqa: E402
 from her import make_sample_her_transitions  # noqa: E402
 from logger import EpochLogger  # noqa: E402
 from rollout import RolloutWorker  # noqa: E402
-from vecenv import DummyVecEnv, ShmemVecEnv, SubprocVecEnv  # noqa: E402
+from shmem_vecenv import ShmemVecEnv  # noqa: E402
+from vecenv import DummyVecEnv, SubprocVecEnv  # noqa: E402
 
 ENV = "FetchPush-v4"
 

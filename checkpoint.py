@@ -11,13 +11,16 @@ of one leaving the others waiting in an Allreduce for ever.
 
 Test: `python -m pytest -q test_all.py -k "resume or sigint or nonfinite or checkpoint"`.
 """
+import multiprocessing as mp
 import os
 import signal
+import sys
 
 import numpy as np
 
 from ddpg import POLICY_KEYS
 from files import UsageError, atomic_savez, load_npz
+from mpi_util import save_on_every_rank
 
 CHECKPOINT_KEYS = POLICY_KEYS + ("epoch", "cycle", "n_ranks", "rng_json", "Q_adam/m")
 
@@ -30,19 +33,24 @@ class Interrupted(Exception):
     """Ctrl-C (SIGINT) or SIGTERM, after the checkpoint was saved: exit code 130."""
 
 
-def checkpoint_path(logdir, rank):
-    return os.path.join(logdir, "checkpoint", f"rank{rank}.npz")
+def checkpoint_path(logdir, rank, previous=False):
+    """rank<r>.npz: this rank's newest checkpoint; rank<r>.prev.npz: the one before it."""
+    return os.path.join(logdir, "checkpoint", f"rank{rank}{'.prev' if previous else ''}.npz")
 
 
 def save_checkpoint(logdir, epoch, cycle, best, policy, workers, comm, losses=()):
     """Every rank writes its own complete state; (epoch, cycle) is where training resumes.
-    losses: the epoch's (critic, actor) losses so far, for the epoch's progress.csv row."""
+    losses: the epoch's (critic, actor) losses so far, for the epoch's progress.csv row.
+    The checkpoint it replaces becomes rank<r>.prev.npz, and stays until this one is complete:
+    a rank killed mid-save (the others done) still has the position every rank shares."""
     arrays = policy.checkpoint_arrays()
     arrays.update(epoch_so_far_arrays(workers[0], losses, cycle))
     arrays.update(epoch=np.array(epoch), cycle=np.array(cycle), best=np.array(best),
                   n_ranks=np.array(comm.Get_size()),
                   n_episodes=np.array([w.n_episodes for w in workers]))
-    atomic_savez(checkpoint_path(logdir, comm.Get_rank()), arrays)
+    rank = comm.Get_rank()
+    atomic_savez(checkpoint_path(logdir, rank), arrays,
+                 keep_previous=checkpoint_path(logdir, rank, previous=True))
 
 
 def epoch_so_far_arrays(rollout_worker, losses, cycle):
@@ -69,31 +77,81 @@ def restore_epoch_so_far(arrays, rollout_worker):
     return losses, note
 
 
-def read_checkpoint(run_dir, comm):
-    """This rank's checkpoint arrays (local: no MPI calls), or UsageError/BadFileError."""
-    path = checkpoint_path(run_dir, comm.Get_rank())
-    arrays = load_npz(path, CHECKPOINT_KEYS, "checkpoint")
-    if int(arrays["n_ranks"]) != comm.Get_size():
-        raise UsageError(f"{path} was written by a run of {int(arrays['n_ranks'])} ranks; resume "
-                         f"it with mpirun -np {int(arrays['n_ranks'])}, not {comm.Get_size()}")
-    return arrays
+def checkpoint_positions(run_dir, rank, n_ranks):
+    """{(epoch, cycle): path} of this rank's readable checkpoints, newest and previous (local:
+    no MPI calls). Reads the few scalars only, not the replay buffer."""
+    positions, problem = {}, None
+    for path in (checkpoint_path(run_dir, rank), checkpoint_path(run_dir, rank, previous=True)):
+        if not os.path.exists(path):
+            continue
+        try:
+            with np.load(path, allow_pickle=False) as data:
+                epoch, cycle, ranks = (int(data[key]) for key in ("epoch", "cycle", "n_ranks"))
+        except Exception:  # unreadable or not ours: load_npz says why if nothing else is left
+            problem = problem or path
+            continue
+        if ranks != n_ranks:
+            raise UsageError(f"{path} was written by a run of {ranks} ranks; resume it with "
+                             f"mpirun -np {ranks}, not {n_ranks}")
+        positions.setdefault((epoch, cycle), path)
+    if not positions:  # nothing readable: the one-line reason of the newest file
+        load_npz(problem or checkpoint_path(run_dir, rank), CHECKPOINT_KEYS, "checkpoint")
+    return positions
+
+
+def common_position(run_dir, positions, comm):
+    """Collective: the newest (epoch, cycle) whose checkpoint every rank has, and a note if
+    some rank's newest is later (a rank was stopped while the others had saved)."""
+    everyone = comm.allgather(sorted(positions))  # [MPI]
+    shared = set.intersection(*map(set, everyone))
+    if not shared:
+        raise UsageError(f"the checkpoints in {run_dir}/checkpoint share no epoch (ranks at "
+                         f"{[max(p) for p in everyone]}); start a new run")
+    epoch, cycle = max(shared)
+    note = None
+    if any(max(p) != (epoch, cycle) for p in everyone):
+        note = (f"note: not every rank has its newest checkpoint (a run stopped while saving); "
+                f"every rank resumes from epoch {epoch}, cycle {cycle}, which they all have")
+    return (epoch, cycle), note
+
+
+def read_checkpoint(path):
+    """The arrays of one checkpoint file (local: no MPI calls), or BadFileError."""
+    return load_npz(path, CHECKPOINT_KEYS, "checkpoint")
 
 
 # ---------------------------------------------------------------- stopping safely
 
 class StopFlag:
     """SIGINT/SIGTERM only raise a flag; the loop stops at the next cycle boundary, where all
-    ranks agree and save. A second signal stops at once (KeyboardInterrupt)."""
+    ranks agree and save. A second signal means "now, not saved": end_at_once()."""
 
-    def __init__(self):
+    def __init__(self, logdir, announce):
         self.requested = False
+        self.logdir, self.announce = logdir, announce  # announce: print the one line (rank 0)
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, self._handle)
 
     def _handle(self, signum, frame):
         if self.requested:
-            raise KeyboardInterrupt
+            end_at_once(signum, self.logdir, self.announce)
         self.requested = True
+
+
+def end_at_once(signum, logdir, announce):
+    """Kill this rank's env processes and exit 130 here, in the signal handler. Easy to miss:
+    raising KeyboardInterrupt instead would unwind through whatever was running (a half-read
+    step, an Allreduce the other ranks never join, a close() that waits on an env process),
+    which can hang. Env processes ignore SIGINT, so they are killed, not interrupted. Under
+    mpirun, a second Ctrl-C makes mpirun itself kill every rank; a second SIGTERM comes here
+    on every rank."""
+    for child in mp.active_children():  # this rank's env processes
+        child.kill()
+    if announce:
+        print(f"train.py: {signal.Signals(signum).name} again: stopped at once, without saving; "
+              f"--resume {logdir} continues from the last checkpoint", file=sys.stderr,
+              flush=True)
+    os._exit(130)
 
 
 def stop_safely_if_needed(losses, stop, epoch, cycle, best, policy, workers, logdir, comm):
@@ -119,8 +177,9 @@ def stop_safely_if_needed(losses, stop, epoch, cycle, best, policy, workers, log
                              f"(rank {rank}); training stopped; the last good checkpoint, from "
                              f"before this epoch, is in {logdir} (--resume)")
     if any(requested for requested, _ in statuses):
-        save_checkpoint(logdir, epoch, cycle + 1, best, policy, workers, comm, losses)
-        if comm.Get_rank() == 0:
+        save_on_every_rank(comm, save_checkpoint, logdir, epoch, cycle + 1, best, policy,
+                           workers, comm, losses)
+        if comm.Get_rank() == 0:  # after the checkpoint: the policy file is the smaller loss
             policy.save(os.path.join(logdir, "policy_latest.npz"))
         raise Interrupted(f"interrupted in epoch {epoch} after cycle {cycle}: saved "
                           f"policy_latest.npz and checkpoint/ in {logdir}; continue with "

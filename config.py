@@ -40,6 +40,7 @@ class Config:
     env: str = "FetchReach-v4"  # gymnasium-robotics goal task; module:EnvId imports module first
     num_env: int = 1  # envs per rank = episodes per rollout; > 1: one env process per env
     vec_env: str = "subproc"  # env processes send observations by 'subproc' pipe or 'shmem'
+    env_timeout: float = 300.  # seconds an env process may take to answer, or the run ends; 0: none
     n_epochs: int = 50  # epochs to train
     n_cycles: int = 50  # cycles per epoch (FetchReach: 10)
     n_batches: int = 40  # gradient updates per cycle
@@ -113,7 +114,7 @@ def validate_config(cfg):
     for name in positive:
         if getattr(cfg, name) < 1:
             raise UsageError(f"--{name} must be at least 1, got {getattr(cfg, name)}")
-    for name in ("n_epochs", "n_test_rollouts", "replay_k", "policy_save_interval",
+    for name in ("env_timeout", "n_epochs", "n_test_rollouts", "replay_k", "policy_save_interval",
                  "sync_check_interval", "Q_lr", "pi_lr", "action_l2", "noise_eps",
                  "prm_loss_weight", "aux_loss_weight"):
         if not getattr(cfg, name) >= 0:  # written so that NaN fails too

@@ -14,6 +14,7 @@ not ours).
 
 Test: `python -m pytest -q test_all.py -k "atomic or bad_ or demo"`.
 """
+import contextlib
 import os
 
 import numpy as np
@@ -27,20 +28,38 @@ class BadFileError(ValueError):
     """A policy or checkpoint file that is missing, truncated or not ours (one-line message)."""
 
 
-def atomic_savez(path, arrays):
-    """np.savez to a temporary file in the same folder, then rename over `path`: a reader (or
-    a crash at any moment) sees either the old complete file or the new complete file."""
+class SaveError(Exception):
+    """A file of the run could not be written (disk full, no permission, ...): one line that
+    names the file and the error, exit code 1. The previous complete file, if any, is kept."""
+
+
+@contextlib.contextmanager
+def atomic_file(path, mode="wb", keep_previous=None):
+    """Write `path` through a temporary file in the same folder, renamed over `path` once it is
+    complete and on disk: a reader, or a crash at any moment, sees either the old complete file
+    or the new complete file, never half of one. With keep_previous, the old file is first
+    renamed to that name, so the two newest versions both stay whole. Any OSError (a full disk,
+    a folder removed) becomes a one-line SaveError; the temporary file is removed."""
     tmp = f"{path}.tmp{os.getpid()}"
     try:
-        with open(tmp, "wb") as f:
-            np.savez(f, **arrays)
+        with open(tmp, mode, **({} if "b" in mode else dict(newline=""))) as f:
+            yield f
             f.flush()
-            os.fsync(f.fileno())
+            os.fsync(f.fileno())  # on disk before the rename makes it the file of record
+        if keep_previous and os.path.exists(path):
+            os.replace(path, keep_previous)
         os.replace(tmp, path)
-    except BaseException:
+    except OSError as e:
+        raise SaveError(f"cannot write {path}: {e.strerror or e}") from None
+    finally:
         if os.path.exists(tmp):
             os.remove(tmp)
-        raise
+
+
+def atomic_savez(path, arrays, keep_previous=None):
+    """np.savez through atomic_file()."""
+    with atomic_file(path, "wb", keep_previous) as f:
+        np.savez(f, **arrays)
 
 
 def load_npz(path, required_keys, what, writer="train.py"):
@@ -66,11 +85,9 @@ def load_npz(path, required_keys, what, writer="train.py"):
 
 
 def atomic_write_text(path, text):
-    """Write to a temporary file, then rename: readers never see half a file."""
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w", newline="") as f:
+    """A text file through atomic_file()."""
+    with atomic_file(path, "w") as f:
         f.write(text)
-    os.replace(tmp, path)
 
 
 # ---------------------------------------------------------------- the demo file (Nair et al. 2018)

@@ -21,7 +21,8 @@ import io
 import numpy as np
 
 from files import UsageError
-from vecenv import DummyVecEnv, ShmemVecEnv, SubprocVecEnv
+from shmem_vecenv import ShmemVecEnv
+from vecenv import DummyVecEnv, SubprocVecEnv
 
 # --vec_env: how env processes send their observations to the rank (vecenv.py).
 VEC_ENVS = {"subproc": SubprocVecEnv, "shmem": ShmemVecEnv}
@@ -169,7 +170,9 @@ def reward_range(reward_fun, goals, achieved=None):
 def build_venv(cfg, render_mode=None):
     env_fns = [functools.partial(make_env, cfg.env, render_mode) for _ in range(cfg.num_env)]
     # One env runs inside the rank, with no env process; baselines too uses DummyVecEnv then.
-    return VEC_ENVS[cfg.vec_env](env_fns) if cfg.num_env > 1 else DummyVecEnv(env_fns)
+    if cfg.num_env == 1:
+        return DummyVecEnv(env_fns)
+    return VEC_ENVS[cfg.vec_env](env_fns, timeout=cfg.env_timeout)
 
 
 def check_policy_fits(params, path, env_id, dims):

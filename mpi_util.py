@@ -28,7 +28,7 @@ import traceback
 
 import numpy as np
 
-from files import UsageError
+from files import SaveError, UsageError
 
 
 def world_comm():
@@ -47,13 +47,25 @@ def mpi_average(value, comm=None):
     return float(total[0] / max(total[1], 1.0))
 
 
-def agree(comm, error):
-    """Collective: raise UsageError on every rank if any rank hit one (first rank's message).
-    Called after the purely local checks, before anything collective can hang."""
+def agree(comm, error, error_class=UsageError):
+    """Collective: raise error_class on every rank if any rank hit an error (the first rank's
+    message). Called after purely local work, before anything collective can hang."""
     errors = comm.allgather(error)  # [MPI]
     first = next((e for e in errors if e), None)
     if first:
-        raise UsageError(first)
+        raise error_class(first)
+
+
+def save_on_every_rank(comm, save, *args):
+    """Collective: save(*args) on this rank; if writing failed on any rank (a full disk), every
+    rank raises that SaveError, instead of the failed rank leaving the others waiting in the
+    next Allreduce."""
+    try:
+        save(*args)
+        error = None
+    except SaveError as e:
+        error = str(e)
+    agree(comm, error, SaveError)
 
 
 def report(comm, message, code):

@@ -11,7 +11,7 @@ Run:
     mpirun -np 2 python play.py POLICY.npz --num_env 2       # more episodes, in parallel
 
 With --save_video, rank 0 renders env 0 off screen (EGL where there is no display) and writes
-its episodes as an animated GIF through vecenv.VecVideoRecorder.
+its episodes as an animated GIF through VecVideoRecorder (baselines' vec_video_recorder.py).
 
 Test: `python -m pytest -q test_all.py -k "play or video"`.
 """
@@ -28,11 +28,50 @@ import numpy as np  # noqa: E402
 
 from config import ArgumentParser, config_flags, make_config, validate_config  # noqa: E402
 from ddpg import DDPG, POLICY_KEYS, policy_params  # noqa: E402
-from files import BadFileError, UsageError, load_npz  # noqa: E402
+from files import BadFileError, UsageError, atomic_file, load_npz  # noqa: E402
 from goal_env import build_venv, check_policy_fits, describe_env  # noqa: E402
 from mpi_util import agree, mpi_average, run_on_every_rank  # noqa: E402
 from rollout import RolloutWorker  # noqa: E402
-from vecenv import VecVideoRecorder  # noqa: E402
+from vecenv import VecEnv  # noqa: E402
+
+class VecVideoRecorder(VecEnv):
+    """Wraps a VecEnv and keeps a frame of env 0 after every reset and step: T+1 frames an
+    episode (baselines vec_video_recorder.py, which writes MP4 through ffmpeg; here frames go
+    to an animated GIF with Pillow, which matplotlib already needs)."""
+
+    def __init__(self, venv, scale=0.5):
+        super().__init__(venv.num_envs, venv.observation_space, venv.action_space)
+        self.venv, self.scale, self.frames = venv, scale, []
+
+    def _record(self):
+        frame = self.venv.get_images()[0]  # (height, width, 3) uint8
+        step = max(1, int(round(1 / self.scale)))
+        self.frames.append(np.ascontiguousarray(frame[::step, ::step]))  # smaller GIF
+
+    def reset(self, seed=None):
+        obs = self.venv.reset(seed=seed)
+        self._record()
+        return obs
+
+    def step_async(self, u):
+        self.venv.step_async(u)
+
+    def step_wait(self):
+        result = self.venv.step_wait()
+        self._record()
+        return result
+
+    def close(self):
+        self.venv.close()
+
+    def save_gif(self, path, fps=25):
+        """Every recorded frame, as one looping animated GIF, written atomically."""
+        from PIL import Image
+        images = [Image.fromarray(frame) for frame in self.frames]
+        with atomic_file(path) as f:
+            images[0].save(f, format="GIF", save_all=True, append_images=images[1:],
+                           duration=1000 // fps, loop=0, optimize=True)
+
 
 # The Config fields that matter when only test rollouts are run.
 PLAY_FIELDS = ("env", "num_env", "vec_env", "n_test_rollouts", "seed")

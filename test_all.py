@@ -62,6 +62,7 @@ import shutil  # noqa: E402
 import signal  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
+import threading  # noqa: E402
 import time  # noqa: E402
 import traceback  # noqa: E402
 
@@ -86,7 +87,8 @@ from mpi_adam import MpiAdam  # noqa: E402
 from normalizer import Normalizer  # noqa: E402
 from replay import ReplayBuffer  # noqa: E402
 from rollout import RolloutWorker  # noqa: E402
-from vecenv import DummyVecEnv, ShmemVecEnv, SubprocVecEnv  # noqa: E402
+from shmem_vecenv import ShmemVecEnv
+from vecenv import DummyVecEnv, SubprocVecEnv  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -345,10 +347,12 @@ def sample_from(strategy, replay_k, n_eps=40, T=10, batch=100_000, seed=7):
 
 class StubGoalEnv:
     """A goal env without physics (picklable, for env processes): observations are the step
-    count; it raises at step `fail_at`, and is_success is 1 exactly at the steps in success_at."""
+    count; it raises at step `fail_at`, and is_success is 1 exactly at the steps in success_at.
+    Each step takes `delay_s` seconds; from step `hang_at` on, a step never returns."""
 
-    def __init__(self, fail_at=None, success_at=()):
+    def __init__(self, fail_at=None, success_at=(), delay_s=0., hang_at=None):
         self.fail_at, self.success_at, self.t = fail_at, success_at, 0
+        self.delay_s, self.hang_at = delay_s, hang_at
         box = gym.spaces.Box(-1, 1, (2,), np.float32)
         self.observation_space = gym.spaces.Dict(
             observation=box, achieved_goal=box, desired_goal=box)
@@ -366,6 +370,7 @@ class StubGoalEnv:
         self.t += 1
         if self.t == self.fail_at:
             raise ValueError(f"injected failure at step {self.t}")
+        time.sleep(3600 if self.hang_at is not None and self.t >= self.hang_at else self.delay_s)
         return self._obs(), -1.0, False, False, {"is_success": float(self.t in self.success_at),
                                                  "mpi_imported": "mpi4py.MPI" in sys.modules}
 
@@ -386,12 +391,18 @@ class RecordingPolicy:
 
 
 class FaultyReach(gym.Wrapper):
-    """FetchReach-v4 that, from its `at_step`-th step on, raises or returns NaN observations;
-    only on MPI rank `rank` (None: every rank). Registered below as test_all:*Reach-v0."""
+    """FetchReach-v4 that, from its `at_step`-th step on, raises, returns NaN observations,
+    hangs (a step that never returns: a simulator deadlock) or sleeps 0-40 ms a step, so that
+    env processes answer out of step ("slow"); only on MPI rank `rank` (None: every rank).
+    With $FAULT_PID_DIR set, each env writes its pid there, for a test to check that no env
+    process outlives its run. Registered below as test_all:*Reach-v0."""
 
     def __init__(self, fault, rank, at_step):
         super().__init__(goal_env.make_env("FetchReach-v4"))
         self.fault, self.rank, self.at_step, self.n_steps = fault, rank, at_step, 0
+        self.rng = np.random.default_rng(os.getpid())
+        if os.environ.get("FAULT_PID_DIR"):
+            open(os.path.join(os.environ["FAULT_PID_DIR"], str(os.getpid())), "w").close()
 
     def step(self, u):
         self.n_steps += 1
@@ -400,7 +411,12 @@ class FaultyReach(gym.Wrapper):
         if self.n_steps >= self.at_step and self.rank in (None, my_rank):
             if self.fault == "raise":
                 raise RuntimeError(f"injected env failure on rank {my_rank}")
-            obs = dict(obs, observation=np.full_like(obs["observation"], np.nan))
+            if self.fault == "hang":
+                time.sleep(3600)
+            if self.fault == "slow":
+                time.sleep(self.rng.uniform(0, 0.04))
+            if self.fault == "nan":
+                obs = dict(obs, observation=np.full_like(obs["observation"], np.nan))
         return obs, r, terminated, truncated, info
 
 
@@ -409,6 +425,15 @@ gym.register("RaiseOnRank1Reach-v0", entry_point="test_all:FaultyReach", max_epi
 # step 800 = the last step of cycle 1 of epoch 1 (epoch 0: 4 cycles + 10 test episodes of 50)
 gym.register("NaNReach-v0", entry_point="test_all:FaultyReach", max_episode_steps=50,
              kwargs=dict(fault="nan", rank=None, at_step=800))
+gym.register("HangReach-v0", entry_point="test_all:FaultyReach", max_episode_steps=50,
+             kwargs=dict(fault="hang", rank=None, at_step=30))
+gym.register("SlowReach-v0", entry_point="test_all:FaultyReach", max_episode_steps=50,
+             kwargs=dict(fault="slow", rank=None, at_step=1))
+
+
+def env_processes_left(pid_dir):
+    """The pids written to pid_dir (FaultyReach) of processes that still exist."""
+    return [pid for pid in map(int, os.listdir(pid_dir)) if not gone(pid)]
 
 
 # ---------------------------------------------------------------- train.py: runs, end to end
@@ -1854,14 +1879,14 @@ def test_interrupt_after_the_last_cycle_resumes_with_the_same_row(tmp_path, monk
             return self.reads == self.stop_at
     run = ["--n_epochs", "2", *TINY_RUN]  # 5 cycles per epoch: read 5 is epoch 0's last
     reference, logdir = str(tmp_path / "reference"), str(tmp_path / "stopped")
-    monkeypatch.setattr(train, "StopFlag", lambda: StopAtRead(None))
+    monkeypatch.setattr(train, "StopFlag", lambda *args, **kwargs: StopAtRead(None))
     assert train.main(["--logdir", reference, *run]) == 0
-    monkeypatch.setattr(train, "StopFlag", lambda: StopAtRead(5))
+    monkeypatch.setattr(train, "StopFlag", lambda *args, **kwargs: StopAtRead(5))
     assert train.main(["--logdir", logdir, *run]) == 130
     ckpt = arrays_of(checkpoint.checkpoint_path(logdir, 0))
     assert (int(ckpt["epoch"]), int(ckpt["cycle"])) == (0, 5)
     assert ckpt["log/train_losses"].shape == (5 * 20, 2)
-    monkeypatch.setattr(train, "StopFlag", lambda: StopAtRead(None))
+    monkeypatch.setattr(train, "StopFlag", lambda *args, **kwargs: StopAtRead(None))
     assert train.main(["--resume", logdir]) == 0
     assert_same_progress(reference, logdir)
     assert_same_arrays(os.path.join(reference, "policy_latest.npz"),
@@ -1880,6 +1905,107 @@ def test_sigint_under_mpirun_then_resume_stays_in_sync(tmp_path):
     assert rc == 0 and "2 rank(s) in sync" in out, out[-3000:]
     rc, out = run_cmd(train_cmd("--resume", logdir, "--n_epochs", "4"), 120)  # 1 rank, not 2
     assert_one_line_error(rc, out, 2, "mpirun -np 2")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_second_signal_ends_every_process_of_the_run_at_once(tmp_path, monkeypatch, sig):
+    """The first signal asks for a stop at the cycle's end; a second one, while env processes
+    answer out of step (SlowReach), ends the run there: one line, exit code 130, no env
+    process left."""
+    pid_dir, logdir = tmp_path / "pids", str(tmp_path / "run")
+    pid_dir.mkdir()
+    monkeypatch.setenv("FAULT_PID_DIR", str(pid_dir))
+    cmd = train_cmd("--env", "test_all:SlowReach-v0", "--num_env", "2", "--n_epochs", "2",
+                    "--logdir", logdir, *TINY_RUN)
+    proc = subprocess.Popen(cmd, cwd=HERE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    try:
+        with hang_guard(300):
+            started = checkpoint.checkpoint_path(logdir, 0)  # saved just before the loop
+            while not os.path.exists(started) and proc.poll() is None:
+                time.sleep(0.1)
+            time.sleep(1.)  # the first cycle has begun
+            proc.send_signal(sig)
+            time.sleep(0.3)
+            proc.send_signal(sig)
+            out, _ = proc.communicate()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130 and "Traceback" not in out, out[-3000:]
+    assert [line for line in out.splitlines() if "again" in line] == [
+        f"train.py: {sig.name} again: stopped at once, without saving; --resume {logdir} "
+        "continues from the last checkpoint"], out[-3000:]
+    assert len(os.listdir(pid_dir)) >= 2  # the env processes (and the rank's describe_env)
+    with hang_guard(10):  # SIGKILLed: gone as soon as the kernel has reaped them
+        while env_processes_left(pid_dir):
+            time.sleep(0.1)
+
+
+@pytest.mark.parametrize("n_ranks", [1, 2])
+def test_a_hung_env_process_ends_the_run_naming_it(tmp_path, monkeypatch, n_ranks):
+    """From step 30 every env's step never returns: each rank names the env process that did
+    not answer within --env_timeout, and the run (under mpirun: the whole job) ends, leaving
+    no process behind, hung or not."""
+    pid_dir, logdir = tmp_path / "pids", str(tmp_path / "run")
+    pid_dir.mkdir()
+    monkeypatch.setenv("FAULT_PID_DIR", str(pid_dir))
+    rc, out = run_cmd(train_cmd("--env", "test_all:HangReach-v0", "--num_env", "2",
+                                "--env_timeout", "5", "--n_epochs", "1", "--logdir", logdir,
+                                *TINY_RUN, n_ranks=n_ranks), 300)
+    assert rc != 0, out[-3000:]
+    assert re.search(r"env process [01] \(pid \d+\) did not answer 'step' within 5 s "
+                     r"\(--env_timeout\); it and its siblings were killed", out), out[-3000:]
+    assert len(os.listdir(pid_dir)) >= 2 * n_ranks
+    with hang_guard(30):
+        while env_processes_left(pid_dir):
+            time.sleep(0.1)
+
+
+def test_a_full_disk_is_one_line_and_the_run_resumes_on_another(tmp_path):
+    """A 16 MB tmpfs as the log dir fills up within the run's first epochs: one line naming
+    the file, exit code 1, nothing half-written; copied to a disk with space, --resume ends
+    as the run that never stopped, each progress.csv row once."""
+    reference = straight_run(str(tmp_path.parent))
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    rc, out = run_cmd(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(disk)], 30)
+    if rc != 0:
+        pytest.skip(f"cannot mount a tmpfs here (needs root): {out.strip()[-200:]}")
+    try:
+        logdir = str(disk / "run")
+        rc, out = run_cmd(train_cmd("--n_epochs", "4", "--logdir", logdir, *TINY_RUN), 600)
+        assert_one_line_error(rc, out, 1, "train.py: error: cannot write " + logdir,
+                              "No space left on device")
+        assert not [name for _, _, names in os.walk(logdir) for name in names if ".tmp" in name]
+        moved = shutil.copytree(logdir, tmp_path / "moved")
+    finally:
+        subprocess.run(["umount", str(disk)], check=True)
+    rc, out = run_cmd(train_cmd("--resume", str(moved)), 600)
+    assert rc == 0, out[-3000:]
+    assert_same_progress(reference, str(moved))
+
+
+def test_a_rank_stopped_mid_save_resumes_from_the_epoch_every_rank_has(tmp_path):
+    """Rank 1 stopped while saving epoch 2's checkpoint, rank 0 done: rank 1's newest is epoch
+    1's. --resume goes back to epoch 1 on every rank, says so, and ends as the run that never
+    stopped, each progress.csv row once."""
+    straight, logdir = str(tmp_path / "straight"), str(tmp_path / "stopped")
+    for path, n_epochs in ((straight, "3"), (logdir, "2")):
+        rc, out = run_cmd(train_cmd("--n_epochs", n_epochs, "--logdir", path, *TINY_RUN,
+                                    n_ranks=2), 600)
+        assert rc == 0, out[-3000:]
+    assert sorted(os.listdir(os.path.join(logdir, "checkpoint"))) == [
+        "rank0.npz", "rank0.prev.npz", "rank1.npz", "rank1.prev.npz"]
+    shutil.copy(checkpoint.checkpoint_path(logdir, 1, previous=True),
+                checkpoint.checkpoint_path(logdir, 1))
+    epochs = [int(arrays_of(checkpoint.checkpoint_path(logdir, r))["epoch"]) for r in (0, 1)]
+    assert epochs == [2, 1]
+    rc, out = run_cmd(train_cmd("--resume", logdir, "--n_epochs", "3", n_ranks=2), 600)
+    assert rc == 0 and "2 rank(s) in sync" in out, out[-3000:]
+    assert out.count("every rank resumes from epoch 1, cycle 0, which they all have") == 1
+    assert_same_progress(straight, logdir)
 
 
 def test_resume_with_demos_is_bitwise_identical(tmp_path):
@@ -1944,9 +2070,9 @@ def test_ranks_without_a_shared_file_system_each_save_and_resume(tmp_path):
     rc, out = run_cmd(two_machines("--logdir", "run", "--n_epochs", "1", *TINY_RUN), 300)
     assert rc == 0 and "2 rank(s) in sync" in out, out[-3000:]
     assert sorted(os.listdir(b / "run")) == ["checkpoint"]  # rank 1 writes only its checkpoint
-    assert os.listdir(b / "run" / "checkpoint") == ["rank1.npz"]
+    assert sorted(os.listdir(b / "run" / "checkpoint")) == ["rank1.npz", "rank1.prev.npz"]
     assert os.path.exists(a / "run" / "config.json")
-    assert os.listdir(a / "run" / "checkpoint") == ["rank0.npz"]
+    assert sorted(os.listdir(a / "run" / "checkpoint")) == ["rank0.npz", "rank0.prev.npz"]
     rc, out = run_cmd(two_machines("--resume", "run", "--n_epochs", "2"), 300)
     assert rc == 0 and "2 rank(s) in sync" in out, out[-3000:]
     assert [r["epoch"] for r in read_progress(str(a / "run"))] == ["0", "1"]
@@ -2194,6 +2320,9 @@ def test_subproc_vecenv_worker_exception_raises_clearly(VecEnvClass):
         except RuntimeError as e:
             assert "env process 1" in str(e) and "injected failure at step 3" in str(e)
     assert not any(p.is_alive() for p in venv.ps)
+    with pytest.raises(RuntimeError, match=r"step_async\(\) called after it was closed \(env "
+                       r"process 1 raised ValueError: injected failure at step 3\); make a new"):
+        venv.step(u)  # not "a step is pending"
 
 
 def test_shmem_vecenv_returns_arrays_that_the_next_step_leaves_alone():
@@ -2223,8 +2352,8 @@ PARENT_THAT_DIES = """
 import functools, os, signal, sys
 sys.path.insert(0, {here!r})
 import numpy as np
-import test_all, vecenv
-venv = vecenv.{cls}([functools.partial(test_all.StubGoalEnv) for _ in range(2)])
+import test_all, {module}
+venv = {module}.{cls}([functools.partial(test_all.StubGoalEnv) for _ in range(2)])
 venv.reset(); venv.step(np.zeros((2, 2), np.float32))
 print("PIDS", *[p.pid for p in venv.ps], flush=True)
 os.kill(os.getpid(), signal.SIGKILL)
@@ -2247,7 +2376,8 @@ def test_vec_env_leaves_no_process_or_shared_memory_whoever_ends_it(VecEnvClass)
         assert all(gone(p.pid) for p in venv.ps), how
         del venv
         assert not {e for e in shm_entries() - before if not e.startswith("mpich_")}, how
-    code = PARENT_THAT_DIES.format(here=HERE, cls=VecEnvClass.__name__)
+    code = PARENT_THAT_DIES.format(here=HERE, module=VecEnvClass.__module__,
+                                   cls=VecEnvClass.__name__)
     rc, out = run_cmd([sys.executable, "-c", code], 120)
     assert rc == -signal.SIGKILL, out[-3000:]
     pids = [int(p) for p in out.split("PIDS", 1)[1].split()]
@@ -2298,22 +2428,30 @@ class OffSpaceGoalEnv(StubGoalEnv):
         return obs
 
 
-ONE_ACTION_PER_ENV = "for 2 envs; pass one action per env \\(shape \\(num_envs, dim_u\\)\\)"
+ONE_ACTION_PER_ENV = ("for 2 envs; pass one action per env "
+                      "\\(shape \\(num_envs, dim_u\\) = \\(2, 2\\)\\)")
 
 
 @PROCESS_VEC_ENVS
 def test_vec_env_refuses_actions_that_are_not_one_per_env(VecEnvClass):
-    """Extra rows were dropped silently, too few failed with an unrelated IndexError: now
-    refused before anything is sent, so every env is still at the same step afterwards."""
+    """Extra rows would be dropped silently, too few fail with an unrelated IndexError, and an
+    action that cannot be pickled fails after the envs before it got theirs: all are refused
+    before anything is sent, so every env is still at the same step afterwards."""
     with hang_guard(60):
         venv = VecEnvClass([functools.partial(StubGoalEnv) for _ in range(2)])
         try:
             venv.reset()
             for u, got in ((np.zeros((3, 2)), "3 actions"), (np.zeros((1, 2)), "1 actions"),
                            (np.zeros(2), r"actions of shape \(2,\)"),
+                           (np.zeros((2, 3)), r"actions of shape \(2, 3\)"),
                            (np.zeros((2, 2, 1)), r"actions of shape \(2, 2, 1\)")):
                 with pytest.raises(ValueError,
                                    match=f"^step_async got {got} {ONE_ACTION_PER_ENV}$"):
+                    venv.step(u)
+            unsendable = np.array([np.zeros(2), lambda: 0], dtype=object)  # pickling fails
+            for u, dtype in ((unsendable, "object"), (np.full((2, 2), "0"), "<U1")):
+                with pytest.raises(TypeError, match=rf"^step_async got actions of dtype {dtype}; "
+                                   r"pass numbers \(a float array of shape \(2, 2\)\)$"):
                     venv.step(u)
             obs, _, _, _ = venv.step(np.zeros((2, 2), np.float32))
             assert (obs["observation"] == 1).all()  # no refused action reached an env
@@ -2373,6 +2511,78 @@ def test_vec_env_refuses_observations_unlike_their_space(VecEnvClass, wrong, at,
     assert ("TypeError: observation key 'achieved_goal': expected float32 (2,) (its space), "
             f"received {received}; make the env return its space's dtype and shape") in str(e.value)
     assert all(gone(p.pid) for p in venv.ps)
+
+
+@PROCESS_VEC_ENVS
+def test_ctrl_c_while_one_env_has_answered_closes_at_once(VecEnvClass):
+    """Env 0 answers at once, env 1 after 3 s, and Ctrl-C comes in between: the vec env closes
+    itself without reading env 0 a second time (which would wait for ever), and says so."""
+    env_fns = [functools.partial(StubGoalEnv), functools.partial(StubGoalEnv, delay_s=3.)]
+    with hang_guard(60):
+        venv = VecEnvClass(env_fns)
+        venv.reset()
+        venv.step_async(np.zeros((2, 2), np.float32))
+        threading.Timer(1., os.kill, (os.getpid(), signal.SIGINT)).start()
+        with pytest.raises(KeyboardInterrupt):
+            venv.step_wait()
+    with hang_guard(2):  # env 1 would answer after 3 s: nothing here may wait for it
+        venv.close()
+    assert all(gone(p.pid) for p in venv.ps)
+    with pytest.raises(RuntimeError, match=rf"^{VecEnvClass.__name__}\.reset\(\) called after "
+                       r"it was closed \(interrupted \(KeyboardInterrupt\) while waiting for "
+                       r"env process 1\); make a new one$"):
+        venv.reset()
+
+
+class FailingSend:
+    """The rank's end of a pipe whose send() fails (everything else passes through)."""
+
+    def __init__(self, conn):
+        self.conn = conn
+
+    def send(self, obj):
+        raise RuntimeError("injected: cannot send")
+
+    def __getattr__(self, name):
+        return getattr(self.conn, name)
+
+
+@PROCESS_VEC_ENVS
+def test_send_failing_part_way_closes_the_vec_env_and_later_calls_say_why(VecEnvClass):
+    """Env 0 got its step, env 1 did not: answering the next reset would mix env 0's step with
+    env 1's reset, so the vec env closes instead, and every later call says why in one line."""
+    with hang_guard(60):
+        venv = VecEnvClass([functools.partial(StubGoalEnv) for _ in range(2)])
+        venv.reset()
+        venv.remotes = (venv.remotes[0], FailingSend(venv.remotes[1]))
+        with pytest.raises(RuntimeError, match=r"sending 'step' to env process 1 failed "
+                           r"\(RuntimeError: injected: cannot send\) after 1 of 2 env "
+                           r"processes got theirs"):
+            venv.step(np.zeros((2, 2), np.float32))
+        for call in (venv.reset, lambda: venv.step_async(np.zeros((2, 2)))):
+            with pytest.raises(RuntimeError, match=r"called after it was closed \(sending "
+                               r"'step' to env process 1 failed .*\); make a new one$"):
+                call()
+        venv.close()
+    assert all(gone(p.pid) for p in venv.ps)
+
+
+@PROCESS_VEC_ENVS
+def test_env_process_that_never_answers_is_named_and_killed(VecEnvClass):
+    env_fns = [functools.partial(StubGoalEnv), functools.partial(StubGoalEnv, hang_at=2)]
+    u = np.zeros((2, 2), np.float32)
+    with hang_guard(60):
+        venv = VecEnvClass(env_fns, timeout=2)
+        venv.reset()
+        venv.step(u)
+        pid = venv.ps[1].pid
+        with pytest.raises(RuntimeError, match=rf"^{VecEnvClass.__name__}: env process 1 \(pid "
+                           rf"{pid}\) did not answer 'step' within 2 s \(--env_timeout\); it "
+                           r"and its siblings were killed$"):
+            venv.step(u)
+    assert all(gone(p.pid) for p in venv.ps)
+    with pytest.raises(RuntimeError, match=r"called after it was closed \(env process 1 \(pid "):
+        venv.reset()
 
 
 def test_dummy_vecenv_refuses_what_the_process_vec_envs_refuse():

@@ -35,17 +35,18 @@ import time  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-from checkpoint import (Interrupted, NonFiniteError, StopFlag, checkpoint_path,  # noqa: E402
-                        read_checkpoint, restore_epoch_so_far, save_checkpoint,
-                        stop_safely_if_needed)
+from checkpoint import (Interrupted, NonFiniteError, StopFlag, checkpoint_positions,  # noqa: E402
+                        common_position, read_checkpoint, restore_epoch_so_far,
+                        save_checkpoint, stop_safely_if_needed)
 from config import (ArgumentParser, config_flags, ddpg_params,  # noqa: E402
                     given_config_args, parse_reward_range, shared_config)
 from ddpg import DDPG, POLICY_KEYS, policy_params  # noqa: E402
-from files import BadFileError, UsageError, atomic_write_text, load_demos, load_npz  # noqa: E402
+from files import (BadFileError, SaveError, UsageError, atomic_write_text, load_demos,  # noqa: E402
+                   load_npz)
 from goal_env import build_venv, check_policy_fits, describe_env  # noqa: E402
 from her import make_sample_her_transitions  # noqa: E402
 from logger import CycleProgress, EpochLogger, output_is_terminal  # noqa: E402
-from mpi_util import agree, mpi_average, run_on_every_rank  # noqa: E402
+from mpi_util import agree, mpi_average, run_on_every_rank, save_on_every_rank  # noqa: E402
 from rollout import RolloutWorker  # noqa: E402
 from tracing import Tracer  # noqa: E402
 
@@ -57,7 +58,6 @@ def train(cfg, policy, rollout_worker, evaluator, logger, progress, logdir, comm
     """The epoch/cycle/batch loop (Plappert et al. 2018, Sec. 2.2; baselines her.py train).
     A resumed run starts at (start_epoch, start_cycle) with that epoch's losses so far.
     tracer.cycle marks where a cycle starts and ends (--trace; it does nothing without)."""
-    rank = comm.Get_rank()
     workers = (rollout_worker, evaluator)
     for epoch in range(start_epoch, cfg.n_epochs):
         t_start = time.time()
@@ -84,13 +84,23 @@ def train(cfg, policy, rollout_worker, evaluator, logger, progress, logdir, comm
         policy.check_synced()
         success_rate = mpi_average(evaluator.current_success_rate(), comm)
         progress.end_epoch()
-        logger.dump(epoch_logs(epoch, success_rate, losses, policy, rollout_worker, evaluator,
-                               time.time() - t_start, comm))
-        if rank == 0:  # ranks hold identical weights, so rank 0 alone writes them
-            save_policies(cfg, epoch, success_rate >= best_success_rate, policy, logdir)
+        row = epoch_logs(epoch, success_rate, losses, policy, rollout_worker, evaluator,
+                         time.time() - t_start, comm)
+        is_best = success_rate >= best_success_rate
         best_success_rate = max(best_success_rate, success_rate)
-        save_checkpoint(logdir, epoch + 1, 0, best_success_rate, policy, workers, comm)
+        save_on_every_rank(comm, save_epoch, cfg, epoch, row, is_best, best_success_rate, logger,
+                           policy, workers, logdir, comm)
     return best_success_rate
+
+
+def save_epoch(cfg, epoch, row, is_best, best, logger, policy, workers, logdir, comm):
+    """The epoch's files: its progress.csv row, the policies, every rank's checkpoint. The
+    checkpoint comes last: if anything before it fails, the run resumes at this epoch's start
+    and logs its row again, in place of the one written here."""
+    logger.dump(row)
+    if comm.Get_rank() == 0:  # ranks hold identical weights, so rank 0 alone writes them
+        save_policies(cfg, epoch, is_best, policy, logdir)
+    save_checkpoint(logdir, epoch + 1, 0, best, policy, workers, comm)
 
 
 def epoch_logs(epoch, success_rate, losses, policy, rollout_worker, evaluator, epoch_s, comm):
@@ -122,8 +132,9 @@ def save_policies(cfg, epoch, is_best, policy, logdir):
 def prepare(cfg, args, comm):
     """Local checks and file reads of a run, no MPI calls: returns what run() needs."""
     plan = {}
-    if args.resume:
-        plan["checkpoint"] = read_checkpoint(args.resume, comm)
+    if args.resume:  # which of them is loaded, every rank decides together (load_checkpoint)
+        plan["checkpoints"] = checkpoint_positions(args.resume, comm.Get_rank(),
+                                                   comm.Get_size())
     # dims, T, max_u, reward_fun, success_key, r_range
     plan.update(describe_env(cfg.env, parse_reward_range(cfg.reward_range)))
     if args.load_path:
@@ -146,13 +157,31 @@ def make_logdir(cfg, comm, folders=()):
     try:
         for folder in ("checkpoint", *folders):
             os.makedirs(os.path.join(cfg.logdir, folder), exist_ok=True)
-        if comm.Get_rank() == 0:
-            atomic_write_text(os.path.join(cfg.logdir, "config.json"),
-                              json.dumps(dataclasses.asdict(cfg), indent=1))
     except OSError as e:
         error = (f"cannot write to log dir {cfg.logdir!r} on rank {comm.Get_rank()} "
                  f"({e.strerror}); pass a --logdir that every rank can write")
     agree(comm, error)
+    save_on_every_rank(comm, write_config, cfg, comm.Get_rank())
+
+
+def write_config(cfg, rank):
+    if rank == 0:
+        atomic_write_text(os.path.join(cfg.logdir, "config.json"),
+                          json.dumps(dataclasses.asdict(cfg), indent=1))
+
+
+def load_checkpoint(plan, run_dir, comm):
+    """Collective: every rank loads its checkpoint of the newest (epoch, cycle) that all ranks
+    have: the newest, or the previous one where a rank was stopped while saving."""
+    position, note = common_position(run_dir, plan["checkpoints"], comm)
+    plan["checkpoint_path"] = plan["checkpoints"][position]
+    try:
+        plan["checkpoint"], error = read_checkpoint(plan["checkpoint_path"]), None
+    except BadFileError as e:
+        error = str(e)
+    agree(comm, error)
+    if note and comm.Get_rank() == 0:
+        print(note, flush=True)
 
 
 def run(cfg, args, comm, tracer):
@@ -167,6 +196,8 @@ def run(cfg, args, comm, tracer):
     except (UsageError, BadFileError) as e:
         plan, error = None, str(e)
     agree(comm, error)
+    if args.resume:
+        load_checkpoint(plan, args.resume, comm)
     make_logdir(cfg, comm, tracer.folders)
     tracer.write_to(os.path.join(cfg.logdir, "trace"))
     if rank == 0:
@@ -191,10 +222,11 @@ def run(cfg, args, comm, tracer):
             if note and rank == 0:
                 print(note, flush=True)
         else:  # the state before any training, so a failure always has a checkpoint to go back to
-            save_checkpoint(cfg.logdir, 0, 0, -1., policy, (rollout_worker, evaluator), comm)
+            save_on_every_rank(comm, save_checkpoint, cfg.logdir, 0, 0, -1., policy,
+                               (rollout_worker, evaluator), comm)
         logger = EpochLogger(cfg.logdir, enabled=(rank == 0), start_epoch=start["start_epoch"])
         best = train(cfg, policy, rollout_worker, evaluator, logger, progress, cfg.logdir, comm,
-                     StopFlag(), tracer, **start)
+                     StopFlag(cfg.logdir, announce=(rank == 0)), tracer, **start)
         tracer.finish()  # if the run ended before its traced cycles did
     finally:
         progress.close()
@@ -225,13 +257,9 @@ def make_policy(cfg, args, plan, rng, comm):
         policy.set_policy_arrays(plan["init_policy"], args.load_path)
     if "checkpoint" in plan:
         ckpt = plan["checkpoint"]
-        policy.restore_checkpoint(ckpt, checkpoint_path(cfg.logdir, comm.Get_rank()))
+        policy.restore_checkpoint(ckpt, plan["checkpoint_path"])
         start = dict(start_epoch=int(ckpt["epoch"]), start_cycle=int(ckpt["cycle"]),
                      best_success_rate=float(ckpt["best"]))
-        where = comm.allgather((start["start_epoch"], start["start_cycle"]))  # [MPI]
-        if len(set(where)) != 1:
-            raise UsageError(f"the checkpoints in {cfg.logdir}/checkpoint are from different "
-                             "epochs (a run killed while saving); start a new run")
     if "demos" in plan:  # after the restore: a resumed run's normaliser sums hold the demos
         policy.init_demo_buffer(plan["demos"], update_stats="checkpoint" not in plan)
     return policy, start
@@ -275,7 +303,8 @@ def main(argv=None):
     return run_on_every_rank(comm, "train.py",
                              lambda: run(shared_config(args, comm), args, comm, tracer),
                              {UsageError: (2, "error: "), BadFileError: (2, "error: "),
-                              NonFiniteError: (1, ""), Interrupted: (130, "")})
+                              SaveError: (1, "error: "), NonFiniteError: (1, ""),
+                              Interrupted: (130, "")})
 
 
 if __name__ == "__main__":

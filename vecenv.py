@@ -1,14 +1,12 @@
 """Run num_env environments side by side and stack their dict observations.
 
-Mirrors openai/baselines `common/vec_env/vec_env.py` (VecEnv), `subproc_vec_env.py`
-(SubprocVecEnv), `shmem_vec_env.py` (ShmemVecEnv: observations through shared memory instead
-of the pipe; `train.py --vec_env shmem`) and `dummy_vec_env.py` (DummyVecEnv), and
-`vec_video_recorder.py` (VecVideoRecorder). In Plappert et al. (2018), Sec. 2.2,
-each of the 19 MPI workers (here: ranks) runs 2 environments in parallel; this file is that "2".
-
-This is where *rollouts* are aggregated, and nothing else: the rank sends one action per env
-down a pipe, each env process steps its own env, and the rank stacks what comes back into
-arrays of shape (num_env, dim). Gradients never pass through here, and nothing here is MPI.
+Mirrors openai/baselines `common/vec_env/`: vec_env.py (VecEnv), subproc_vec_env.py
+(SubprocVecEnv) and dummy_vec_env.py (DummyVecEnv); shmem_vec_env.py is shmem_vecenv.py
+(`train.py --vec_env shmem`) and vec_video_recorder.py is play.py's VecVideoRecorder. In
+Plappert et al. (2018), Sec. 2.2, each of the 19 MPI workers (here: ranks) runs 2 environments
+in parallel; this file is that "2". The rank sends one action
+per env down a pipe, each env process steps its own env, and the rank stacks what comes back
+into arrays of shape (num_env, dim). Nothing here is MPI, and no gradient passes through here.
 
 Deviations from baselines, on purpose:
   * No auto-reset. baselines resets an env inside step() when it reports done, which makes the
@@ -19,15 +17,18 @@ Deviations from baselines, on purpose:
   * Env processes are started with the `spawn` method and never import mpi4py. A forked
     child would share its rank's MPI state (sockets, shared memory), which MPI does not allow
     to be shared; a spawned child starts clean but re-imports the main script, and if that
-    imported mpi4py, MPI would initialise in the child with its rank's environment, as a
-    second copy of that rank, and the job would hang or abort. That is why train.py imports
-    mpi4py inside main() and mpi_util.world_comm only on first use.
-  * Refused, with a one-line error: actions not one row per env, a call out of turn (reset or
-    step_async with a step pending, step_wait with none), and an observation whose dtype or shape
-    is not its space's (checked in the env process; baselines' ShmemVecEnv casts it silently).
+    imported mpi4py, MPI would initialise in the child as a second copy of its rank, and the
+    job would hang or abort. That is why train.py imports mpi4py inside main() and
+    mpi_util.world_comm only on first use.
+  * Refused, with a one-line error: actions not of shape (num_envs, dim_u) or not numbers, a
+    call out of turn (reset or step_async with a step pending, step_wait with none), an
+    observation whose dtype or shape is not its space's (checked in the env process; baselines'
+    ShmemVecEnv casts it silently), and any call after the vec env closed itself (an env
+    process failed, died or stayed silent past --env_timeout).
 
 Test: `python -m pytest -q test_all.py -k vecenv`.
 """
+import ctypes
 import multiprocessing as mp
 import os
 import signal
@@ -40,6 +41,7 @@ class VecEnv:
     """num_envs environments driven as one. Observations are dicts of (num_envs, dim) arrays."""
 
     waiting = False  # step_async was called and its step_wait not yet
+    closed_why = None  # once closed: why (close() called, an env process failed, ...)
 
     def __init__(self, num_envs, observation_space, action_space):
         self.num_envs = num_envs
@@ -73,20 +75,29 @@ class VecEnv:
     def _check_turn(self, call, pending=False):
         """Refuse a call out of turn, as baselines' VecEnv does: a reset or step sent while a step
         is pending would take that step's answers, and every later call those of the one before."""
+        if self.closed_why:
+            raise RuntimeError(f"{type(self).__name__}.{call} called after it was closed "
+                               f"({self.closed_why}); make a new one")
         if self.waiting != pending:
             state, fix = (("while a step is pending", "call step_wait() first") if self.waiting
                           else ("with no step pending", "call step_async(u) first"))
             raise RuntimeError(f"{type(self).__name__}.{call} called {state}; {fix}")
 
     def _actions(self, u):
-        """u as an array, if no step is pending and it holds one action per env: extra rows
-        would be dropped silently, and too few fail later with an unrelated IndexError."""
+        """u as an array, if no step is pending and it holds one number per action dimension
+        of each env. Checked whole before anything is sent: an action refused half-way
+        through the sends would leave some envs a step ahead of the others."""
         self._check_turn("step_async()")
         u = np.asarray(u)
-        if u.ndim != 2 or len(u) != self.num_envs:
-            got = f"{len(u)} actions" if u.ndim == 2 else f"actions of shape {u.shape}"
-            raise ValueError(f"step_async got {got} for {self.num_envs} envs; "
-                             "pass one action per env (shape (num_envs, dim_u))")
+        expected = (self.num_envs, *self.action_space.shape)  # (num_envs, dim_u)
+        if u.dtype.kind not in "biuf":
+            raise TypeError(f"step_async got actions of dtype {u.dtype}; pass numbers "
+                            f"(a float array of shape {expected})")
+        if u.shape != expected:
+            wrong_count = u.ndim == 2 and len(u) != self.num_envs
+            got = f"{len(u)} actions" if wrong_count else f"actions of shape {u.shape}"
+            raise ValueError(f"step_async got {got} for {self.num_envs} envs; pass one action "
+                             f"per env (shape (num_envs, dim_u) = {expected})")
         return u
 
 
@@ -162,6 +173,7 @@ def env_process_main(remote, parent_remote, env_fn, obs_buffers=None):
     the env process dying silently and the rank waiting forever on the pipe.
     """
     parent_remote.close()  # this process only talks through its own end of the pipe
+    die_with_parent()
     # Ctrl-C in a terminal reaches the whole process group: the rank decides when env processes
     # stop (after it has saved), so an env process must not die of SIGINT on its own.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -209,13 +221,35 @@ def env_process_main(remote, parent_remote, env_fn, obs_buffers=None):
         remote.close()
 
 
-class SubprocVecEnv(VecEnv):
-    """Each env in its own process, talked to over a multiprocessing Pipe."""
+def die_with_parent():
+    """Ask Linux to SIGKILL this process when the rank that started it ends. A rank killed
+    outright (SIGKILL, or mpirun ending a failed job) closes its pipes, which ends a waiting
+    env process; one busy in a step that never returns would not notice and stay for ever."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: only the pipe tells this process
+        return
+    parent = mp.parent_process()
+    if parent is not None and os.getppid() != parent.pid:  # the rank ended before the prctl
+        os._exit(1)
 
-    def __init__(self, env_fns, context="spawn"):
+
+class SubprocVecEnv(VecEnv):
+    """Each env in its own process, talked to over a multiprocessing Pipe.
+
+    timeout: seconds to wait for an env process's answer (0: for ever). One that does not
+    answer in time (a simulator deadlock) is named and killed with its siblings, and the call
+    raises, as in gymnasium's AsyncVectorEnv(timeout=): the run ends instead of waiting in
+    silence for ever. Any failure part-way through a command (an env error, a dead or silent
+    env process, a failed send, Ctrl-C while waiting) leaves the env processes at different
+    steps: the vec env then closes itself, and every later call says why."""
+
+    def __init__(self, env_fns, context="spawn", timeout=0):
         ctx = mp.get_context(context)
-        self.closed = False
+        self.closed, self.timeout = False, timeout
         n = len(env_fns)
+        self._pending = ["start"] * n  # the command each env process owes an answer to
         self.remotes, work_remotes = zip(*[ctx.Pipe() for _ in range(n)])
         self.ps = [ctx.Process(target=env_process_main, daemon=True,
                                args=(work_remote, remote, env_fn,
@@ -233,6 +267,10 @@ class SubprocVecEnv(VecEnv):
             self._recv(i)
         super().__init__(n, observation_space, action_space)
 
+    @property
+    def waiting(self):
+        return "step" in self._pending
+
     def _obs_buffers(self, ctx, i, env_fns):
         """Shared memory for env process i's observations: none here (they go by pipe)."""
         return None
@@ -242,27 +280,62 @@ class SubprocVecEnv(VecEnv):
         return sent
 
     def _recv(self, i):
-        """Receive env process i's answer; raise a clear error if it failed or died."""
+        """Env process i's answer to its pending command. If it raised, died or stayed silent
+        past the timeout, or this wait is interrupted: close (see the class) and raise."""
+        p, cmd = self.ps[i], self._pending[i]
         try:
+            # Starting (spawning, importing the simulator) is not timed: with many env
+            # processes on few cores it can take minutes.
+            timed = self.timeout and cmd != "start"
+            if timed and not self.remotes[i].poll(self.timeout):
+                self._fail(f"env process {i} (pid {p.pid}) did not answer {cmd!r} within "
+                           f"{self.timeout:g} s (--env_timeout); it and its siblings were "
+                           "killed")
             status, payload = self.remotes[i].recv()
         except (EOFError, ConnectionResetError, OSError):
-            self.ps[i].join(timeout=1)  # a dying process needs a moment to report its exit code
-            exitcode = self.ps[i].exitcode
-            self.close(force=True)
-            raise RuntimeError(f"{type(self).__name__}: env process {i} (pid {self.ps[i].pid}) "
-                               f"died without answering (exit code {exitcode})") from None
+            p.join(timeout=1)  # a dying process needs a moment to report its exit code
+            self._fail(f"env process {i} (pid {p.pid}) died without answering {cmd!r} "
+                       f"(exit code {p.exitcode})")
+        except BaseException as e:  # Ctrl-C while waiting: some answers read, some not
+            if not self.closed:  # (the timeout above has closed it already)
+                self._close_broken(f"interrupted ({type(e).__name__}) while waiting for env "
+                                   f"process {i}")
+            raise
+        self._pending[i] = None
         if status == "error":
-            self.close(force=True)
-            raise RuntimeError(f"{type(self).__name__}: env process {i} raised:\n{payload}")
+            last_line = payload.strip().splitlines()[-1]
+            self._fail(f"env process {i} raised {last_line}",
+                       f"env process {i} raised:\n{payload}")
         return payload
 
+    def _close_broken(self, why):
+        """Close, killing every env process (none may go on with a command half-done), and
+        keep `why` for every later call to repeat."""
+        self.closed_why = why
+        self.close(force=True)
+
+    def _fail(self, why, message=None):
+        self._close_broken(why)
+        raise RuntimeError(f"{type(self).__name__}: {message or why}") from None
+
     def _send_all(self, cmds):
-        for i, (remote, cmd) in enumerate(zip(self.remotes, cmds)):
+        """cmds[i] to env process i. A failure after env process 0 got its command leaves the
+        env processes out of step: the vec env closes (see the class)."""
+        for i, cmd in enumerate(cmds):
+            self._pending[i] = cmd[0]
             try:
-                remote.send(cmd)
-            except (BrokenPipeError, OSError):
-                self._recv(i)  # raises the env process's own error or "died"
-                raise
+                self.remotes[i].send(cmd)
+            except BaseException as e:
+                if isinstance(e, OSError):  # a broken pipe: is the env process gone?
+                    self.ps[i].join(timeout=1)
+                    if not self.ps[i].is_alive():
+                        self._recv(i)  # its own error, or "died"
+                why = (f"sending {cmd[0]!r} to env process {i} failed ({type(e).__name__}: "
+                       f"{e}) after {i} of {self.num_envs} env processes got theirs")
+                if isinstance(e, Exception):
+                    self._fail(why)
+                self._close_broken(why)
+                raise  # KeyboardInterrupt stays what it is
 
     def reset(self, seed=None):
         self._check_turn("reset()")
@@ -272,12 +345,10 @@ class SubprocVecEnv(VecEnv):
     def step_async(self, u):
         u = self._actions(u)
         self._send_all([("step", u[i]) for i in range(self.num_envs)])
-        self.waiting = True
 
     def step_wait(self):
         self._check_turn("step_wait()", pending=True)
         results = [self._recv(i) for i in range(self.num_envs)]
-        self.waiting = False
         obs, r, terminated, truncated, infos = zip(*results)
         done = np.logical_or(terminated, truncated)
         # stack_obs copies: what is returned is the rank's own, whatever the next step writes
@@ -290,17 +361,20 @@ class SubprocVecEnv(VecEnv):
         return [self._recv(i) for i in range(self.num_envs)]
 
     def close(self, force=False):
-        """Stop every env process and reap it, so no child process outlives this object."""
+        """Stop every env process and reap it, so no child process outlives this object.
+        Only an env process that still owes an answer is waited for, and at most 10 s."""
         if self.closed:
             return
         self.closed = True
+        self.closed_why = self.closed_why or "close() was called"
         if not force:
             for i, remote in enumerate(self.remotes):
                 try:
-                    if self.waiting:
-                        remote.recv()  # drain a pending step before the close command
+                    if self._pending[i] is not None and remote.poll(10):
+                        remote.recv()  # the pending answer, before the close command
                     remote.send(("close", None))
-                    remote.recv()
+                    if remote.poll(10):
+                        remote.recv()
                 except (EOFError, BrokenPipeError, OSError):
                     pass  # already dead: reaped below
         for p in self.ps:
@@ -323,78 +397,3 @@ def shared_views(obs_buffers):
     """{key: ndarray view} onto the shared arrays of one env process's observation."""
     return {key: np.frombuffer(buf, dtype=dtype).reshape(shape)
             for key, (buf, dtype, shape) in obs_buffers.items()}
-
-
-class ShmemVecEnv(SubprocVecEnv):
-    """SubprocVecEnv whose env processes write their observations into shared memory; the
-    pipe carries only commands, rewards, dones and infos (baselines shmem_vec_env.py). Worth
-    it when observations are large (images): a pipe pickles and copies every byte twice.
-
-    The shared arrays are multiprocessing RawArrays: memory-mapped files that are unlinked as
-    soon as they are made, so nothing is ever left in /dev/shm, whoever exits or crashes; the
-    memory goes when the last process holding it does. No lock: an env process writes only
-    while the rank waits for its answer, and the rank copies before the next command.
-    """
-
-    def __init__(self, env_fns, context="spawn"):
-        # The shapes must be known before the env processes start (the arrays are handed to
-        # them at start), so one env is built here to read its observation space, as baselines
-        # does.
-        env = env_fns[0]()
-        self._layout = obs_layout(env.observation_space)
-        env.close()
-        if not self._layout:
-            raise TypeError("ShmemVecEnv needs envs with a dict observation space; "
-                            "use SubprocVecEnv for others")
-        self._buffers, self._views = {}, {}
-        super().__init__(env_fns, context)
-
-    def _obs_buffers(self, ctx, i, env_fns):
-        buffers = {key: (ctx.RawArray("b", int(np.prod(shape)) * dtype.itemsize), dtype, shape)
-                   for key, (dtype, shape) in self._layout.items()}
-        self._buffers[i] = buffers  # the rank keeps them alive as long as this object
-        self._views[i] = shared_views(buffers)
-        return buffers
-
-    def _obs(self, i, sent):
-        return self._views[i]
-
-
-class VecVideoRecorder(VecEnv):
-    """Wraps a VecEnv and keeps a frame of env 0 after every reset and step: T+1 frames an
-    episode (baselines vec_video_recorder.py, which writes MP4 through ffmpeg; here frames go
-    to an animated GIF with Pillow, which matplotlib already needs)."""
-
-    def __init__(self, venv, scale=0.5):
-        super().__init__(venv.num_envs, venv.observation_space, venv.action_space)
-        self.venv, self.scale, self.frames = venv, scale, []
-
-    def _record(self):
-        frame = self.venv.get_images()[0]  # (height, width, 3) uint8
-        step = max(1, int(round(1 / self.scale)))
-        self.frames.append(np.ascontiguousarray(frame[::step, ::step]))  # smaller GIF
-
-    def reset(self, seed=None):
-        obs = self.venv.reset(seed=seed)
-        self._record()
-        return obs
-
-    def step_async(self, u):
-        self.venv.step_async(u)
-
-    def step_wait(self):
-        result = self.venv.step_wait()
-        self._record()
-        return result
-
-    def close(self):
-        self.venv.close()
-
-    def save_gif(self, path, fps=25):
-        """Every recorded frame, as one looping animated GIF, written atomically."""
-        from PIL import Image
-        images = [Image.fromarray(frame) for frame in self.frames]
-        tmp = f"{path}.tmp{os.getpid()}.gif"
-        images[0].save(tmp, save_all=True, append_images=images[1:], duration=1000 // fps,
-                       loop=0, optimize=True)
-        os.replace(tmp, path)
