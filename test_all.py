@@ -14,8 +14,10 @@ test_vec_env.py, common/mpi_adam.py's test_MpiAdam), gathered in one file:
     loss;
   * runs bitwise equal to those of the code before demonstrations and before the split into
     one concept per file (both taken from git), and resumed runs to uninterrupted ones;
-  * --trace: a traced run finds exactly README's table of cross-rank calls and computes what
-    an untraced run does;
+  * --trace: a traced run finds exactly README's table of cross-rank calls, computes what
+    an untraced run does, and writes trace.json in the Chrome trace event format;
+  * tools/two-hosts.sh: two simulated machines (network namespaces, as root) run in sync with
+    the gradients on the wire between them, and leave nothing behind;
   * the command line: every Config field a flag, every bad input one line and exit code 2.
 
 Run: `python -m pytest -q` (README, "Tests", gives the count and the time on 2 cores).
@@ -39,7 +41,7 @@ gives the -k expression of its tests: `python -m pytest -q test_all.py -k "EXPRE
   13. files.py: -k "atomic_save or bad_policy or bad_demo"
   14. checkpoint.py: -k "sigint or resume or older_version or interrupt or nonfinite"
   15. logger.py: -k "progress or output_is_terminal"
-  16. tracing.py: -k "test_trace or traced_run or bad_trace"
+  16. tracing.py and tools/two-hosts.sh: -k "test_trace or traced_run or bad_trace or two_hosts"
   17. vecenv.py: -k "vec_env or subproc_vecenv or shmem_vecenv or dummy_vecenv or env_worker"
   18. demos.py: -k "demo_controller"
   19. plot.py, bench.py and the docs: -k "plot or scaling or docs or tagged or bench"
@@ -2177,7 +2179,7 @@ def traced_and_untraced_runs(root):
 def read_trace_rows(folder):
     """Every row of every rank<r>.csv in a trace folder, as dicts (the # lines skipped)."""
     rows = []
-    for name in sorted(os.listdir(folder)):
+    for name in sorted(n for n in os.listdir(folder) if n.endswith(".csv")):
         with open(os.path.join(folder, name), newline="") as f:
             rows += csv.DictReader(line for line in f if not line.startswith("#"))
     return rows
@@ -2248,6 +2250,38 @@ def test_a_traced_run_computes_what_an_untraced_one_does(tmp_path):
     assert not os.path.exists(os.path.join(runs["untraced"], "trace"))
 
 
+def test_trace_json_holds_every_rank_in_the_chrome_trace_event_format(tmp_path):
+    """trace.json is what Perfetto and chrome://tracing open: a traceEvents list of complete
+    events (microseconds) and metadata naming a process per rank and its lanes; every row of
+    every rank's CSV is one event, so each rank's Allreduces are there with their bytes."""
+    runs = traced_and_untraced_runs(str(tmp_path.parent))
+    folder = os.path.join(runs["traced"], "trace")
+    with open(os.path.join(folder, "trace.json")) as f:
+        trace = json.load(f)
+    events = trace["traceEvents"]
+    complete = [e for e in events if e["ph"] == "X"]
+    assert all({"name", "ph", "ts", "dur", "pid", "tid", "args"} <= set(e) for e in complete)
+    assert all(e["ts"] >= 0 and e["dur"] >= 0 for e in complete)
+    assert all({"site", "bytes_sent"} <= set(e["args"]) for e in complete if e["cat"] != "cycle")
+    meta = {(e["name"], e["pid"], e["tid"]): e["args"]["name"] for e in events
+            if e["ph"] == "M" and e["name"].endswith("_name")}
+    assert [meta[("process_name", rank, 0)] for rank in (0, 1)] == ["rank 0", "rank 1"]
+    lanes = {(e["pid"], e["tid"]) for e in complete}
+    assert {meta[("thread_name", *lane)] for lane in lanes if lane[0] == 0} == \
+        {"cycles", "MPI calls", "env process 0", "env process 1"}
+    rows = read_trace_rows(folder)
+    assert len(complete) == len(rows)
+    origin = trace["otherData"]["origin_unix_s"]
+    for rank in (0, 1):
+        in_csv = [(r["site"], int(r["bytes_sent"]), float(r["start_s"])) for r in rows
+                  if r["rank"] == str(rank) and r["call"] == "Allreduce"]
+        in_json = [(e["args"]["site"], e["args"]["bytes_sent"], origin + e["ts"] / 1e6)
+                   for e in complete if e["pid"] == rank and e["name"] == "Allreduce"]
+        assert len(in_json) == len(in_csv) > 0
+        for (site, n_bytes, start), (site_j, n_bytes_j, start_j) in zip(in_csv, in_json):
+            assert (site, n_bytes) == (site_j, n_bytes_j) and abs(start - start_j) < 1e-5
+
+
 def test_bad_trace_input_gets_one_line_errors_before_training(tmp_path, capsys):
     assert_main_refuses(["--trace", "-1"], capsys, "--trace must be 0")
     logdir = tmp_path / "short"
@@ -2260,6 +2294,74 @@ def test_bad_trace_input_gets_one_line_errors_before_training(tmp_path, capsys):
     assert_main_refuses(["--trace", "1", "--logdir", str(blocked)], capsys,
                         "cannot write to log dir")
     assert not logdir.exists() and not (blocked / "progress.csv").exists()
+
+
+# ---------------------------------------------------------------- tools/two-hosts.sh: two machines
+
+def why_no_simulated_hosts():
+    """Why tools/two-hosts.sh cannot make its hosts here (one line), or None if it can."""
+    if os.geteuid() != 0:
+        return "tools/two-hosts.sh needs root to make network namespaces"
+    missing = [tool for tool in ("ip", "unshare", "nsenter") if not shutil.which(tool)]
+    if missing:
+        return f"tools/two-hosts.sh needs {', '.join(missing)} (iproute2, util-linux)"
+    probe = subprocess.run(["unshare", "--net", "--uts", "--mount", "ip", "link", "add", "name",
+                            "probe0", "type", "veth", "peer", "name", "probe1"],
+                           capture_output=True, text=True, timeout=30)
+    if probe.returncode:
+        return f"cannot make a namespace with a veth pair here: {probe.stderr.strip()}"
+    return None
+
+
+def what_hosts_leave():
+    """What two simulated hosts could leave behind: named namespaces, this namespace's links and
+    mounts, the network namespaces that processes are in, the script's /tmp folders."""
+    in_use = set()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        with contextlib.suppress(OSError):  # a process that ended meanwhile
+            in_use.add(os.readlink(f"/proc/{pid}/ns/net"))
+    with open("/proc/mounts") as f:
+        mounts = set(f.read().splitlines())
+    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+    named = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    return dict(net_namespaces=in_use, mounts=mounts, named=named,
+                links={line.split(":")[1].strip() for line in links.splitlines()},
+                tmp={name for name in os.listdir("/tmp") if name.startswith("two-hosts.")})
+
+
+def test_two_hosts_run_in_sync_over_the_wire_and_leave_nothing(tmp_path):
+    """tools/two-hosts.sh, 2 hosts x 1 rank, one epoch of 2 cycles of 5 updates: the ranks end
+    in sync, the gradients crossed the veth (each update Allreduces 1.1 MB of FetchReach
+    gradients, so at least that much goes each way, where shared memory would put tens of kB
+    on the wire), each host's disk held only its ranks' files, and nothing is left behind."""
+    reason = why_no_simulated_hosts()
+    if reason:
+        pytest.skip(reason)
+    before = what_hosts_leave()
+    out_dir = tmp_path / "out"
+    proc = subprocess.run(
+        ["bash", os.path.join(HERE, "tools", "two-hosts.sh"), "1", "1", "--out", str(out_dir),
+         "--", "--n_cycles", "2", "--n_batches", "5", "--trace", "1"],
+        capture_output=True, text=True, timeout=240, env=dict(os.environ, PYTHON=sys.executable))
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    report = {line.split(":")[1].split(" ")[1]: line for line in out.splitlines()
+              if line.startswith("two-hosts: ")}
+    assert "2 rank(s) in sync" in report["ended"], out[-4000:]
+    sent, received = map(int, re.search(r"host0 sent (\d+) bytes to host1 and received (\d+)",
+                                        report["the"]).groups())
+    assert min(sent, received) > 2 * 5 * 1.0e6, report["the"]
+    held = {host: report[f"{host}'s"].rsplit(": ", 1)[1].split() for host in ("host0", "host1")}
+    assert {"progress.csv", "config.json", "trace/rank0.csv", "trace/trace.json"} <= \
+        set(held["host0"]) and "checkpoint/rank1.npz" not in held["host0"]
+    assert sorted(held["host1"]) == ["checkpoint/rank1.npz", "trace/rank1.csv"]
+    assert len(read_progress(out_dir)) == 1
+    with open(out_dir / "trace" / "trace.json") as f:  # rank 0 gathered rank 1's rows
+        assert {e["pid"] for e in json.load(f)["traceEvents"]} == {0, 1}
+    after = what_hosts_leave()
+    after["net_namespaces"] -= before["net_namespaces"]  # others' processes may have ended
+    before["net_namespaces"] = set()
+    assert after == before
 
 
 # ---------------------------------------------------------------- vecenv.py: env processes

@@ -16,16 +16,22 @@ on what it was given. With N = 0 nothing is wrapped.
 
 Recording starts with the run and stops where cycle N would begin (or where the run ends), so
 it holds the setup, the first N cycles and whatever ran between them (an epoch's test
-rollouts and logs). Then each rank writes <logdir>/trace/rank<r>.csv, and rank 0 prints one
-table over all ranks: for each call site, calls per cycle, elements per call, bytes per cycle,
-and the median over ranks of the share of the cycle's wall time spent waiting in it.
+rollouts and logs). Then each rank writes <logdir>/trace/rank<r>.csv, and rank 0, having
+gathered every rank's rows, prints one table over all ranks (for each call site: calls per
+cycle, elements per call, bytes per cycle, and the median over ranks of the share of the cycle's
+wall time spent waiting in it) and writes <logdir>/trace/trace.json, all ranks in the Chrome
+trace event format: open it in ui.perfetto.dev or chrome://tracing, a process per rank with a
+lane for its cycles, one for its MPI calls and one per env process. Rank 0 gathers the rows
+rather than reading the other ranks' CSVs because on several machines they may be on other disks.
 
 Run:  mpirun -np 2 python train.py --num_env 2 --env FetchPush-v4 --trace 3
       python plot.py --trace runs/<run>/trace -o cycle.png      # one lane per rank
+      (open runs/<run>/trace/trace.json in ui.perfetto.dev or chrome://tracing: every event)
 Test: `python -m pytest -q test_all.py -k trace`. (Named tracing.py: `trace` is a standard module.)
 """
 import contextlib
 import io
+import json
 import os
 import pickle
 import statistics
@@ -136,12 +142,15 @@ class Tracer:
         rank = self.comm.Get_rank()
         path = os.path.join(self.folder, f"rank{rank}.csv")
         atomic_write_text(path, self.csv_text(rank))
-        summaries = self.comm.gather(summarise(self.rows), root=0)  # [MPI] --trace only
+        gathered = self.comm.gather((summarise(self.rows), self.rows), root=0)  # [MPI] --trace
         if rank == 0:
+            summaries = [summary for summary, _ in gathered]
+            atomic_write_text(os.path.join(self.folder, "trace.json"),
+                              chrome_trace([rows for _, rows in gathered]))
             print(f"Trace of {min(self.cycles_done, self.n_cycles)} cycle(s) on "
-                  f"{len(summaries)} rank(s), one CSV per rank in {self.folder} (picture: "
-                  f"python plot.py --trace {self.folder} -o cycle.png)\n"
-                  f"{format_table(summaries)}", flush=True)
+                  f"{len(summaries)} rank(s), one CSV per rank in {self.folder} and all ranks in "
+                  f"trace.json (Perfetto, chrome://tracing; picture: python plot.py --trace "
+                  f"{self.folder} -o cycle.png)\n{format_table(summaries)}", flush=True)
 
     def csv_text(self, rank):
         text = io.StringIO()
@@ -294,3 +303,49 @@ def format_table(summaries):
     lines.append(f"| whole cycle | - | - | - | - | - | - | {statistics.median(cycle_s):.3f} s "
                  "(median over ranks) |")
     return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- the Chrome trace event format
+
+LANES = {"cycle": (0, "cycles"), "mpi": (1, "MPI calls")}  # env process i: lane 2 + i
+
+
+def lane(kind, peer):
+    """(tid, lane name) of a row: its kind's lane, or its env process's."""
+    if kind in LANES:
+        return LANES[kind]
+    i = int(peer.rsplit(" ", 1)[-1])  # 'env process i'
+    return 2 + i, peer
+
+
+def chrome_trace(rows_by_rank):
+    """The JSON text of every rank's rows as complete ("X") events, with metadata ("M") events
+    naming each rank's process and lanes. ts counts microseconds from the earliest start of any
+    rank's row (otherData.origin_unix_s); each rank's starts are time.time() of its machine, so
+    on several machines the ranks' lanes are offset by the difference of their clocks."""
+    starts = [row[-2] for rows in rows_by_rank for row in rows]
+    origin = min(starts, default=0.)
+    events = []
+    for rank, rows in enumerate(rows_by_rank):
+        events.append(dict(name="process_name", ph="M", pid=rank, tid=0,
+                           args=dict(name=f"rank {rank}")))
+        events.append(dict(name="process_sort_index", ph="M", pid=rank, tid=0,
+                           args=dict(sort_index=rank)))
+        lanes = {}
+        for kind, call, site, peer, elements, sent, received, phase, epoch, cycle, start, \
+                duration in rows:
+            tid, lane_name = lane(kind, peer)
+            lanes[tid] = lane_name
+            args = dict(site=site, peer=peer, elements=elements, bytes_sent=sent,
+                        bytes_received=received, phase=phase, epoch=epoch, cycle=cycle)
+            events.append(dict(name=call, cat=kind, ph="X", pid=rank, tid=tid,
+                               ts=round((start - origin) * 1e6, 3),
+                               dur=round(duration * 1e6, 3),
+                               args={k: v for k, v in args.items() if v != ""}))
+        for tid, name in sorted(lanes.items()):
+            events.append(dict(name="thread_name", ph="M", pid=rank, tid=tid,
+                               args=dict(name=name)))
+            events.append(dict(name="thread_sort_index", ph="M", pid=rank, tid=tid,
+                               args=dict(sort_index=tid)))
+    return json.dumps(dict(traceEvents=events, displayTimeUnit="ms",
+                           otherData=dict(origin_unix_s=origin)), separators=(",", ":"))
