@@ -3,11 +3,12 @@
 No baselines counterpart: baselines cannot resume a run. A checkpoint here is what continues a
 run bit for bit (the policy, both Adam states, this rank's replay buffer and random generator,
 the epoch's logs so far), one file per rank, written atomically (files.py) at the end of every
-epoch and on Ctrl-C. A resumed run equals the run that was never stopped, byte for byte.
+epoch and on Ctrl-C, with the one before it kept beside it. A resumed run equals the run that
+was never stopped, byte for byte.
 
 Stopping is collective: once per cycle every rank tells the others (one allgather) whether it
 was interrupted or saw a non-finite loss or weight, so all ranks stop at the same cycle instead
-of one leaving the others waiting in an Allreduce for ever.
+of one leaving the others waiting in an Allreduce for ever. A second signal ends the run at once.
 
 Test: `python -m pytest -q test_all.py -k "resume or sigint or nonfinite or checkpoint"`.
 """
@@ -41,8 +42,9 @@ def checkpoint_path(logdir, rank, previous=False):
 def save_checkpoint(logdir, epoch, cycle, best, policy, workers, comm, losses=()):
     """Every rank writes its own complete state; (epoch, cycle) is where training resumes.
     losses: the epoch's (critic, actor) losses so far, for the epoch's progress.csv row.
-    The checkpoint it replaces becomes rank<r>.prev.npz, and stays until this one is complete:
-    a rank killed mid-save (the others done) still has the position every rank shares."""
+    The checkpoint it replaces becomes rank<r>.prev.npz first: a rank stopped mid-save, the
+    others done, still has the position they all share (save_on_every_rank's allgather after
+    each save means no rank starts the next save before every rank has finished this one)."""
     arrays = policy.checkpoint_arrays()
     arrays.update(epoch_so_far_arrays(workers[0], losses, cycle))
     arrays.update(epoch=np.array(epoch), cycle=np.array(cycle), best=np.array(best),

@@ -8,11 +8,11 @@ file format of Nair et al. (2018) too (demos.py writes it, train.py reads it): o
 per key in the replay buffer's own layout (replay.py), episodes first: o, ag (n, T+1, dim);
 g, u, info_is_success (n, T, dim); plus the env id and T.
 
-Errors a user can fix are exceptions of two kinds, each reported as one line with exit code 2:
-UsageError (a bad flag or combination) and BadFileError (a file that is missing, truncated or
-not ours).
+Errors a user can fix are exceptions reported as one line, no traceback: UsageError (a bad flag
+or combination) and BadFileError (a file that is missing, truncated or not ours), exit code 2;
+SaveError (a file that could not be written: a full disk), exit code 1.
 
-Test: `python -m pytest -q test_all.py -k "atomic or bad_ or demo"`.
+Test: `python -m pytest -q test_all.py -k "atomic or failed_write or bad_ or demo"`.
 """
 import contextlib
 import os
@@ -37,17 +37,19 @@ class SaveError(Exception):
 def atomic_file(path, mode="wb", keep_previous=None):
     """Write `path` through a temporary file in the same folder, renamed over `path` once it is
     complete and on disk: a reader, or a crash at any moment, sees either the old complete file
-    or the new complete file, never half of one. With keep_previous, the old file is first
-    renamed to that name, so the two newest versions both stay whole. Any OSError (a full disk,
-    a folder removed) becomes a one-line SaveError; the temporary file is removed."""
+    or the new complete file, never half of one. With keep_previous, the old file is renamed to
+    that name (replacing the one before it) and then the new one is written: the newest complete
+    version is always on disk, as `path` or as keep_previous, and never more than two versions
+    (a checkpoint can be large). Any OSError (a full disk, a folder removed) becomes a one-line
+    SaveError; the temporary file is removed."""
     tmp = f"{path}.tmp{os.getpid()}"
     try:
+        if keep_previous and os.path.exists(path):
+            os.replace(path, keep_previous)
         with open(tmp, mode, **({} if "b" in mode else dict(newline=""))) as f:
             yield f
             f.flush()
             os.fsync(f.fileno())  # on disk before the rename makes it the file of record
-        if keep_previous and os.path.exists(path):
-            os.replace(path, keep_previous)
         os.replace(tmp, path)
     except OSError as e:
         raise SaveError(f"cannot write {path}: {e.strerror or e}") from None

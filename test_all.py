@@ -1721,6 +1721,26 @@ def test_atomic_save_never_leaves_a_half_written_file(tmp_path, monkeypatch):
     assert os.listdir(tmp_path) == ["policy.npz"]
 
 
+def test_a_failed_write_is_one_line_and_the_newest_complete_version_stays(tmp_path, monkeypatch):
+    """keep_previous (checkpoints): after a full disk mid-write, the newest complete version is
+    on disk (as the previous one), no temporary file is left, and the error is one line."""
+    path, prev = str(tmp_path / "rank0.npz"), str(tmp_path / "rank0.prev.npz")
+    for n in (2, 3):
+        files.atomic_savez(path, {"a": np.arange(n)}, keep_previous=prev)
+    assert (len(arrays_of(path)["a"]), len(arrays_of(prev)["a"])) == (3, 2)
+
+    def disk_full(f, **arrays):
+        f.write(b"PK\x03\x04 half a zip")
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(np, "savez", disk_full)
+    with pytest.raises(files.SaveError) as e:
+        files.atomic_savez(path, {"a": np.arange(4)}, keep_previous=prev)
+    assert str(e.value) == f"cannot write {path}: No space left on device"
+    monkeypatch.undo()
+    assert os.listdir(tmp_path) == ["rank0.prev.npz"]
+    np.testing.assert_array_equal(arrays_of(prev)["a"], np.arange(3))
+
+
 def test_bad_policy_and_checkpoint_files_get_one_line_errors(tmp_path):
     reference = straight_run(str(tmp_path.parent))
     good = os.path.join(reference, "policy_best.npz")

@@ -40,6 +40,7 @@ import time
 from multiprocessing.reduction import ForkingPickler
 
 from files import atomic_write_text
+from mpi_util import save_on_every_rank
 
 # The columns of rank<r>.csv, each with what it holds (written above the header as # lines).
 COLUMNS = (
@@ -141,12 +142,14 @@ class Tracer:
         self.recording = False
         rank = self.comm.Get_rank()
         path = os.path.join(self.folder, f"rank{rank}.csv")
-        atomic_write_text(path, self.csv_text(rank))
+        # save_on_every_rank: a full disk on one rank ends every rank, none waits in gather
+        save_on_every_rank(self.comm, atomic_write_text, path, self.csv_text(rank))
         gathered = self.comm.gather((summarise(self.rows), self.rows), root=0)  # [MPI] --trace
+        json_path = os.path.join(self.folder, "trace.json")
+        json_text = chrome_trace([rows for _, rows in gathered]) if rank == 0 else None
+        save_on_every_rank(self.comm, write_if_any, json_path, json_text)
         if rank == 0:
             summaries = [summary for summary, _ in gathered]
-            atomic_write_text(os.path.join(self.folder, "trace.json"),
-                              chrome_trace([rows for _, rows in gathered]))
             print(f"Trace of {min(self.cycles_done, self.n_cycles)} cycle(s) on "
                   f"{len(summaries)} rank(s), one CSV per rank in {self.folder} and all ranks in "
                   f"trace.json (Perfetto, chrome://tracing; picture: python plot.py --trace "
@@ -160,6 +163,12 @@ class Tracer:
             cells = [rank, *row[:-2], f"{row[-2]:.6f}", f"{row[-1]:.6f}"]
             text.write(",".join(str(c) for c in cells) + "\n")
         return text.getvalue()
+
+
+def write_if_any(path, text):
+    """Rank 0 writes trace.json; the other ranks, with None, only join save_on_every_rank."""
+    if text is not None:
+        atomic_write_text(path, text)
 
 
 class TracedComm:

@@ -15,9 +15,10 @@ Run:
     python train.py --help                                         # every Config field a flag
 
 Failure handling (README "When things go wrong"): bad input is one line on stderr and exit
-code 2; Ctrl-C saves a checkpoint and exits 130; a non-finite loss or actor/critic parameter
-stops with exit code 1 after keeping the last good checkpoint; an exception on any rank aborts
-the whole MPI job.
+code 2; Ctrl-C saves a checkpoint and exits 130, a second one exits 130 at once; a file that
+cannot be written (a full disk) is one line and exit code 1 on every rank; a non-finite loss or
+actor/critic parameter stops with exit code 1 after keeping the last good checkpoint; an
+exception on any rank (an env process silent past --env_timeout) aborts the whole MPI job.
 
 Test: `python -m pytest -q test_all.py -k "end_to_end or resume or before_the_layout"`.
 """

@@ -284,8 +284,8 @@ class SubprocVecEnv(VecEnv):
         past the timeout, or this wait is interrupted: close (see the class) and raise."""
         p, cmd = self.ps[i], self._pending[i]
         try:
-            # Starting (spawning, importing the simulator) is not timed: with many env
-            # processes on few cores it can take minutes.
+            # Starting (spawning, importing the simulator) is not timed: it grows with the
+            # number of env processes per core.
             timed = self.timeout and cmd != "start"
             if timed and not self.remotes[i].poll(self.timeout):
                 self._fail(f"env process {i} (pid {p.pid}) did not answer {cmd!r} within "
