@@ -156,6 +156,13 @@ def end_at_once(signum, logdir, announce):
     os._exit(130)
 
 
+def save_interrupted(logdir, epoch, cycle, best, policy, workers, comm, losses):
+    """Every rank's checkpoint after `cycle`, then rank 0's policy_latest.npz."""
+    save_checkpoint(logdir, epoch, cycle + 1, best, policy, workers, comm, losses)
+    if comm.Get_rank() == 0:
+        policy.save(os.path.join(logdir, "policy_latest.npz"))
+
+
 def stop_safely_if_needed(losses, stop, epoch, cycle, best, policy, workers, logdir, comm):
     """Collective, once per cycle: every rank learns whether any rank was interrupted or saw a
     non-finite loss, so all of them stop at the same point instead of hanging in Allreduce.
@@ -179,10 +186,8 @@ def stop_safely_if_needed(losses, stop, epoch, cycle, best, policy, workers, log
                              f"(rank {rank}); training stopped; the last good checkpoint, from "
                              f"before this epoch, is in {logdir} (--resume)")
     if any(requested for requested, _ in statuses):
-        save_on_every_rank(comm, save_checkpoint, logdir, epoch, cycle + 1, best, policy,
-                           workers, comm, losses)
-        if comm.Get_rank() == 0:  # after the checkpoint: the policy file is the smaller loss
-            policy.save(os.path.join(logdir, "policy_latest.npz"))
+        save_on_every_rank(comm, save_interrupted, logdir, epoch, cycle, best, policy, workers,
+                           comm, losses)
         raise Interrupted(f"interrupted in epoch {epoch} after cycle {cycle}: saved "
                           f"policy_latest.npz and checkpoint/ in {logdir}; continue with "
                           f"--resume {logdir}")
