@@ -11,75 +11,31 @@ of Plappert et al. (2018), Sec. 2.2, on one CPU thread per process:
     num_env 1, 2, 4, with policy inference as RolloutWorker does it;
   * SubprocVecEnv against ShmemVecEnv on a large observation (a 480 x 480 x 3 uint8 image per
     step, the size of a MuJoCo render), where the pipe's copies should cost most;
-  * MpiAdam.update and its Allreduce with R ranks (`mpirun -np R python bench.py --mpi`);
-  * what --trace costs a cycle of 2 ranks (`mpirun -np 2 python bench.py --trace_cost`);
   * one FetchPush-v4 epoch (50 cycles) of one rank split into its phases;
   * a full 1e6-transition buffer: resident memory, and sampling time against buffer size.
 
-Run: `python bench.py` (about 3 minutes), `python bench.py --quick`, one section alone with
-`--only` (e.g. `python bench.py --only update1024 --quick`), and `mpirun -np 2 python bench.py
---mpi` (or `--trace_cost`) for the MPI rows. Timings are medians of repeats, taken side by
-side in one process so that ratios hold even on a busy machine.
+The figures across ranks (MpiAdam's Allreduce, what --trace costs) are bench_mpi.py's; how a
+figure is taken is timing.py's.
+
+Run: `python bench.py [--quick] [--only SECTION]` (about 3 minutes in all).
+Test: `python -m pytest -q test_all.py -k bench`.
 """
+import argparse
+import functools
 import os
+import time
 
-for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-    os.environ.setdefault(_var, "1")  # one BLAS thread per process, as train.py
+import numpy as np
 
-import argparse  # noqa: E402
-import functools  # noqa: E402
-import time  # noqa: E402
-
-import numpy as np  # noqa: E402
-
-import config  # noqa: E402
-import goal_env  # noqa: E402
-from ddpg import DDPG  # noqa: E402
-from her import make_sample_her_transitions  # noqa: E402
-from logger import EpochLogger  # noqa: E402
-from rollout import RolloutWorker  # noqa: E402
-from shmem_vecenv import ShmemVecEnv  # noqa: E402
-from vecenv import DummyVecEnv, SubprocVecEnv  # noqa: E402
-
-ENV = "FetchPush-v4"
-
-
-def timeit(fn, repeats, number):
-    """Median over `repeats` of the mean time of `number` calls, in ms."""
-    fn()  # warm up
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        for _ in range(number):
-            fn()
-        times.append((time.perf_counter() - t) / number * 1e3)
-    return float(np.median(times))
-
-
-def row(name, value, unit, note=""):
-    print(f"{name:<58} {value:>10.3f} {unit:<8} {note}", flush=True)
-
-
-def make_policy(buffer_size=1_000_000, n_episodes=200, seed=0, env=ENV, **overrides):
-    """A FetchPush-sized agent with n_episodes of random episodes stored; `overrides` are
-    config.Config fields."""
-    dims, T, max_u, reward_fun = goal_env.env_dims(env)
-    cfg = config.Config(env=env, buffer_size=buffer_size, **overrides)
-    rng = np.random.default_rng(seed)
-    policy = DDPG(config.ddpg_params(cfg, dims, T, max_u),
-                  make_sample_her_transitions("future", 4, reward_fun), rng)
-    for _ in range(n_episodes // 2):
-        policy.store_episode(random_episodes(rng, dims, T, 2))
-    return policy, dims, T
-
-
-def random_episodes(rng, dims, T, n):
-    return {"o": rng.normal(size=(n, T + 1, dims["o"])).astype(np.float32),
-            "ag": rng.normal(size=(n, T + 1, dims["g"])).astype(np.float32),
-            "g": rng.normal(size=(n, T, dims["g"])).astype(np.float32),
-            "u": rng.uniform(-1, 1, size=(n, T, dims["u"])).astype(np.float32),
-            "info_is_success": np.zeros((n, T, 1), np.float32)}
-
+import config
+import goal_env
+from ddpg import make_agent, run_cycle
+from logger import EpochLogger
+from mpi_util import one_blas_thread
+from rollout import RolloutWorker
+from shmem_vecenv import ShmemVecEnv
+from timing import ENV, Timer, make_policy, random_episodes, row, timeit
+from vecenv import DummyVecEnv, SubprocVecEnv
 
 # ---------------------------------------------------------------- the update vs its GEMM floor
 
@@ -244,39 +200,28 @@ def bench_large_observations(quick):
 
 # ---------------------------------------------------------------- one epoch, phase by phase
 
-class Timer:
-    def __init__(self):
-        self.s = {}
-
-    def wrap(self, name, fn):
-        def timed(*args, **kwargs):
-            t = time.perf_counter()
-            out = fn(*args, **kwargs)
-            self.s[name] = self.s.get(name, 0.) + time.perf_counter() - t
-            return out
-        return timed
-
-
 def bench_epoch(quick, num_env=2):
     """One FetchPush epoch of one rank (train.train's loop) with each phase timed."""
     n_cycles = 10 if quick else 50
     cfg = config.Config(env=ENV, num_env=num_env, n_cycles=n_cycles, n_epochs=1)
-    dims, T, max_u, reward_fun = goal_env.env_dims(ENV)
+    task = goal_env.describe_env(ENV)
     rng = np.random.default_rng(0)
-    policy = DDPG(config.ddpg_params(cfg, dims, T, max_u),
-                  make_sample_her_transitions("future", 4, reward_fun), rng)
+    policy = make_agent(cfg, task, rng)
     venv = goal_env.build_venv(cfg)
     timer = Timer()
-    worker = RolloutWorker(venv, policy, dims, T, rng, noise_eps=0.2, random_eps=0.3)
-    evaluator = RolloutWorker(venv, policy, dims, T, rng, exploit=True, compute_Q=True)
+    worker = RolloutWorker(venv, policy, task.dims, task.T, rng, noise_eps=cfg.noise_eps,
+                           random_eps=cfg.random_eps)
+    evaluator = RolloutWorker(venv, policy, task.dims, task.T, rng, exploit=True,
+                              compute_Q=True)
+    # Each phase of the cycle, timed where it is called: the instance's own methods wrapped.
     policy.buffer.sample = timer.wrap("sampling", policy.buffer.sample)
+    worker.generate_rollouts = timer.wrap("rollout", worker.generate_rollouts)
+    policy.store_episode = timer.wrap("store + normaliser", policy.store_episode)
+    policy.train = timer.wrap("update (incl. sampling)", policy.train)
+    policy.update_target_net = timer.wrap("target update", policy.update_target_net)
     t0 = time.perf_counter()
     for _ in range(cfg.n_cycles):
-        episode = timer.wrap("rollout", worker.generate_rollouts)()
-        timer.wrap("store + normaliser", policy.store_episode)(episode)
-        for _ in range(cfg.n_batches):
-            timer.wrap("update (incl. sampling)", policy.train)()
-        timer.wrap("target update", policy.update_target_net)()
+        run_cycle(policy, worker, cfg.n_batches)
     for _ in range(cfg.n_test_rollouts):
         timer.wrap("test rollouts", evaluator.generate_rollouts)()
     logger = EpochLogger("/tmp", enabled=False)
@@ -321,73 +266,13 @@ def bench_full_buffer(quick):
         row(f"HER sampling of 256 from {size:>9,} transitions", t, "ms")
 
 
-# ---------------------------------------------------------------- MPI rows
-
-def bench_mpi():
-    from mpi4py import MPI
-    comm = MPI.COMM_WORLD
-    policy, _, _ = make_policy(buffer_size=10_000, n_episodes=20)
-    adam = policy.Q_adam
-    g = np.zeros(adam.size, np.float32)
-    out = np.empty_like(g)
-    t_update = timeit(lambda: adam.update(g, 0.), 10, 50)
-    t_allreduce = timeit(lambda: comm.Allreduce(g, out), 10, 50)  # [MPI] bench only
-    comm.Barrier()  # [MPI] bench only: ranks start the next timing together
-    t_train = timeit(policy.train, 5, 20)
-    if comm.Get_rank() == 0:
-        n, cores = comm.Get_size(), os.cpu_count()
-        # More ranks than cores (MPICH oversubscribes): every rank times its calls while the
-        # others compete for the same cores, so both times include waiting for a core.
-        where = f"{n} rank(s) on {cores} cores" + (", oversubscribed" if n > cores else "")
-        row(f"MpiAdam.update, critic, {where}", t_update, "ms")
-        row(f"   of which Allreduce of {adam.size} floats, {where}", t_allreduce, "ms",
-            f"{t_allreduce / t_train:.1%} of a DDPG.train() update ({t_train:.2f} ms) "
-            f"per network, x2 per update")
-
-
-def bench_trace_cost(quick):
-    """What --trace costs a cycle (tracing.py): per rank, two FetchPush agents as bench_epoch
-    builds them, one under Tracer(0) (train.py without --trace: nothing wrapped), one under a
-    Tracer recording every call; their cycles alternate, so that drift falls on both alike."""
-    from mpi4py import MPI
-    from tracing import Tracer
-    comm, n_cycles, cfg = MPI.COMM_WORLD, 3 if quick else 10, config.Config(env=ENV, num_env=2)
-    dims, T, max_u, reward_fun = goal_env.env_dims(ENV)
-    agents, times = {}, {"untraced": [], "traced": []}  # per cycle; cycle 0 warms up
-    for name, tracer in zip(times, (Tracer(0), Tracer(n_cycles + 1))):  # never finish()es
-        rng = np.random.default_rng(cfg.seed + 1000000 * comm.Get_rank())  # as train.py
-        policy = DDPG(config.ddpg_params(cfg, dims, T, max_u), make_sample_her_transitions(
-            "future", 4, reward_fun), rng, comm=tracer.wrap_comm(comm))
-        agents[name] = (tracer, RolloutWorker(tracer.wrap_venv(goal_env.build_venv(cfg)), policy,
-                                              dims, T, rng, noise_eps=0.2, random_eps=0.3))
-    for i in range(n_cycles + 1):
-        for name in list(agents)[::-1 if i % 2 else 1]:
-            (tracer, worker), t = agents[name], time.perf_counter()
-            with tracer.cycle(0, i):  # train.train's cycle; Tracer(0) records nothing
-                worker.policy.store_episode(worker.generate_rollouts())
-                for _ in range(cfg.n_batches):
-                    worker.policy.train()
-                worker.policy.update_target_net()
-            times[name].append(time.perf_counter() - t)  # the Allreduces keep ranks in step
-    for _, worker in agents.values():
-        worker.venv.close()
-    plain, traced = (float(np.median(times[name][1:])) for name in times)
-    if comm.Get_rank() == 0:
-        row(f"traced / untraced cycle, {comm.Get_size()} ranks x 2 envs, {ENV}", traced / plain,
-            "x", f"{traced:.2f} s / {plain:.2f} s, medians of {n_cycles}; "
-            f"{len(agents['traced'][0].rows) / (n_cycles + 1):.0f} rows recorded per cycle")
-
-
 def main():
+    one_blas_thread()  # before any env process starts: they inherit it
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="fewer repeats, 10-cycle epoch")
-    p.add_argument("--mpi", action="store_true", help="only the MpiAdam rows (use mpirun)")
-    p.add_argument("--trace_cost", action="store_true", help="--trace's cost (mpirun -np 2)")
     p.add_argument("--only", choices=["update", "update1024", "env", "image", "epoch",
                                       "buffer"])
     args = p.parse_args()
-    if args.mpi or args.trace_cost:  # under mpirun
-        return bench_trace_cost(args.quick) if args.trace_cost else bench_mpi()
     print(f"numpy {np.__version__}, {os.cpu_count()} cores, 1 BLAS thread per process")
     sections = {"update": bench_update, "update1024": bench_update1024, "env": bench_env_steps,
                 "image": bench_large_observations, "epoch": bench_epoch,

@@ -12,6 +12,7 @@ of one leaving the others waiting in an Allreduce for ever. A second signal ends
 
 Test: `python -m pytest -q test_all.py -k "resume or sigint or nonfinite or checkpoint"`.
 """
+import json
 import multiprocessing as mp
 import os
 import signal
@@ -20,18 +21,12 @@ import sys
 import numpy as np
 
 from ddpg import POLICY_KEYS
-from files import UsageError, atomic_savez, load_npz
+from errors import Interrupted, NonFiniteError, UsageError
+from files import atomic_savez, load_npz
 from mpi_util import save_on_every_rank
 
-CHECKPOINT_KEYS = POLICY_KEYS + ("epoch", "cycle", "n_ranks", "rng_json", "Q_adam/m")
-
-
-class NonFiniteError(Exception):
-    """A loss or an actor/critic parameter became NaN or inf: one line, exit code 1."""
-
-
-class Interrupted(Exception):
-    """Ctrl-C (SIGINT) or SIGTERM, after the checkpoint was saved: exit code 130."""
+CHECKPOINT_KEYS = POLICY_KEYS + ("epoch", "cycle", "n_ranks", "rng_json", "Q_adam/m",
+                                 "log/train_success_history", "log/train_losses")
 
 
 def checkpoint_path(logdir, rank, previous=False):
@@ -45,7 +40,7 @@ def save_checkpoint(logdir, epoch, cycle, best, policy, workers, comm, losses=()
     The checkpoint it replaces becomes rank<r>.prev.npz first: a rank stopped mid-save, the
     others done, still has the position they all share (save_on_every_rank's allgather after
     each save means no rank starts the next save before every rank has finished this one)."""
-    arrays = policy.checkpoint_arrays()
+    arrays = agent_arrays(policy)
     arrays.update(epoch_so_far_arrays(workers[0], losses, cycle))
     arrays.update(epoch=np.array(epoch), cycle=np.array(cycle), best=np.array(best),
                   n_ranks=np.array(comm.Get_size()),
@@ -53,6 +48,32 @@ def save_checkpoint(logdir, epoch, cycle, best, policy, workers, comm, losses=()
     rank = comm.Get_rank()
     atomic_savez(checkpoint_path(logdir, rank), arrays,
                  keep_previous=checkpoint_path(logdir, rank, previous=True))
+
+
+def agent_arrays(policy):
+    """Everything of the agent needed to continue training bit for bit: the policy file's
+    arrays, both Adam states, this rank's replay buffer and random generator, the update
+    counter."""
+    arrays = policy.policy_arrays()
+    for name, adam in (("Q_adam", policy.Q_adam), ("pi_adam", policy.pi_adam)):
+        for key, value in adam.state().items():
+            arrays[f"{name}/{key}"] = value
+    for key, value in policy.buffer.state().items():
+        arrays[f"buffer/{key}"] = value
+    arrays["n_updates"] = np.array(policy.n_updates)
+    arrays["rng_json"] = np.array(json.dumps(policy.rng.bit_generator.state))
+    return arrays
+
+
+def restore_agent(policy, arrays, path):
+    """Inverse of agent_arrays() (local: no MPI calls); `path` only names the file in errors."""
+    policy.set_policy_arrays(arrays, path)
+    for name, adam in (("Q_adam", policy.Q_adam), ("pi_adam", policy.pi_adam)):
+        adam.load_state(**{key: arrays[f"{name}/{key}"] for key in adam.state()})
+    policy.buffer.load_state(**{key[len("buffer/"):]: value for key, value in arrays.items()
+                                if key.startswith("buffer/")})
+    policy.n_updates = int(arrays["n_updates"])
+    policy.rng.bit_generator.state = json.loads(str(arrays["rng_json"]))
 
 
 def epoch_so_far_arrays(rollout_worker, losses, cycle):
@@ -67,16 +88,9 @@ def epoch_so_far_arrays(rollout_worker, losses, cycle):
 
 def restore_epoch_so_far(arrays, rollout_worker):
     """Inverse of epoch_so_far_arrays(): refill the training success history and return the
-    epoch's losses so far. The keys are optional: checkpoints of older versions lack them, and
-    at an epoch boundary nothing is missing. Mid-epoch, such a checkpoint still resumes, with
-    a note (the second return value) that the epoch's row covers its resumed cycles only."""
-    rollout_worker.success_history.extend(arrays.get("log/train_success_history", ()))
-    losses = [tuple(row) for row in arrays.get("log/train_losses", np.zeros((0, 2)))]
-    note = None
-    if int(arrays["cycle"]) > 0 and "log/train_losses" not in arrays:
-        note = (f"note: this checkpoint holds no training logs of epoch {int(arrays['epoch'])} "
-                f"so far; that epoch's train/ columns will cover only the cycles run from now on")
-    return losses, note
+    epoch's losses so far."""
+    rollout_worker.success_history.extend(arrays["log/train_success_history"])
+    return [tuple(row) for row in arrays["log/train_losses"]]
 
 
 def checkpoint_positions(run_dir, rank, n_ranks):

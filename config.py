@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from files import UsageError
+from errors import UsageError
 from goal_env import VEC_ENVS
 
 

@@ -36,11 +36,14 @@ import json
 import numpy as np
 
 from actor_critic import ActorCritic
-from files import BadFileError, atomic_savez, load_npz
+from config import ddpg_params
+from errors import BadFileError
+from files import atomic_savez, load_npz
+from her import make_sample_her_transitions
 from mpi_adam import MpiAdam
 from mpi_util import world_comm
 from normalizer import Normalizer
-from replay import ReplayBuffer
+from replay import ReplayBuffer, with_next_steps
 
 
 # ---------------------------------------------------------------- losses (pure functions)
@@ -115,12 +118,9 @@ def bc_actor_loss_and_grad(ac, x_pi, u, q_u, n_demo, action_l2, prm_loss_weight,
 class DDPG:
     """DDPG + HER agent of one MPI rank: networks, targets, normalisers, replay buffer, Adams.
 
-    params: dict with dims, T, hidden, layers, max_u, Q_lr, pi_lr, polyak, batch_size,
-    action_l2, clip_obs, norm_eps, norm_clip, gamma, target_range, buffer_size, plus the
-    optional sync_check_interval, bc_loss, q_filter, demo_batch_size, prm_loss_weight and
-    aux_loss_weight (policy files of earlier versions lack them); see config.Config for units
-    and defaults. Policies saved before target_range existed hold clip_return instead: their
-    range is [-clip_return, 0]. Demonstrations, if any, come in through init_demo_buffer().
+    params: config.ddpg_params(): dims, T, max_u, gamma, target_range and the Config fields
+    the agent uses (see config.Config for units and defaults). Demonstrations, if any, come in
+    through init_demo_buffer().
     """
 
     def __init__(self, params, sample_transitions=None, rng=None, comm=None):
@@ -134,12 +134,12 @@ class DDPG:
         # a target outside it is an error of Q_targ and is clipped (config.target_range). For
         # Fetch and Hand, rewards {-1, 0}: [-1/(1 - gamma), 0], as baselines' clip_return with
         # clip_pos_returns=True.
-        self.Q_min, self.Q_max = p.get("target_range", (-p.get("clip_return", np.inf), 0.))
-        # Demonstrations (Nair et al. 2018); the defaults are baselines' DEFAULT_PARAMS.
-        self.bc_loss, self.q_filter = bool(p.get("bc_loss", 0)), bool(p.get("q_filter", 0))
-        self.demo_batch_size = int(p.get("demo_batch_size", 128))
-        self.prm_loss_weight = float(p.get("prm_loss_weight", 0.001))
-        self.aux_loss_weight = float(p.get("aux_loss_weight", 0.0078))
+        self.Q_min, self.Q_max = p["target_range"]
+        # Demonstrations (Nair et al. 2018)
+        self.bc_loss, self.q_filter = bool(p["bc_loss"]), bool(p["q_filter"])
+        self.demo_batch_size = int(p["demo_batch_size"])
+        self.prm_loss_weight = float(p["prm_loss_weight"])
+        self.aux_loss_weight = float(p["aux_loss_weight"])
 
         self.o_stats = Normalizer(self.dims["o"], p["norm_eps"], p["norm_clip"], self.comm)
         self.g_stats = Normalizer(self.dims["g"], p["norm_eps"], p["norm_clip"], self.comm)
@@ -157,22 +157,21 @@ class DDPG:
         self.buffer = None
         self.demo_buffer = None  # filled once by init_demo_buffer(), with --demo_file only
         if sample_transitions is not None:
-            self.buffer = ReplayBuffer(self._buffer_shapes(), p["buffer_size"], self.T,
-                                       sample_transitions, self.rng)
+            self.buffer = ReplayBuffer(self.dims, p["buffer_size"], self.T, sample_transitions,
+                                       self.rng)
             self.sample_transitions = sample_transitions
-
-    def _buffer_shapes(self):
-        T, d = self.T, self.dims
-        return {"o": (T + 1, d["o"]), "ag": (T + 1, d["g"]), "g": (T, d["g"]),
-                "u": (T, d["u"]), "info_is_success": (T, 1)}
 
     # -------------------------------------------------- acting
 
+    def _clip_obs(self, x):
+        """o or g clipped to [-clip_obs, clip_obs], before the normaliser sees it, whether
+        to update its statistics or to normalise."""
+        return np.clip(x, -self.params["clip_obs"], self.params["clip_obs"])
+
     def _preprocess_og(self, o, g):
         """Normalised actor input [norm(clip(o)), norm(clip(g))]: (N, dim_o + dim_g) float32."""
-        c = self.params["clip_obs"]
-        o_n = self.o_stats.normalize(np.clip(o, -c, c))
-        g_n = self.g_stats.normalize(np.clip(g, -c, c))
+        o_n = self.o_stats.normalize(self._clip_obs(o))
+        g_n = self.g_stats.normalize(self._clip_obs(g))
         return np.concatenate([o_n, g_n], axis=1).astype(np.float32, copy=False)
 
     def get_actions(self, o, ag, g, noise_eps=0., random_eps=0., use_target_net=False,
@@ -212,24 +211,20 @@ class DDPG:
 
     def _update_normalizers(self, episode_batch):
         """Feed the normalisers as many HER transitions as the episodes hold (collective)."""
-        ep = dict(episode_batch)
-        ep["o_2"] = ep["o"][:, 1:, :]  # (n_episodes, T, dim_o)
-        ep["ag_2"] = ep["ag"][:, 1:, :]  # (n_episodes, T, dim_g)
-        num_normalizing_transitions = ep["u"].shape[0] * ep["u"].shape[1]
-        tr = self.sample_transitions(ep, num_normalizing_transitions, self.rng)
-        c = self.params["clip_obs"]
-        self.o_stats.update(np.clip(tr["o"], -c, c))
-        self.g_stats.update(np.clip(tr["g"], -c, c))
+        n_episodes, T = episode_batch["u"].shape[:2]
+        num_normalizing_transitions = n_episodes * T
+        tr = self.sample_transitions(with_next_steps(episode_batch), num_normalizing_transitions,
+                                     self.rng)
+        self.o_stats.update(self._clip_obs(tr["o"]))
+        self.g_stats.update(self._clip_obs(tr["g"]))
         self.o_stats.recompute_stats()
         self.g_stats.recompute_stats()
 
     def init_demo_buffer(self, episodes, update_stats=True):
         """Store the demo episodes {key: (num_demo, T or T+1, dim)} in a demo buffer of exactly
-        their size, which nothing else ever writes to, so no demo is ever evicted; sampled with
-        the same HER sampler as the rank's own buffer (baselines DDPG.init_demo_buffer).
-        update_stats: the normalisers see the demo transitions too, as baselines; collective,
-        so every rank calls it at the same point. A resumed run passes False: its restored
-        normaliser sums already hold them.
+        their size, so no demo is ever evicted; sampled with the rank's HER sampler (baselines
+        DDPG.init_demo_buffer). update_stats (collective): the normalisers see the demos too,
+        as baselines; a resumed run passes False, its restored normaliser sums hold them.
 
         Deviation: baselines feeds the normalisers one demo episode at a time (num_demo
         Allreduces); here all of them at once, the same number of transitions."""
@@ -237,7 +232,7 @@ class DDPG:
             raise ValueError(f"demo_batch_size {self.demo_batch_size} must be below batch_size "
                              f"{self.params['batch_size']}")
         n_episodes = len(episodes["u"])
-        self.demo_buffer = ReplayBuffer(self._buffer_shapes(), n_episodes * self.T, self.T,
+        self.demo_buffer = ReplayBuffer(self.dims, n_episodes * self.T, self.T,
                                         self.sample_transitions, self.rng)
         self.demo_buffer.store_episode(episodes)
         if update_stats:
@@ -278,7 +273,7 @@ class DDPG:
         self.pi_adam.update(self.main.pi.grad, self.params["pi_lr"])
 
         self.n_updates += 1
-        interval = self.params.get("sync_check_interval", 100)
+        interval = self.params["sync_check_interval"]
         if interval and self.n_updates % interval == 0:
             self.check_synced()
         return critic_loss, actor_loss
@@ -292,12 +287,9 @@ class DDPG:
 
     def check_synced(self):
         """Raise on every rank unless all ranks hold identical actor and critic parameters.
-
-        Only these two are compared. A rank whose targets or normaliser had diverged would go
-        unnoticed: they shape only its own gradient, and the Allreduce sum that every rank
-        applies hides whose it was. Both are computed from values that are identical on all
-        ranks (Polyak on the compared weights; the Allreduced normaliser sums), in the same
-        order, so they cannot diverge unless the code is changed to break that."""
+        Only these are compared: targets and normalisers are computed from values identical
+        on all ranks (Polyak on these weights; the Allreduced normaliser sums), in one order,
+        so they cannot diverge unless the code is changed to break that."""
         self.Q_adam.check_synced()
         self.pi_adam.check_synced()
 
@@ -349,29 +341,6 @@ class DDPG:
         policy.set_policy_arrays(arrays, path)
         return policy
 
-    def checkpoint_arrays(self):
-        """Everything needed to continue training bit for bit: the policy, both Adam states,
-        this rank's replay buffer and random generator, and the update counter."""
-        arrays = self.policy_arrays()
-        for name, adam in (("Q_adam", self.Q_adam), ("pi_adam", self.pi_adam)):
-            for key, value in adam.state().items():
-                arrays[f"{name}/{key}"] = value
-        for key, value in self.buffer.state().items():
-            arrays[f"buffer/{key}"] = value
-        arrays["n_updates"] = np.array(self.n_updates)
-        arrays["rng_json"] = np.array(json.dumps(self.rng.bit_generator.state))
-        return arrays
-
-    def restore_checkpoint(self, arrays, path):
-        """Inverse of checkpoint_arrays() (local: no MPI calls)."""
-        self.set_policy_arrays(arrays, path)
-        for name, adam in (("Q_adam", self.Q_adam), ("pi_adam", self.pi_adam)):
-            adam.load_state(**{key: arrays[f"{name}/{key}"] for key in adam.state()})
-        self.buffer.load_state(**{key[len("buffer/"):]: value for key, value in arrays.items()
-                                  if key.startswith("buffer/")})
-        self.n_updates = int(arrays["n_updates"])
-        self.rng.bit_generator.state = json.loads(str(arrays["rng_json"]))
-
 
 POLICY_KEYS = ("config_json", "main/pi", "main/Q", "target/pi", "target/Q")
 
@@ -391,3 +360,25 @@ def _copy_checked(dst, arrays, key, path):
         raise BadFileError(f"{path}: {key!r} has shape {src.shape}, expected {dst.shape}; "
                            "was it saved for another env or network size?")
     dst[...] = src
+
+
+# ---------------------------------------------------------------- building and running an agent
+
+def make_agent(cfg, task, rng, comm=None):
+    """The agent a run of config.Config `cfg` trains on `task` (goal_env.describe_env): its
+    networks, its HER sampler (--replay_strategy, --replay_k, the task's own reward) and replay
+    buffer. Collective under MPI: the constructor broadcasts rank 0's weights."""
+    sampler = make_sample_her_transitions(cfg.replay_strategy, cfg.replay_k, task.reward_fun)
+    params = ddpg_params(cfg, task.dims, task.T, task.max_u, task.r_range)
+    return DDPG(params, sampler, rng, comm)
+
+
+def run_cycle(policy, rollout_worker, n_batches):
+    """One cycle of Algorithm 1 (Andrychowicz et al. 2017) on this rank: num_env episodes in
+    its own envs, stored in its own buffer, n_batches updates (MpiAdam sums the gradients of
+    all ranks), one target update. Returns the n_batches (critic_loss, actor_loss)."""
+    episode = rollout_worker.generate_rollouts()  # num_env episodes, own envs
+    policy.store_episode(episode)  # this rank's buffer; normaliser over all ranks
+    losses = [policy.train() for _ in range(n_batches)]  # MpiAdam inside
+    policy.update_target_net()
+    return losses

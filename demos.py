@@ -37,8 +37,11 @@ import sys
 import numpy as np
 
 from config import ArgumentParser
-from files import DEMO_KEYS, UsageError, save_demos
-from goal_env import env_dims, make_env
+from errors import UsageError
+from files import save_demos
+from goal_env import describe_env, make_env
+from mpi_util import one_blas_thread
+from replay import EPISODE_KEYS, empty_episodes
 
 HOVER = 0.05  # m above the object's centre where the descent starts
 TOLERANCE = 0.01  # m: close enough to the phase's target point to move on
@@ -95,12 +98,10 @@ def run_episode(env, controller, T, seed):
     """One episode of T steps from reset(seed): {key: (1, T or T+1, dim) float32}, and whether
     it succeeded (info['is_success'] after the T-th action, as rollout.RolloutWorker reads it)."""
     obs, _ = env.reset(seed=seed)
-    dim_o, dim_g = obs["observation"].size, obs["desired_goal"].size
-    o = np.empty((1, T + 1, dim_o), np.float32)  # (1, T+1, dim_o)
-    ag = np.empty((1, T + 1, dim_g), np.float32)  # (1, T+1, dim_g)
-    g = np.empty((1, T, dim_g), np.float32)  # (1, T, dim_g)
-    u = np.empty((1, T, 4), np.float32)  # (1, T, dim_u)
-    success = np.zeros((1, T, 1), np.float32)  # (1, T, 1) info_is_success
+    dims = {"o": obs["observation"].size, "g": obs["desired_goal"].size, "u": 4}
+    episode = empty_episodes(1, dims, T)  # {key: (1, T or T+1, dim)}
+    o, ag, g, u = episode["o"], episode["ag"], episode["g"], episode["u"]
+    success = episode["info_is_success"]  # (1, T, 1)
     controller.reset()
     o[0, 0], ag[0, 0] = obs["observation"], obs["achieved_goal"]
     for t in range(T):
@@ -109,7 +110,7 @@ def run_episode(env, controller, T, seed):
         obs, _, _, _, info = env.step(u[0, t])
         o[0, t + 1], ag[0, t + 1] = obs["observation"], obs["achieved_goal"]
         success[0, t, 0] = info.get("is_success", 0.)
-    return dict(o=o, ag=ag, g=g, u=u, info_is_success=success), bool(success[0, -1, 0])
+    return episode, bool(success[0, -1, 0])
 
 
 def generate(env_id, num_demo, seed=0, max_attempts=None):
@@ -130,12 +131,13 @@ def generate(env_id, num_demo, seed=0, max_attempts=None):
     if len(kept) < num_demo:
         raise RuntimeError(f"the controller succeeded in only {len(kept)} of {attempts} "
                            f"episodes of {env_id}")
-    return {key: np.concatenate([ep[key] for ep in kept]) for key in DEMO_KEYS}, T, attempts
+    return {key: np.concatenate([ep[key] for ep in kept]) for key in EPISODE_KEYS}, T, attempts
 
 
 # ---------------------------------------------------------------- command line
 
 def main(argv=None):
+    one_blas_thread()  # before any env process starts: they inherit it
     p = ArgumentParser(prog="demos.py", description=__doc__.splitlines()[0])
     p.add_argument("--env", default="FetchPickAndPlace-v4",
                    help="FetchPickAndPlace-v<n> (default v4): the controller's only task")
@@ -148,7 +150,7 @@ def main(argv=None):
     if args.num_demo < 1:
         p.error(f"--num_demo must be at least 1, got {args.num_demo}")
     try:
-        env_dims(args.env)  # an unknown id: one line with the close matches
+        describe_env(args.env, need_range=False)  # an unknown id: one line, close matches
         episodes, T, attempts = generate(args.env, args.num_demo, args.seed)
         os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
         save_demos(args.out, episodes, args.env, T)

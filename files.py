@@ -8,9 +8,8 @@ file format of Nair et al. (2018) too (demos.py writes it, train.py reads it): o
 per key in the replay buffer's own layout (replay.py), episodes first: o, ag (n, T+1, dim);
 g, u, info_is_success (n, T, dim); plus the env id and T.
 
-Errors a user can fix are exceptions reported as one line, no traceback: UsageError (a bad flag
-or combination) and BadFileError (a file that is missing, truncated or not ours), exit code 2;
-SaveError (a file that could not be written: a full disk), exit code 1.
+A file that cannot be read is a one-line BadFileError, one that cannot be written a one-line
+SaveError (errors.py).
 
 Test: `python -m pytest -q test_all.py -k "atomic or failed_write or bad_ or demo"`.
 """
@@ -19,18 +18,8 @@ import os
 
 import numpy as np
 
-
-class UsageError(Exception):
-    """Bad input: reported as one line on stderr, exit code 2, no traceback."""
-
-
-class BadFileError(ValueError):
-    """A policy or checkpoint file that is missing, truncated or not ours (one-line message)."""
-
-
-class SaveError(Exception):
-    """A file of the run could not be written (disk full, no permission, ...): one line that
-    names the file and the error, exit code 1. The previous complete file, if any, is kept."""
+from errors import BadFileError, SaveError
+from replay import EPISODE_KEYS, episode_shapes
 
 
 @contextlib.contextmanager
@@ -94,17 +83,16 @@ def atomic_write_text(path, text):
 
 # ---------------------------------------------------------------- the demo file (Nair et al. 2018)
 
-DEMO_KEYS = ("o", "ag", "g", "u", "info_is_success")
-FILE_KEYS = DEMO_KEYS + ("env", "T")
+FILE_KEYS = EPISODE_KEYS + ("env", "T")
 
 
 def save_demos(path, episodes, env_id, T):
-    """Write the episodes (DEMO_KEYS) with the env id and T, atomically; no pickle needed."""
-    arrays = {key: np.asarray(episodes[key], np.float32) for key in DEMO_KEYS}
+    """Write the episodes (EPISODE_KEYS) with the env id and T, atomically; no pickle needed."""
+    arrays = {key: np.asarray(episodes[key], np.float32) for key in EPISODE_KEYS}
     atomic_savez(path, dict(arrays, env=np.array(env_id), T=np.array(T)))
 
 
-def make_hint(env_id, num_demo, path):
+def how_to_make_demos(env_id, num_demo, path):
     return (f"make demos with: python demos.py --env {env_id} --num_demo {num_demo} "
             f"--out {path}")
 
@@ -122,7 +110,7 @@ def load_demos(path, env_id, dims, T, num_demo):
     """The first num_demo episodes of a demo file, checked against the task:
     {key: (num_demo, T or T+1, dim) float32}. Every problem is a one-line BadFileError that
     names the file, the problem and the fix."""
-    hint = make_hint(env_id, num_demo, path)
+    hint = how_to_make_demos(env_id, num_demo, path)
     try:
         arrays = load_npz(path, FILE_KEYS, "demo file", writer="demos.py")
     except BadFileError as e:
@@ -131,22 +119,21 @@ def load_demos(path, env_id, dims, T, num_demo):
             problem = (f"{path}: a demo file in baselines' format (obs, acs, info: pickled "
                        "dicts, which this project never unpickles)")
         raise BadFileError(f"{problem}; {hint}") from None
-    expected = {"o": (T + 1, dims["o"]), "ag": (T + 1, dims["g"]), "g": (T, dims["g"]),
-                "u": (T, dims["u"]), "info_is_success": (T, 1)}
-    shapes = {key: arrays[key].shape[1:] for key in DEMO_KEYS}
+    expected = episode_shapes(dims, T)
+    shapes = {key: arrays[key].shape[1:] for key in EPISODE_KEYS}
     if shapes != expected:
         raise BadFileError(f"{path}: demos of {arrays['env']} (T={int(arrays['T'])}, o "
                            f"{shapes['o'][-1:]}, g {shapes['g'][-1:]}, u {shapes['u'][-1:]}) "
                            f"do not fit {env_id} (T={T}, o ({dims['o']},), g ({dims['g']},), "
                            f"u ({dims['u']},)); pass --env {arrays['env']}, or {hint}")
-    counts = {len(arrays[key]) for key in DEMO_KEYS}
+    counts = {len(arrays[key]) for key in EPISODE_KEYS}
     if len(counts) != 1:
         raise BadFileError(f"{path}: its arrays hold different numbers of episodes; {hint}")
     n = counts.pop()
     if n < num_demo:
         raise BadFileError(f"{path} holds {n} episodes, fewer than --num_demo {num_demo}; "
                            f"pass --num_demo {n}, or {hint}")
-    episodes = {key: arrays[key][:num_demo].astype(np.float32, copy=False) for key in DEMO_KEYS}
+    episodes = {key: arrays[key][:num_demo].astype(np.float32, copy=False) for key in EPISODE_KEYS}
     if not all(np.all(np.isfinite(v)) for v in episodes.values()):
         raise BadFileError(f"{path}: holds NaN or inf values; {hint}")
     return episodes

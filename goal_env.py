@@ -13,6 +13,7 @@ build_venv makes a rank's vec env of num_env such envs.
 Test: `python -m pytest -q test_all.py -k "goal_task or reward or success_key"`.
 """
 import contextlib
+import dataclasses
 import difflib
 import functools
 import importlib
@@ -20,7 +21,7 @@ import io
 
 import numpy as np
 
-from files import UsageError
+from errors import UsageError
 from shmem_vecenv import ShmemVecEnv
 from vecenv import DummyVecEnv, SubprocVecEnv
 
@@ -46,10 +47,15 @@ def make_env(env_id, render_mode=None):
     return gym.make(env_id, render_mode=render_mode) if render_mode else gym.make(env_id)
 
 
-def env_dims(env_id):
-    """(dims, T, max_u, reward_fun) of a goal task; see describe_env."""
-    d = describe_env(env_id, need_range=False)  # nothing here needs the reward range
-    return d["dims"], d["T"], d["max_u"], d["reward_fun"]
+@dataclasses.dataclass(frozen=True)
+class GoalTask:
+    """What describe_env reads off a goal task."""
+    dims: dict  # {'o': dim_o, 'g': dim_g, 'u': dim_u}
+    T: int  # steps per episode (the env's max_episode_steps)
+    max_u: float  # actions lie in [-max_u, max_u] in every dimension
+    reward_fun: object  # r = reward_fun(ag_2, g): the env's own vectorised compute_reward
+    success_key: str  # the info key that reports success ('is_success' or 'success')
+    r_range: object  # (r_min, r_max) of the rewards, or None where not measured
 
 
 def describe_env(env_id, r_range=None, need_range=True):
@@ -98,8 +104,9 @@ def describe_env(env_id, r_range=None, need_range=True):
                          "it as --reward_range R_MIN,R_MAX (e.g. 0,1 for a maze's sparse "
                          "reward, -1,0 for Fetch's)")
     _, _, _, _, info = env.step(np.zeros(env.action_space.shape, env.action_space.dtype))
-    return dict(dims=dims, T=int(env.spec.max_episode_steps), max_u=float(high.flat[0]),
-                reward_fun=reward_fun, success_key=success_key(env_id, info), r_range=r_range)
+    return GoalTask(dims=dims, T=int(env.spec.max_episode_steps), max_u=float(high.flat[0]),
+                    reward_fun=reward_fun, success_key=success_key(env_id, info),
+                    r_range=r_range)
 
 
 # Resets whose goals measure the reward range: 5 tell every task of gymnasium-robotics apart;

@@ -76,8 +76,8 @@ def her_goal_steps(replay_strategy, episode_idxs, t_samples, n_episodes, T, rng)
     """
     batch_size = len(t_samples)
     if replay_strategy in ("future", "none"):
-        # 'none' draws as 'future' does (and uses none of it), so that its runs, like future's,
-        # see the same random numbers as before the other strategies existed.
+        # 'none' draws as 'future' does (and uses none of it), as baselines' sampler does for
+        # any strategy but 'future': a run with 'none' sees the random numbers of one with it.
         # future_t ~ Uniform{t+1, ..., T}: a strictly later step. ag[T] is the goal achieved by
         # the last action, so it counts; ag[t] itself does not (the action at t has not acted yet).
         future_offset = (rng.uniform(size=batch_size) * (T - t_samples)).astype(np.int64)

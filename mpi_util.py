@@ -27,8 +27,23 @@ import sys
 import traceback
 
 import numpy as np
+from threadpoolctl import threadpool_limits
 
-from files import SaveError, UsageError
+from errors import SaveError, UsageError
+
+
+BLAS_THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+def one_blas_thread():
+    """One BLAS thread in this process and in every process it starts (env processes), unless
+    the variables say otherwise. With 19 ranks x 2 env processes on a few cores, a BLAS that
+    runs a thread per core in every process only makes them fight over the cores. numpy has
+    loaded its BLAS already, so threadpoolctl sets this process's at run time; a process
+    started from here reads the variables when its own numpy loads."""
+    for name in BLAS_THREAD_VARIABLES:
+        os.environ.setdefault(name, "1")
+    threadpool_limits(int(os.environ["OPENBLAS_NUM_THREADS"]))
 
 
 def world_comm():
@@ -47,13 +62,12 @@ def mpi_average(value, comm=None):
     return float(total[0] / max(total[1], 1.0))
 
 
-def agree(comm, error, error_class=UsageError):
-    """Collective: raise error_class on every rank if any rank hit an error (the first rank's
-    message). Called after purely local work, before anything collective can hang."""
+def raise_if_any_rank_failed(comm, error, error_class=UsageError):
+    """Collective: raise error_class on every rank if any rank hit an error (`error`: its
+    message, or None), with the first such rank's message. Called after purely local work,
+    before anything collective can hang on a rank that failed."""
     errors = comm.allgather(error)  # [MPI]
-    first = next((e for e in errors if e), None)
-    if first:
-        raise error_class(first)
+    raise_first(errors, error_class)
 
 
 def save_on_every_rank(comm, save, *args):
@@ -65,7 +79,15 @@ def save_on_every_rank(comm, save, *args):
         error = None
     except SaveError as e:
         error = str(e)
-    agree(comm, error, SaveError)
+    errors = comm.allgather(error)  # [MPI]
+    raise_first(errors, SaveError)
+
+
+def raise_first(errors, error_class):
+    """Raise error_class with the first message among the ranks' `errors` that is not None."""
+    first = next((e for e in errors if e), None)
+    if first:
+        raise error_class(first)
 
 
 def report(comm, message, code):
@@ -77,7 +99,7 @@ def report(comm, message, code):
 
 def run_on_every_rank(comm, prog, job, exit_codes):
     """job() on this rank. An exception of a class in exit_codes ({class: (code, prefix)}) is
-    one that every rank raises together (bad input, agreed on with `agree`; a stop agreed on
+    one that every rank raises together (bad input, agreed on with `raise_if_any_rank_failed`; a stop agreed on
     once per cycle): rank 0 prints one line `prog: prefix message` and every rank returns the
     code. Any other exception is this rank's alone: under mpirun it ends the whole job."""
     try:

@@ -15,24 +15,21 @@ its episodes as an animated GIF through VecVideoRecorder (baselines' vec_video_r
 
 Test: `python -m pytest -q test_all.py -k "play or video"`.
 """
+import dataclasses
 import os
+import sys
 
-# One BLAS thread per process (train.py says why), set before numpy is imported.
-for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-    os.environ.setdefault(_var, "1")
+import numpy as np
 
-import dataclasses  # noqa: E402
-import sys  # noqa: E402
-
-import numpy as np  # noqa: E402
-
-from config import ArgumentParser, config_flags, make_config, validate_config  # noqa: E402
-from ddpg import DDPG, POLICY_KEYS, policy_params  # noqa: E402
-from files import BadFileError, UsageError, atomic_file, load_npz  # noqa: E402
-from goal_env import build_venv, check_policy_fits, describe_env  # noqa: E402
-from mpi_util import agree, mpi_average, run_on_every_rank  # noqa: E402
-from rollout import RolloutWorker  # noqa: E402
-from vecenv import VecEnv  # noqa: E402
+from config import ArgumentParser, config_flags, make_config, validate_config
+from ddpg import DDPG, POLICY_KEYS, policy_params
+from errors import BadFileError, UsageError
+from files import atomic_file, load_npz
+from goal_env import build_venv, check_policy_fits, describe_env
+from mpi_util import (mpi_average, one_blas_thread, raise_if_any_rank_failed,
+                      run_on_every_rank)
+from rollout import RolloutWorker
+from vecenv import VecEnv
 
 class VecVideoRecorder(VecEnv):
     """Wraps a VecEnv and keeps a frame of env 0 after every reset and step: T+1 frames an
@@ -90,7 +87,7 @@ def play(cfg, args, comm):
         check_policy_fits(params, args.policy, env_id, task["dims"])
     except (UsageError, BadFileError) as e:
         error = str(e)
-    agree(comm, error)
+    raise_if_any_rank_failed(comm, error)
     cfg = dataclasses.replace(cfg, env=env_id)
     rng = np.random.default_rng(cfg.seed + 1000000 * comm.Get_rank())
     policy = DDPG.from_arrays(arrays, args.policy, comm=comm, rng=rng)
@@ -158,6 +155,7 @@ def parse_args(argv=None):
 
 
 def main(argv=None):
+    one_blas_thread()  # before any env process starts: they inherit it
     args = parse_args(argv)
     if args.save_video and "MUJOCO_GL" not in os.environ and not os.environ.get("DISPLAY"):
         # No screen: render through EGL, which needs no display server. Set before MuJoCo is

@@ -8,7 +8,9 @@ Every MPI rank owns its own buffer, filled only by its own rollouts; buffers are
 merged between ranks (Plappert et al. 2018, Sec. 2.2). So buffers hold different episodes:
 each rank explores its own envs, seeded seed + 1000000 * rank, with its own noise.
 
-Storage layout, one float32 array per key, shape (size_in_episodes, steps, dim):
+The episode layout (episode_shapes) is written here once, and every producer and reader of
+episodes (RolloutWorker, the demo controller and file, the buffer, the tests) takes it from here:
+one float32 array per key, shape (n_episodes, steps, dim), with
     o, ag            T+1 steps (the observation after the last action is kept)
     g, u, info_*     T steps
 (baselines: float64, twice the memory, though its rollouts already round o, ag, u and info to
@@ -21,9 +23,32 @@ Test: `python -m pytest -q test_all.py -k "her or replay"`.
 import numpy as np
 
 
+EPISODE_KEYS = ("o", "ag", "g", "u", "info_is_success")
+
+
+def episode_shapes(dims, T):
+    """{key: (steps, dim)} of one episode; dims = {'o': dim_o, 'g': dim_g, 'u': dim_u}."""
+    steps_and_dims = ((T + 1, dims["o"]), (T + 1, dims["g"]), (T, dims["g"]), (T, dims["u"]),
+                      (T, 1))
+    return dict(zip(EPISODE_KEYS, steps_and_dims))
+
+
+def empty_episodes(n_episodes, dims, T):
+    """Zeros in the episode layout, to be filled step by step: {key: (n_episodes, steps, dim)}."""
+    return {key: np.zeros((n_episodes, *shape), np.float32)
+            for key, shape in episode_shapes(dims, T).items()}
+
+
+def with_next_steps(episodes):
+    """episodes plus o_2 and ag_2, the observation and achieved goal after each action: views of
+    o and ag shifted by one step, no copy."""
+    # o_2[:, t] = o[:, t+1], ag_2[:, t] = ag[:, t+1]             # (n_episodes, T, dim)
+    return dict(episodes, o_2=episodes["o"][:, 1:, :], ag_2=episodes["ag"][:, 1:, :])
+
+
 class ReplayBuffer:
-    def __init__(self, buffer_shapes, size_in_transitions, T, sample_transitions, rng):
-        """buffer_shapes: {key: (steps, dim)} per episode, e.g. {'o': (T+1, dim_o)}.
+    def __init__(self, dims, size_in_transitions, T, sample_transitions, rng):
+        """dims: {'o': dim_o, 'g': dim_g, 'u': dim_u}; episodes are stored in episode_shapes.
         size_in_transitions: capacity in transitions; stored as size_in_transitions // T episodes.
         sample_transitions: fn(episode_batch, batch_size, rng) -> transitions (her.py).
         rng: np.random.Generator of this rank (eviction and sampling).
@@ -37,7 +62,7 @@ class ReplayBuffer:
         self.rng = rng
         # {key: (size, steps, dim)} float32, allocated once at full size
         self.buffers = {key: np.empty((self.size, *shape), dtype=np.float32)
-                        for key, shape in buffer_shapes.items()}
+                        for key, shape in episode_shapes(dims, T).items()}
         self.current_size = 0  # episodes stored so far, capped at self.size
         self.n_transitions_stored = 0  # transitions ever stored (not capped)
 
@@ -49,12 +74,9 @@ class ReplayBuffer:
         """Sample batch_size HER transitions: {key: (batch_size, dim)}, including o_2 and ag_2."""
         if self.current_size == 0:
             raise RuntimeError("ReplayBuffer.sample called before any episode was stored")
-        # Views, not copies: only the stored episodes, and the next-step arrays shifted by one.
+        # Views, not copies: only the stored episodes.
         buffers = {key: buf[:self.current_size] for key, buf in self.buffers.items()}
-        # o_2[:, t] = o[:, t+1], ag_2[:, t] = ag[:, t+1]             # (n_episodes, T, dim)
-        buffers["o_2"] = buffers["o"][:, 1:, :]
-        buffers["ag_2"] = buffers["ag"][:, 1:, :]
-        return self.sample_transitions(buffers, batch_size, self.rng)
+        return self.sample_transitions(with_next_steps(buffers), batch_size, self.rng)
 
     def store_episode(self, episode_batch):
         """episode_batch: {key: (n_episodes, steps, dim)} as built by rollout.RolloutWorker."""

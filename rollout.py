@@ -21,6 +21,8 @@ from collections import deque
 
 import numpy as np
 
+from replay import empty_episodes
+
 
 class RolloutWorker:
     """Collect num_env episodes at a time from a VecEnv with the current policy.
@@ -56,11 +58,9 @@ class RolloutWorker:
         # comes from this rank's generator (env i gets seed + i), so the whole run is a function
         # of the rank seed and a resumed run replays exactly (deviation: baselines seeds once).
         obs = self.venv.reset(seed=int(self.rng.integers(2 ** 31 - n)))
-        o = np.empty((n, T + 1, dims["o"]), np.float32)  # (num_env, T+1, dim_o)
-        ag = np.empty((n, T + 1, dims["g"]), np.float32)  # (num_env, T+1, dim_g)
-        g = np.empty((n, T, dims["g"]), np.float32)  # (num_env, T, dim_g)
-        u = np.empty((n, T, dims["u"]), np.float32)  # (num_env, T, dim_u)
-        success = np.zeros((n, T, 1), np.float32)  # (num_env, T, 1) info_is_success
+        episodes = empty_episodes(n, dims, T)  # {key: (num_env, T or T+1, dim)}
+        o, ag, g, u = episodes["o"], episodes["ag"], episodes["g"], episodes["u"]
+        success = episodes["info_is_success"]  # (num_env, T, 1)
         Qs = []
         o[:, 0], ag[:, 0] = obs["observation"], obs["achieved_goal"]
         for t in range(T):
@@ -80,7 +80,7 @@ class RolloutWorker:
         if self.compute_Q:
             self.Q_history.append(float(np.mean(Qs)))
         self.n_episodes += n
-        return dict(o=o, ag=ag, g=g, u=u, info_is_success=success)
+        return episodes
 
     def clear_history(self):
         self.success_history.clear()

@@ -22,34 +22,29 @@ exception on any rank (an env process silent past --env_timeout) aborts the whol
 
 Test: `python -m pytest -q test_all.py -k "end_to_end or resume or before_the_layout"`.
 """
+import dataclasses
+import json
 import os
+import sys
+import time
 
-# One BLAS thread per process, set before numpy is imported: with 19 ranks x 2 env processes on
-# a few cores, multi-threaded BLAS in every process only fights over the cores.
-for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-    os.environ.setdefault(_var, "1")
+import numpy as np
 
-import dataclasses  # noqa: E402
-import json  # noqa: E402
-import sys  # noqa: E402
-import time  # noqa: E402
-
-import numpy as np  # noqa: E402
-
-from checkpoint import (Interrupted, NonFiniteError, StopFlag, checkpoint_positions,  # noqa: E402
-                        common_position, read_checkpoint, restore_epoch_so_far,
-                        save_checkpoint, stop_safely_if_needed)
-from config import (ArgumentParser, config_flags, ddpg_params,  # noqa: E402
+from checkpoint import (StopFlag, checkpoint_positions, common_position,
+                        read_checkpoint, restore_agent, restore_epoch_so_far, save_checkpoint,
+                        stop_safely_if_needed)
+from config import (ArgumentParser, config_flags,
                     given_config_args, parse_reward_range, shared_config)
-from ddpg import DDPG, POLICY_KEYS, policy_params  # noqa: E402
-from files import (BadFileError, SaveError, UsageError, atomic_write_text, load_demos,  # noqa: E402
-                   load_npz)
-from goal_env import build_venv, check_policy_fits, describe_env  # noqa: E402
-from her import make_sample_her_transitions  # noqa: E402
-from logger import CycleProgress, EpochLogger, output_is_terminal  # noqa: E402
-from mpi_util import agree, mpi_average, run_on_every_rank, save_on_every_rank  # noqa: E402
-from rollout import RolloutWorker  # noqa: E402
-from tracing import Tracer  # noqa: E402
+from ddpg import POLICY_KEYS, make_agent, policy_params, run_cycle
+from errors import (BadFileError, Interrupted, NonFiniteError, SaveError,
+                    UsageError)
+from files import atomic_write_text, load_demos, load_npz
+from goal_env import GoalTask, build_venv, check_policy_fits, describe_env
+from logger import CycleProgress, EpochLogger, output_is_terminal
+from mpi_util import (mpi_average, one_blas_thread, raise_if_any_rank_failed,
+                      run_on_every_rank, save_on_every_rank)
+from rollout import RolloutWorker
+from tracing import Tracer
 
 
 # ---------------------------------------------------------------- the loop
@@ -69,10 +64,7 @@ def train(cfg, policy, rollout_worker, evaluator, logger, progress, logdir, comm
         losses = list(start_losses) if first_cycle > 0 else []
         for cycle in range(first_cycle, cfg.n_cycles):
             with tracer.cycle(epoch, cycle):
-                episode = rollout_worker.generate_rollouts()  # num_env episodes, own envs
-                policy.store_episode(episode)  # this rank's buffer; normaliser over all ranks
-                losses += [policy.train() for _ in range(cfg.n_batches)]  # MpiAdam inside
-                policy.update_target_net()
+                losses += run_cycle(policy, rollout_worker, cfg.n_batches)
                 stop_safely_if_needed(losses, stop, epoch, cycle, best_success_rate, policy,
                                       workers, logdir, comm)
             progress.cycle_done(cycle)
@@ -130,21 +122,29 @@ def save_policies(cfg, epoch, is_best, policy, logdir):
 
 # ---------------------------------------------------------------- setting up a run
 
+@dataclasses.dataclass
+class RunPlan:
+    """What a rank reads before it trains: the task, and the files the flags name."""
+    task: GoalTask  # what describe_env read off the env
+    checkpoints: dict = None  # --resume: {(epoch, cycle): path} of this rank's checkpoints
+    checkpoint: dict = None  # --resume: the arrays of the one every rank loads
+    checkpoint_path: str = ""  # --resume: where those came from
+    init_policy: dict = None  # --load_path: the policy's arrays
+    demos: dict = None  # --demo_file: {key: (num_demo, T or T+1, dim)}
+
+
 def prepare(cfg, args, comm):
     """Local checks and file reads of a run, no MPI calls: returns what run() needs."""
-    plan = {}
+    plan = RunPlan(task=describe_env(cfg.env, parse_reward_range(cfg.reward_range)))
     if args.resume:  # which of them is loaded, every rank decides together (load_checkpoint)
-        plan["checkpoints"] = checkpoint_positions(args.resume, comm.Get_rank(),
-                                                   comm.Get_size())
-    # dims, T, max_u, reward_fun, success_key, r_range
-    plan.update(describe_env(cfg.env, parse_reward_range(cfg.reward_range)))
+        plan.checkpoints = checkpoint_positions(args.resume, comm.Get_rank(), comm.Get_size())
     if args.load_path:
-        plan["init_policy"] = load_npz(args.load_path, POLICY_KEYS, "policy")
-        check_policy_fits(policy_params(plan["init_policy"], args.load_path), args.load_path,
-                          cfg.env, plan["dims"])
+        plan.init_policy = load_npz(args.load_path, POLICY_KEYS, "policy")
+        check_policy_fits(policy_params(plan.init_policy, args.load_path), args.load_path,
+                          cfg.env, plan.task.dims)
     if cfg.demo_file:  # every rank reads the whole file, as in baselines
-        plan["demos"] = load_demos(cfg.demo_file, cfg.env, plan["dims"], plan["T"],
-                                   cfg.num_demo)
+        plan.demos = load_demos(cfg.demo_file, cfg.env, plan.task.dims, plan.task.T,
+                                cfg.num_demo)
     return plan
 
 
@@ -161,7 +161,7 @@ def make_logdir(cfg, comm, folders=()):
     except OSError as e:
         error = (f"cannot write to log dir {cfg.logdir!r} on rank {comm.Get_rank()} "
                  f"({e.strerror}); pass a --logdir that every rank can write")
-    agree(comm, error)
+    raise_if_any_rank_failed(comm, error)
     save_on_every_rank(comm, write_config, cfg, comm.Get_rank())
 
 
@@ -174,13 +174,13 @@ def write_config(cfg, rank):
 def load_checkpoint(plan, run_dir, comm):
     """Collective: every rank loads its checkpoint of the newest (epoch, cycle) that all ranks
     have: the newest, or the previous one where a rank was stopped while saving."""
-    position, note = common_position(run_dir, plan["checkpoints"], comm)
-    plan["checkpoint_path"] = plan["checkpoints"][position]
+    position, note = common_position(run_dir, plan.checkpoints, comm)
+    plan.checkpoint_path = plan.checkpoints[position]
     try:
-        plan["checkpoint"], error = read_checkpoint(plan["checkpoint_path"]), None
+        plan.checkpoint, error = read_checkpoint(plan.checkpoint_path), None
     except BadFileError as e:
         error = str(e)
-    agree(comm, error)
+    raise_if_any_rank_failed(comm, error)
     if note and comm.Get_rank() == 0:
         print(note, flush=True)
 
@@ -196,13 +196,13 @@ def run(cfg, args, comm, tracer):
         plan, error = prepare(cfg, args, comm), None
     except (UsageError, BadFileError) as e:
         plan, error = None, str(e)
-    agree(comm, error)
+    raise_if_any_rank_failed(comm, error)
     if args.resume:
         load_checkpoint(plan, args.resume, comm)
     make_logdir(cfg, comm, tracer.folders)
     tracer.write_to(os.path.join(cfg.logdir, "trace"))
     if rank == 0:
-        print_setup(cfg, plan, comm.Get_size())
+        print_setup(cfg, plan.task, comm.Get_size())
     rank_seed = cfg.seed + 1000000 * rank  # baselines: different data on every rank
     rng = np.random.default_rng(rank_seed)
     policy, start = make_policy(cfg, args, plan, rng, comm)
@@ -211,17 +211,16 @@ def run(cfg, args, comm, tracer):
     venv = tracer.wrap_venv(build_venv(cfg))  # with --trace, its pipes count every message
     try:
         # Training and test rollouts share the envs, as in baselines (eval_env = env).
-        rollout_worker = RolloutWorker(venv, policy, plan["dims"], plan["T"], rng,
+        task = plan.task
+        rollout_worker = RolloutWorker(venv, policy, task.dims, task.T, rng,
                                        noise_eps=cfg.noise_eps, random_eps=cfg.random_eps,
-                                       success_key=plan["success_key"])
-        evaluator = RolloutWorker(venv, policy, plan["dims"], plan["T"], rng, exploit=True,
-                                  compute_Q=True, success_key=plan["success_key"])
-        if "checkpoint" in plan:
-            n_episodes = plan["checkpoint"]["n_episodes"]
+                                       success_key=task.success_key)
+        evaluator = RolloutWorker(venv, policy, task.dims, task.T, rng, exploit=True,
+                                  compute_Q=True, success_key=task.success_key)
+        if plan.checkpoint is not None:
+            n_episodes = plan.checkpoint["n_episodes"]
             rollout_worker.n_episodes, evaluator.n_episodes = map(int, n_episodes)
-            start["start_losses"], note = restore_epoch_so_far(plan["checkpoint"], rollout_worker)
-            if note and rank == 0:
-                print(note, flush=True)
+            start["start_losses"] = restore_epoch_so_far(plan.checkpoint, rollout_worker)
         else:  # the state before any training, so a failure always has a checkpoint to go back to
             save_on_every_rank(comm, save_checkpoint, cfg.logdir, 0, 0, -1., policy,
                                (rollout_worker, evaluator), comm)
@@ -237,9 +236,9 @@ def run(cfg, args, comm, tracer):
               f"policies in {cfg.logdir}", flush=True)
 
 
-def print_setup(cfg, plan, n_ranks):
-    print(f"Logging to {cfg.logdir}\n{cfg}\ndims={plan['dims']} T={plan['T']} "
-          f"max_u={plan['max_u']} ranks={n_ranks}", flush=True)
+def print_setup(cfg, task, n_ranks):
+    print(f"Logging to {cfg.logdir}\n{cfg}\ndims={task.dims} T={task.T} max_u={task.max_u} "
+          f"ranks={n_ranks}", flush=True)
     if n_ranks == 1:
         print("*** Warning: one MPI rank. This works (FetchReach learns), but Plappert et al. "
               "(2018) used 19 ranks x 2 envs, and the harder tasks learn far worse with one; "
@@ -250,19 +249,17 @@ def print_setup(cfg, plan, n_ranks):
 def make_policy(cfg, args, plan, rng, comm):
     """This rank's agent, from scratch, from --load_path or from its checkpoint; and where the
     loop starts. Collective: the DDPG constructor broadcasts rank 0's weights."""
-    sampler = make_sample_her_transitions(cfg.replay_strategy, cfg.replay_k, plan["reward_fun"])
-    params = ddpg_params(cfg, plan["dims"], plan["T"], plan["max_u"], plan["r_range"])
-    policy = DDPG(params, sampler, rng, comm)
+    policy = make_agent(cfg, plan.task, rng, comm)
     start = dict(start_epoch=0, start_cycle=0, best_success_rate=-1.)
-    if "init_policy" in plan:
-        policy.set_policy_arrays(plan["init_policy"], args.load_path)
-    if "checkpoint" in plan:
-        ckpt = plan["checkpoint"]
-        policy.restore_checkpoint(ckpt, plan["checkpoint_path"])
+    if plan.init_policy is not None:
+        policy.set_policy_arrays(plan.init_policy, args.load_path)
+    if plan.checkpoint is not None:
+        ckpt = plan.checkpoint
+        restore_agent(policy, ckpt, plan.checkpoint_path)
         start = dict(start_epoch=int(ckpt["epoch"]), start_cycle=int(ckpt["cycle"]),
                      best_success_rate=float(ckpt["best"]))
-    if "demos" in plan:  # after the restore: a resumed run's normaliser sums hold the demos
-        policy.init_demo_buffer(plan["demos"], update_stats="checkpoint" not in plan)
+    if plan.demos is not None:  # after the restore: a resumed run's normaliser sums hold them
+        policy.init_demo_buffer(plan.demos, update_stats=plan.checkpoint is None)
     return policy, start
 
 
@@ -293,6 +290,7 @@ def parse_args(argv=None):
 
 
 def main(argv=None):
+    one_blas_thread()  # before any env process starts: they inherit it
     args = parse_args(argv)
     # mpi4py is imported here, not at the top, because importing it initialises MPI: every env
     # process re-imports this file (the `spawn` start method runs it as __mp_main__), and with
