@@ -5,9 +5,9 @@ Andrychowicz et al. (2017), Algorithm 1 (lines "for t = 0, T - 1: sample an acti
 it"), with the exploration of Plappert et al. (2018), Sec. 2.2: Gaussian noise on the actor's
 action, and with some probability a uniform random action instead.
 
-This is where rollouts are aggregated, and only within a rank: the rank sends num_env actions
-down to its env processes and stacks what comes back into arrays of shape (num_env, dim).
-Nothing here crosses MPI ranks.
+This is where a rank's episodes are built, one step of num_env envs at a time: the actions go
+to the vec env (vecenv.py), whose env processes step them, and what comes back is written into
+the episode arrays, (num_env, T or T+1, dim). Nothing here crosses MPI ranks.
 
 Deviations from baselines: RolloutWorker stores all T transitions of an episode (baselines' vec
 env auto-reset drops the last one) and resets its envs itself after exactly T steps; so its

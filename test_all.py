@@ -602,7 +602,7 @@ def test_every_goal_task_family_runs_one_cycle():
 
 
 def test_fetch_and_hand_keep_baselines_target_range():
-    """rewards {-1, 0}: y is clipped to [-1/(1 - gamma), 0] = [-50, 0] at T = 50, as ever."""
+    """rewards {-1, 0}: y is clipped to [-1/(1 - gamma), 0] = [-50, 0] at T = 50, as baselines."""
     for env_id in ("FetchPush-v4", "HandReach-v3"):
         task = goal_env.describe_env(env_id)
         params = config.ddpg_params(config.Config(hidden=8), task.dims, 50, 1.0, task.r_range)
@@ -2512,8 +2512,9 @@ def test_vec_env_refuses_calls_out_of_turn(VecEnvClass):
 @pytest.mark.parametrize("wrong, at, received", [("dtype", 0, "float64 (2,)"),
                                                  ("shape", 2, "float32 (3,)")])
 def test_vec_env_refuses_observations_unlike_their_space(VecEnvClass, wrong, at, received):
-    """ShmemVecEnv cast such an observation silently into shared memory, SubprocVecEnv passed it
-    on: both now refuse it in the env process, which reports the key, expected and received."""
+    """Unchecked, ShmemVecEnv would cast such an observation silently into shared memory and
+    SubprocVecEnv pass it on: both refuse it in the env process, which reports the key, the
+    expected and the received dtype and shape."""
     u = np.zeros((2, 2), np.float32)
     env_fns = [functools.partial(StubGoalEnv), functools.partial(OffSpaceGoalEnv, wrong, at)]
     with hang_guard(60):
@@ -2830,7 +2831,7 @@ def test_every_mpi_call_is_tagged_and_in_the_readme_table():
     assert {"Allreduce", "Bcast", "bcast", "allgather", "Abort"} <= methods
     for method in methods:
         assert f"`{method}`" in table, f"comm.{method} is not in README's table of MPI calls"
-    # and every row names where the call now is: the function around each tagged line
+    # and every row names where the call is: the function around each tagged line
     import ast
     for name in sorted(f for f in os.listdir(HERE) if f.endswith(".py") and f != "test_all.py"):
         with open(os.path.join(HERE, name)) as f:

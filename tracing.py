@@ -1,8 +1,9 @@
 """--trace N: every message between processes in the first N cycles of a run, measured.
 
 No baselines counterpart: baselines logs scalars per epoch. This file answers "what crosses
-between processes, and where?" (Plappert et al. 2018, Sec. 2.2: N ranks that average their
-gradients) for the configuration actually run: it records, on every rank,
+between processes, and where?" (Plappert et al. 2018, Sec. 2.2: N ranks whose gradients are
+combined before every update; here summed, as baselines' HER) for the configuration actually
+run: it records, on every rank,
   * every MPI call: which one (Allreduce, Bcast, allgather, ...), its call site as
     file:function, the elements and bytes this rank puts in, when it started and how long the
     rank spent inside it (waiting for the slowest rank included);
