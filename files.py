@@ -1,12 +1,12 @@
 """The files a run reads and writes: written atomically, read without pickle.
 
 No baselines counterpart as such: baselines pickles its policies and demo files and writes them
-in place. Here every file is a plain .npz (or text) written to a temporary name and renamed, so
-a crash at any moment leaves the old complete file or the new complete one; and it is read with
-allow_pickle=False, so a file from elsewhere can be refused but never runs code. Holds the demo
-file format of Nair et al. (2018) too (demos.py writes it, train.py reads it): one float32 array
-per key in the replay buffer's own layout (replay.py), episodes first: o, ag (n, T+1, dim);
-g, u, info_is_success (n, T, dim); plus the env id and T.
+in place. Here every file is a plain .npz (or text, or a figure's PNG) written to a temporary
+name and renamed, so a crash at any moment leaves the old complete file or the new complete one;
+and it is read with allow_pickle=False, so a file from elsewhere can be refused but never runs
+code. Holds the demo file format of Nair et al. (2018) too (demos.py writes it, train.py reads
+it): one float32 array per key in the replay buffer's own layout (replay.py), episodes first:
+o, ag (n, T+1, dim); g, u, info_is_success (n, T, dim); plus the env id and T.
 
 A file that cannot be read is a one-line BadFileError, one that cannot be written a one-line
 SaveError (errors.py).
@@ -51,6 +51,14 @@ def atomic_savez(path, arrays, keep_previous=None):
     """np.savez through atomic_file()."""
     with atomic_file(path, "wb", keep_previous) as f:
         np.savez(f, **arrays)
+
+
+def save_png(fig, path):
+    """A matplotlib figure as a PNG through atomic_file() (plot.py, plot_trace.py): a reader
+    never sees half a picture. Its folder is made if missing."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with atomic_file(path) as f:
+        fig.savefig(f, format="png", dpi=100)
 
 
 def load_npz(path, required_keys, what, writer="train.py"):

@@ -44,7 +44,7 @@ gives the -k expression of its tests: `python -m pytest -q test_all.py -k "EXPRE
   16. tracing.py and tools/two-hosts.sh: -k "test_trace or traced_run or bad_trace or two_hosts"
   17. vecenv.py: -k "vec_env or subproc_vecenv or shmem_vecenv or dummy_vecenv or env_worker"
   18. demos.py: -k "demo_controller"
-  19. plot.py, bench.py and the docs: -k "plot or scaling or docs or tagged or bench"
+  19. plot.py, plot_trace.py, bench.py and the docs: -k "plot or scaling or docs or tagged or bench"
   20. mpi_case_*, under mpirun: -k "test_mpi_adam or normalizer_under or nineteen or never_touch"
 """
 import contextlib
@@ -2664,12 +2664,12 @@ def test_demo_controller_succeeds_and_writes_the_buffer_layout(tmp_path, capsys)
         env.close()
 
 
-# ---------------------------------------------------------------- plot.py, bench.py and docs
+# -------------------------------------------------- plot.py, plot_trace.py, bench.py and docs
 
-def write_synthetic_run(run_dir, seed, success, n_ranks=2, epoch_s=20.0, **settings):
+def write_synthetic_run(run_dir, seed, success, n_ranks=2, epoch_s=20.0, env="FetchPush-v4",
+                        **settings):
     os.makedirs(run_dir)
-    cfg = dict(vars(config.Config(env="FetchPush-v4", num_env=2, n_cycles=50, seed=seed,
-                                  **settings)))
+    cfg = dict(vars(config.Config(env=env, num_env=2, n_cycles=50, seed=seed, **settings)))
     with open(os.path.join(run_dir, "config.json"), "w") as f:
         json.dump(cfg, f)
     with open(os.path.join(run_dir, "progress.csv"), "w", newline="") as f:
@@ -2756,18 +2756,90 @@ def test_scaling_figure_and_table_one_row_per_rank_count(tmp_path):
     assert np.allclose(run["hours"], 475. * np.arange(1, 7) / 3600.)
 
 
-def test_plot_trace_draws_the_traced_cycle_and_refuses_what_it_cannot(tmp_path):
+def write_suite_runs(root):
+    """Three tasks at 8 x 2: FetchSlide, two seeds that ended (n_epochs 6); HandReach, still
+    going (3 of its 50 epochs); FetchPickAndPlace, ended (n_epochs 4) without reaching 0.9."""
+    runs = {"FetchSlide-v4": {0: [0.0, 0.2, 0.5, 0.6, 0.9, 1.0],
+                              1: [0.1, 0.3, 0.4, 0.7, 0.8, 0.95]},
+            "HandReach-v3": {0: [0.0, 0.1, 0.3]},
+            "FetchPickAndPlace-v4": {0: [0.1, 0.5, 0.6, 0.7]}}
+    n_epochs = {"FetchSlide-v4": 6, "HandReach-v3": 50, "FetchPickAndPlace-v4": 4}
+    dirs = []
+    for env, seeds in runs.items():
+        for seed, success in seeds.items():
+            dirs.append(os.path.join(root, f"{env}-8x2-seed{seed}"))
+            write_synthetic_run(dirs[-1], seed, success, n_ranks=8, env=env,
+                                n_epochs=n_epochs[env])
+    return dirs, runs
+
+
+def test_plot_suite_table_tells_not_yet_from_never_and_shows_the_anchors(tmp_path, capsys):
     import plot
+    dirs, runs = write_suite_runs(str(tmp_path))
+    table = plot.suite_table(dirs, after_epochs=(2, 5, 10)).splitlines()
+    assert table[0] == ("| task | ranks x envs | seeds | epochs run (of n_epochs) | success after "
+                        "2 epochs | success after 5 epochs | success after 10 epochs | first epoch "
+                        ">= 0.5 | first epoch >= 0.9 | published (success after epochs) |")
+    slide = runs["FetchSlide-v4"]
+    # "after n epochs" is row n - 1; the median over the two seeds; 10 epochs: past n_epochs
+    after_2 = np.median([slide[0][1], slide[1][1]])
+    after_5 = np.median([slide[0][4], slide[1][4]])
+    # PickAndPlace ended at 4 epochs: 0.5 first at epoch 1, 0.9 never; 5 and 10 epochs never run
+    assert table[2] == ("| FetchPickAndPlace-v4 | 8 x 2 | 1 | 4 of 4 | 0.50 | - | - | 1 | never | "
+                        "port 16x2: 0.50 after 12, 0.76 after 20, 0.92 after 48; baselines, "
+                        "100 demos: 0.70 after 50 |")
+    # Slide: seed 0 reaches 0.5 at epoch 2 and 0.9 at 4, seed 1 at 3 and 5
+    assert table[3] == (f"| FetchSlide-v4 | 8 x 2 | 2 | 6 of 6 | {after_2:.2f} | {after_5:.2f} | "
+                        "- | 2, 3 | 4, 5 | port 8x2: 0.50 after 35, 0.57 after 50, 0.70 after "
+                        "125 |")
+    # HandReach is still going (3 of 50 epochs): epochs 5 and 10 blank, both levels not yet
+    assert table[4] == ("| HandReach-v3 | 8 x 2 | 1 | 3 of 50 | 0.10 |  |  | not yet | not yet | "
+                        "none |")
+    assert len(table) == 5
+    # a run before its first epoch (progress.csv: the header only) is left out until it has one
+    started = str(tmp_path / "HandManipulateBlockRotateZ-v1-8x2-seed0")
+    write_synthetic_run(started, 0, [], n_ranks=8, env="HandManipulateBlockRotateZ-v1")
+    assert plot.main(dirs + [started, "--suite", "--table"]) == 0
+    assert capsys.readouterr().out == plot.suite_table(dirs) + "\n"
+
+
+def test_plot_suite_figure_has_a_panel_per_task_with_its_anchors(tmp_path, monkeypatch):
+    import plot
+    dirs, runs = write_suite_runs(str(tmp_path))
+    out = str(tmp_path / "suite.png")
+    assert plot.main(dirs + ["--suite", "-o", out]) == 0 and os.path.getsize(out) > 10_000
+    figures = []
+    monkeypatch.setattr(plot, "save_figure", lambda fig, out_path: figures.append(fig))
+    plot.plot_suite(dirs, out)
+    axes = figures[0].axes
+    assert [ax.get_title() for ax in axes] == ["FetchPickAndPlace-v4", "FetchSlide-v4",
+                                               "HandReach-v3"]
+    slide_lines = axes[1].get_lines()
+    assert slide_lines[0].get_label() == "ours 8x2, 2 seed(s), 6 of 6 epochs"
+    slide = runs["FetchSlide-v4"]
+    assert np.allclose(slide_lines[0].get_ydata(), np.median([slide[0], slide[1]], axis=0))
+    marks = [(line.get_label(), line.get_xdata()[0], line.get_ydata()[0])
+             for line in slide_lines[1:]]
+    assert marks == [("port 8x2 (published)", 35, 0.5), ("port 8x2 (published)", 50, 0.57),
+                     ("port 8x2 (published)", 125, 0.7)]
+    hand_lines = axes[2].get_lines()
+    assert [line.get_label() for line in hand_lines] == ["ours 8x2, 1 seed(s), 3 of 50 epochs"]
+    assert list(hand_lines[0].get_ydata()) == runs["HandReach-v3"][0]
+    plot.pyplot().close(figures[0])
+
+
+def test_plot_trace_draws_the_traced_cycle_and_refuses_what_it_cannot(tmp_path):
+    import plot_trace
     runs = traced_and_untraced_runs(str(tmp_path.parent))
     folder = os.path.join(runs["traced"], "trace")
-    k, n_cycles, shown = plot.traced_cycle(plot.read_trace(folder))
+    k, n_cycles, shown = plot_trace.traced_cycle(plot_trace.read_trace(folder))
     assert (k, n_cycles) == (0, 1) and {r["rank"] for r in shown} == {0, 1}
     assert len(shown) == len([r for r in read_trace_rows(folder) if r["phase"] == "cycle"])
     out = str(tmp_path / "cycle.png")
-    assert plot.main(["--trace", folder, "-o", out]) == 0 and os.path.getsize(out) > 10_000
+    assert plot_trace.main([folder, "-o", out]) == 0 and os.path.getsize(out) > 10_000
     for argv, phrase in (([str(tmp_path)], "no rank<r>.csv"), ([folder, "--cycle", "1"],
                                                                   "no cycle 1")):
-        proc = subprocess.run([sys.executable, "plot.py", "--trace", *argv, "-o", out],
+        proc = subprocess.run([sys.executable, "plot_trace.py", *argv, "-o", out],
                               cwd=HERE, capture_output=True, text=True, timeout=120)
         assert_one_line_error(proc.returncode, proc.stdout + proc.stderr, 2, phrase)
 
@@ -2790,11 +2862,12 @@ def test_bench_update_section_runs_and_prints_its_ratios():
 
 
 def test_plot_tables_in_docs_results_match_committed_csvs():
-    """docs/results.md shows the results and scaling tables that plot.py makes of results/."""
+    """docs/results.md shows the results, scaling and strategies tables that plot.py makes of
+    results/, and the suite table where the page holds one."""
     import plot
     results = os.path.join(HERE, "results")
     run_dirs = sorted(os.path.join(results, d) for d in os.listdir(results)
-                      if os.path.exists(os.path.join(results, d, "progress.csv")))
+                      if plot.has_epochs(os.path.join(results, d)))
     assert run_dirs, "results/ holds no runs"
     with open(os.path.join(HERE, "docs", "results.md")) as f:
         page = f.read()
@@ -2810,6 +2883,10 @@ def test_plot_tables_in_docs_results_match_committed_csvs():
     assert plot.scaling_table(strategies, "FetchPush-v4") in page, "docs/results.md's table " \
         "of HER strategies differs from `python plot.py results/FetchPush-v4-4x2-* --scaling " \
         "FetchPush-v4 --table`"
+    suite = [d for d in run_dirs if fnmatch.fnmatch(os.path.basename(d), "*-8x2-seed0")]
+    if "<!-- suite table" in page:  # the page shows it once the suite's runs are in results/
+        assert plot.suite_table(suite) in page, "docs/results.md's suite table differs from " \
+            "`python plot.py results/*-8x2-seed0 --suite --table`"
 
 
 def test_every_mpi_call_is_tagged_and_in_the_readme_table():

@@ -26,7 +26,7 @@ lane for its cycles, one for its MPI calls and one per env process. Rank 0 gathe
 rather than reading the other ranks' CSVs because on several machines they may be on other disks.
 
 Run:  mpirun -np 2 python train.py --num_env 2 --env FetchPush-v4 --trace 3
-      python plot.py --trace runs/<run>/trace -o cycle.png      # one lane per rank
+      python plot_trace.py runs/<run>/trace -o cycle.png        # one lane per rank
       (open runs/<run>/trace/trace.json in ui.perfetto.dev or chrome://tracing: every event)
 Test: `python -m pytest -q test_all.py -k trace`. (Named tracing.py: `trace` is a standard module.)
 """
@@ -153,7 +153,7 @@ class Tracer:
             summaries = [summary for summary, _ in gathered]
             print(f"Trace of {min(self.cycles_done, self.n_cycles)} cycle(s) on "
                   f"{len(summaries)} rank(s), one CSV per rank in {self.folder} and all ranks in "
-                  f"trace.json (Perfetto, chrome://tracing; picture: python plot.py --trace "
+                  f"trace.json (Perfetto, chrome://tracing; picture: python plot_trace.py "
                   f"{self.folder} -o cycle.png)\n{format_table(summaries)}", flush=True)
 
     def csv_text(self, rank):
