@@ -19,7 +19,7 @@ Deviation from baselines (docs/deviations.md): the critic's first layer is split
 for [o, g] and the rows for u, so that Q([x_pi | u]) is computed without concatenating; the
 function computed is the same.
 
-Test: `python -m pytest -q test_all.py -k grad`.
+Test: `python -m pytest -q test_all.py::TestActorCritic`.
 """
 import numpy as np
 

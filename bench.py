@@ -18,7 +18,7 @@ The figures across ranks (MpiAdam's Allreduce, what --trace costs) are bench_mpi
 figure is taken is timing.py's.
 
 Run: `python bench.py [--quick] [--only SECTION]` (about 3 minutes in all).
-Test: `python -m pytest -q test_all.py -k bench`.
+Test: `python -m pytest -q test_all.py::TestPlotBenchDocs`.
 """
 import argparse
 import functools

@@ -7,7 +7,7 @@ bench.py's; how a figure is taken is timing.py's.
 
 Run: `mpirun -np R python bench_mpi.py` (MpiAdam.update and its Allreduce with R ranks) and
 `mpirun -np 2 python bench_mpi.py --trace_cost [--quick]` (a traced cycle against an untraced).
-Test: `python -m pytest -q test_all.py -k bench`.
+Test: `python -m pytest -q test_all.py::TestPlotBenchDocs`.
 """
 import argparse
 import os

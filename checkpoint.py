@@ -10,7 +10,7 @@ Stopping is collective: once per cycle every rank tells the others (one allgathe
 was interrupted or saw a non-finite loss or weight, so all ranks stop at the same cycle instead
 of one leaving the others waiting in an Allreduce for ever. A second signal ends the run at once.
 
-Test: `python -m pytest -q test_all.py -k "resume or sigint or nonfinite or checkpoint"`.
+Test: `python -m pytest -q test_all.py::TestCheckpoint`.
 """
 import json
 import multiprocessing as mp

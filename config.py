@@ -13,7 +13,7 @@ Here, in this order:
   * the command line, and shared_config: rank 0's configuration, broadcast to every rank.
 What is read off the env (baselines' configure_dims and its tmp env) is in goal_env.py.
 
-Test: `python -m pytest -q test_all.py -k "config or command_lines or gamma_flag or cloning"`.
+Test: `python -m pytest -q test_all.py::TestConfig`.
 """
 import argparse
 import dataclasses

@@ -29,7 +29,7 @@ is baselines' [-1/(1 - gamma), 0]); the critic's first layer is split (actor_cri
 normaliser sums over ranks in float64 and starts its count at 0 (normalizer.py); policies are
 pickle-free .npz files.
 
-Test: `python -m pytest -q test_all.py -k "ddpg or save or demo or bc"`.
+Test: `python -m pytest -q test_all.py::TestDDPG`.
 """
 import json
 

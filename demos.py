@@ -29,7 +29,7 @@ failed one are not worth copying; a Q filter would discard some of them, but not
 (--q_filter 0). The success rate printed is over all episodes run, failed ones included.
 
 Run:  python demos.py --env FetchPickAndPlace-v4 --num_demo 100 --out demos/pick100.npz
-Test: python -m pytest -q test_all.py -k demo
+Test: `python -m pytest -q test_all.py::TestDemos`.
 """
 import os
 import sys

@@ -6,7 +6,7 @@ No baselines counterpart: baselines lets every error end in a traceback. Here th
 its traceback. Under mpirun every rank raises these together (mpi_util.raise_if_any_rank_failed,
 checkpoint.stop_safely_if_needed), so no rank is left waiting for the others.
 
-Test: `python -m pytest -q test_all.py -k "one_line or bad_ or failed_write or nonfinite"`.
+Test: `python -m pytest -q test_all.py::TestFiles`.
 """
 
 

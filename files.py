@@ -11,7 +11,7 @@ o, ag (n, T+1, dim); g, u, info_is_success (n, T, dim); plus the env id and T.
 A file that cannot be read is a one-line BadFileError, one that cannot be written a one-line
 SaveError (errors.py).
 
-Test: `python -m pytest -q test_all.py -k "atomic or failed_write or bad_ or demo"`.
+Test: `python -m pytest -q test_all.py::TestFiles`.
 """
 import contextlib
 import os

@@ -10,7 +10,7 @@ measures them all on a temporary env: dims, horizon T, action bound max_u, the r
 the info key that reports success, and the reward range that bounds the critic's target.
 build_venv makes a rank's vec env of num_env such envs.
 
-Test: `python -m pytest -q test_all.py -k "goal_task or reward or success_key"`.
+Test: `python -m pytest -q test_all.py::TestGoalEnv`.
 """
 import contextlib
 import dataclasses

@@ -11,7 +11,7 @@ in it, or from any stored episode), and recompute the reward for that goal.
 
 Everything here is local to one rank: it samples from that rank's own buffer.
 
-Test: `python -m pytest -q test_all.py -k her`.
+Test: `python -m pytest -q test_all.py::TestHer`.
 """
 import numpy as np
 

@@ -5,7 +5,7 @@ format) as far as HER uses it. Rank 0 alone writes (every logged value is alread
 summed over ranks by the caller, train.epoch_logs); the CSV is rewritten atomically each epoch,
 so a reader never sees half a row.
 
-Test: `python -m pytest -q test_all.py -k "progress or terminal"`.
+Test: `python -m pytest -q test_all.py::TestLogger`.
 """
 import csv
 import io

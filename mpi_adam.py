@@ -18,7 +18,7 @@ on a cluster with mixed NumPy builds, check_synced() says so instead of letting 
 
 Every line that talks to other ranks carries the comment tag `[MPI]`.
 
-Test: `python -m pytest -q test_all.py -k adam` (runs `mpirun -np 2` and `-np 3` itself).
+Test: `python -m pytest -q test_all.py::TestMpiAdam` (runs `mpirun -np 2` and `-np 3` itself).
 """
 import numpy as np
 

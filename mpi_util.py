@@ -20,7 +20,7 @@ those that no process has open or mapped any more:
 
 Every line that talks to other ranks carries the comment tag `[MPI]`.
 
-Test: `python -m pytest -q test_all.py -k "orphaned or rank_failure"`.
+Test: `python -m pytest -q test_all.py::TestMpiUtil`.
 """
 import os
 import sys

@@ -11,7 +11,7 @@ that mean and std stay exact after millions of samples, while the normalised inp
 float32; they are summed over ranks (baselines averages them); the count starts at 0
 (baselines: 1, one phantom zero sample).
 
-Test: `python -m pytest -q test_all.py -k normalizer` (runs `mpirun -np 2` itself).
+Test: `python -m pytest -q test_all.py::TestNormalizer` (runs `mpirun -np 3` itself).
 """
 import numpy as np
 

@@ -13,7 +13,7 @@ Run:
 With --save_video, rank 0 renders env 0 off screen (EGL where there is no display) and writes
 its episodes as an animated GIF through VecVideoRecorder (baselines' vec_video_recorder.py).
 
-Test: `python -m pytest -q test_all.py -k "play or video"`.
+Test: `python -m pytest -q test_all.py::TestPlay`.
 """
 import dataclasses
 import os

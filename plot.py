@@ -18,7 +18,7 @@ Run:
     python plot.py results/FetchPush-v4-*x2-seed[0-9] --scaling FetchPush-v4 -o results/scaling.png
     python plot.py results/*-8x2-seed0 --suite -o results/suite.png
     (with --table instead of -o, each prints its figure's markdown table)
-Test: `python -m pytest -q test_all.py -k plot`.
+Test: `python -m pytest -q test_all.py::TestPlotBenchDocs`.
 """
 import argparse
 import csv

@@ -9,7 +9,7 @@ its env processes. This shows who waits for whom among N ranks that average thei
 the shortest bar in it came last.
 
 Run:  python plot_trace.py runs/<run>/trace -o cycle.png [--cycle K]   # K from 0; default: the last
-Test: `python -m pytest -q test_all.py -k plot_trace`.
+Test: `python -m pytest -q test_all.py::TestPlotBenchDocs`.
 """
 import argparse
 import csv

@@ -18,7 +18,7 @@ float32 and only g arrives in float64, where rounding moves a goal by less than 
 Eviction once full (as baselines): each new episode overwrites a uniformly random stored
 episode. Before that, episodes fill slots 0, 1, 2, ... in order.
 
-Test: `python -m pytest -q test_all.py -k "her or replay"`.
+Test: `python -m pytest -q test_all.py::TestReplay`.
 """
 import numpy as np
 

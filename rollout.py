@@ -15,7 +15,7 @@ success is read after the T-th action, where baselines reads it after action T-1
 its rollout keeps. Each episode's reset seed is drawn from the rank's generator (baselines seeds
 its envs once), so a resumed run replays exactly.
 
-Test: `python -m pytest -q test_all.py -k rollout`.
+Test: `python -m pytest -q test_all.py::TestRollout`.
 """
 from collections import deque
 

@@ -6,7 +6,7 @@ shmem` selects it. Everything else (the env processes, their commands, the refus
 travels. Worth it for large observations (images); for the tens of floats of Fetch, Hand and
 maze tasks the two are within noise of each other (docs/performance.md).
 
-Test: `python -m pytest -q test_all.py -k "shmem or vec_env"`.
+Test: `python -m pytest -q test_all.py::TestVecEnv`.
 """
 import numpy as np
 

@@ -6,7 +6,7 @@ machine where the absolute times do not (machines here differ 2-3x from one day 
 The agent is built as train.py builds it (ddpg.make_agent) and filled with random episodes in
 the episode layout (replay.episode_shapes).
 
-Test: `python -m pytest -q test_all.py -k bench`.
+Test: `python -m pytest -q test_all.py::TestPlotBenchDocs`.
 """
 import time
 

@@ -28,7 +28,7 @@ rather than reading the other ranks' CSVs because on several machines they may b
 Run:  mpirun -np 2 python train.py --num_env 2 --env FetchPush-v4 --trace 3
       python plot_trace.py runs/<run>/trace -o cycle.png        # one lane per rank
       (open runs/<run>/trace/trace.json in ui.perfetto.dev or chrome://tracing: every event)
-Test: `python -m pytest -q test_all.py -k trace`. (Named tracing.py: `trace` is a standard module.)
+Test: `python -m pytest -q test_all.py::TestTracing`. (Named tracing.py: `trace` is a standard module.)
 """
 import contextlib
 import io

@@ -20,7 +20,7 @@ cannot be written (a full disk) is one line and exit code 1 on every rank; a non
 actor/critic parameter stops with exit code 1 after keeping the last good checkpoint; an
 exception on any rank (an env process silent past --env_timeout) aborts the whole MPI job.
 
-Test: `python -m pytest -q test_all.py -k "end_to_end or resume or before_the_layout"`.
+Test: `python -m pytest -q test_all.py::TestTrain`.
 """
 import dataclasses
 import json

@@ -26,7 +26,7 @@ Deviations from baselines, on purpose:
     ShmemVecEnv casts it silently), and any call after the vec env closed itself (an env
     process failed, died or stayed silent past --env_timeout).
 
-Test: `python -m pytest -q test_all.py -k vecenv`.
+Test: `python -m pytest -q test_all.py::TestVecEnv`.
 """
 import ctypes
 import multiprocessing as mp
