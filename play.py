@@ -84,7 +84,7 @@ def play(cfg, args, comm):
         params = policy_params(arrays, args.policy)
         env_id = args.env or params.get("env") or cfg.env  # the env it was trained on
         task = describe_env(env_id, need_range=False)
-        check_policy_fits(params, args.policy, env_id, task["dims"])
+        check_policy_fits(params, args.policy, env_id, task.dims)
     except (UsageError, BadFileError) as e:
         error = str(e)
     raise_if_any_rank_failed(comm, error)
@@ -98,7 +98,7 @@ def play(cfg, args, comm):
         venv = VecVideoRecorder(venv)
     try:
         evaluator = RolloutWorker(venv, policy, policy.dims, policy.T, rng, exploit=True,
-                                  compute_Q=True, success_key=task["success_key"])
+                                  compute_Q=True, success_key=task.success_key)
         for _ in range(cfg.n_test_rollouts):
             evaluator.generate_rollouts()
     finally:
