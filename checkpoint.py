@@ -96,22 +96,22 @@ def restore_epoch_so_far(arrays, rollout_worker):
 def checkpoint_positions(run_dir, rank, n_ranks):
     """{(epoch, cycle): path} of this rank's readable checkpoints, newest and previous (local:
     no MPI calls). Reads the few scalars only, not the replay buffer."""
-    positions, problem = {}, None
+    positions = {}
     for path in (checkpoint_path(run_dir, rank), checkpoint_path(run_dir, rank, previous=True)):
-        if not os.path.exists(path):
+        if not os.path.exists(path):  # rank<r>.npz is missing only after a stop mid-save
             continue
         try:
             with np.load(path, allow_pickle=False) as data:
                 epoch, cycle, ranks = (int(data[key]) for key in ("epoch", "cycle", "n_ranks"))
-        except Exception:  # unreadable or not ours: load_npz says why if nothing else is left
-            problem = problem or path
-            continue
+        except Exception:  # written whole or not at all, so damaged from outside: say so
+            load_npz(path, CHECKPOINT_KEYS, "checkpoint")  # raises the one-line BadFileError
+            raise
         if ranks != n_ranks:
             raise UsageError(f"{path} was written by a run of {ranks} ranks; resume it with "
                              f"mpirun -np {ranks}, not {n_ranks}")
         positions.setdefault((epoch, cycle), path)
-    if not positions:  # nothing readable: the one-line reason of the newest file
-        load_npz(problem or checkpoint_path(run_dir, rank), CHECKPOINT_KEYS, "checkpoint")
+    if not positions:  # neither file: the one-line "no such file" of the newest
+        load_npz(checkpoint_path(run_dir, rank), CHECKPOINT_KEYS, "checkpoint")
     return positions
 
 

@@ -2655,9 +2655,15 @@ class TestVecEnv:
             venv = VecEnvClass(env_fns)
             venv.reset()
             venv.step_async(np.zeros((2, 2), np.float32))
+            # Python's own Ctrl-C handler, even where the suite was started with SIGINT ignored
+            # (a background job of a non-interactive shell)
+            handler = signal.signal(signal.SIGINT, signal.default_int_handler)
             threading.Timer(1., os.kill, (os.getpid(), signal.SIGINT)).start()
-            with pytest.raises(KeyboardInterrupt):
-                venv.step_wait()
+            try:
+                with pytest.raises(KeyboardInterrupt):
+                    venv.step_wait()
+            finally:
+                signal.signal(signal.SIGINT, handler)
         with hang_guard(2):  # env 1 would answer after 3 s: nothing here may wait for it
             venv.close()
         assert all(gone(p.pid) for p in venv.ps)
