@@ -168,7 +168,7 @@ def shm_entries():
     return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
 
 
-def remove_orphans_of_job(entries_before, patience_s=10.):
+def remove_orphans_of_job(entries_before, patience_s=30.):
     """After an MPI job has ended: remove the segments it made that no process holds any
     more. mpirun can return while the ranks of an aborted job are still exiting, so a new
     segment is waited for until it is an orphan; one still held after patience_s belongs to
