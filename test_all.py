@@ -2366,8 +2366,10 @@ class TestTwoHosts:
         held = {host: report[f"{host}'s"].rsplit(": ", 1)[1].split() for host in ("host0", "host1")}
         assert {"progress.csv", "config.json", "trace/rank0.csv", "trace/trace.json"} <= \
             set(held["host0"]) and "checkpoint/rank1.npz" not in held["host0"]
-        assert sorted(held["host1"]) == ["checkpoint/rank1.npz", "trace/rank1.csv"]
+        assert sorted(held["host1"]) == ["checkpoint/rank1.npz", "checkpoint/rank1.prev.npz",
+                                         "trace/rank1.csv"]
         assert len(read_progress(out_dir)) == 1
+        assert sorted(os.listdir(out_dir / "trace")) == ["rank0.csv", "rank1.csv", "trace.json"]
         with open(out_dir / "trace" / "trace.json") as f:  # rank 0 gathered rank 1's rows
             assert {e["pid"] for e in json.load(f)["traceEvents"]} == {0, 1}
         after = what_hosts_leave()

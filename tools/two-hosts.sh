@@ -21,7 +21,7 @@
 # Prints train.py's output, then lines starting "two-hosts:": how the run ended (train.py's
 # "... N rank(s) in sync ..." line), its exit code and seconds, the bytes that crossed the wire
 # each way (the veth's counters), the files each host's disk held, and where rank 0's
-# progress.csv and config.json (and trace/, with --trace) were copied: --out, default
+# progress.csv and config.json (and every host's trace/, with --trace) were copied: --out, default
 # runs/two-hosts-<time>, since the hosts' disks go with them. Exit code: the job's; 2 for bad
 # input. The namespaces, the veth, the mounts and the script's /tmp folder are gone when it
 # exits, also after an error, Ctrl-C or kill (kill -9 leaves the /tmp/two-hosts.* folder).
@@ -123,6 +123,14 @@ join_hosts() {
         2>/dev/null || usage_error "tc refused --rate $RATE --burst $BURST: give e.g. --burst 64kb"
     fi
   done
+  # The wire carries traffic only once both ends are up (LOWER_UP); UCX, at MPI_Init, skips an
+  # interface that is not, and then finds no way from one host to the other.
+  for i in 0 1; do
+    for _ in $(seq 50); do
+      in_host $i -n ip -o link show eth0 | grep -q LOWER_UP && break
+      sleep 0.1
+    done
+  done
   # Where Hydra would ssh to a host, it runs this with [ssh options] HOST COMMAND.
   cat > "$W/launch" <<EOF
 #!/bin/sh
@@ -180,9 +188,11 @@ report() {
   for f in progress.csv config.json; do
     in_host 0 -m test -f "$LOGDIR/$f" && in_host 0 -m cat "$LOGDIR/$f" > "$OUT/$f"
   done
-  if in_host 0 -m test -d "$LOGDIR/trace"; then
-    in_host 0 -m tar -C "$LOGDIR" -cf - trace | tar -C "$OUT" -xf -
-  fi
+  for i in 0 1; do  # every rank writes its trace CSV on its own host's disk
+    if in_host $i -m test -d "$LOGDIR/trace"; then
+      in_host $i -m tar -C "$LOGDIR" -cf - trace | tar -C "$OUT" -xf -
+    fi
+  done
   echo "two-hosts: rank 0's files copied to $OUT: $(ls -A "$OUT" | xargs)"
   if [ -n "$INTERRUPTED" ]; then
     echo "two-hosts: stopped by SIG$INTERRUPTED; the checkpoints were on the hosts' disks and" \
