@@ -2653,9 +2653,9 @@ class TestVecEnv:
 
     @PROCESS_VEC_ENVS
     def test_ctrl_c_while_one_env_has_answered_closes_at_once(self, VecEnvClass):
-        """Env 0 answers at once, env 1 after 3 s, and Ctrl-C comes in between: the vec env closes
+        """Env 0 answers at once, env 1 after 2 s, and Ctrl-C comes in between: the vec env closes
         itself without reading env 0 a second time (which would wait for ever), and says so."""
-        env_fns = [functools.partial(StubGoalEnv), functools.partial(StubGoalEnv, delay_s=3.)]
+        env_fns = [functools.partial(StubGoalEnv), functools.partial(StubGoalEnv, delay_s=2.)]
         with hang_guard(60):
             venv = VecEnvClass(env_fns)
             venv.reset()
@@ -2663,13 +2663,13 @@ class TestVecEnv:
             # Python's own Ctrl-C handler, even where the suite was started with SIGINT ignored
             # (a background job of a non-interactive shell)
             handler = signal.signal(signal.SIGINT, signal.default_int_handler)
-            threading.Timer(1., os.kill, (os.getpid(), signal.SIGINT)).start()
+            threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()
             try:
                 with pytest.raises(KeyboardInterrupt):
                     venv.step_wait()
             finally:
                 signal.signal(signal.SIGINT, handler)
-        with hang_guard(2):  # env 1 would answer after 3 s: nothing here may wait for it
+        with hang_guard(1):  # env 1 would answer after 2 s: nothing here may wait for it
             venv.close()
         assert all(gone(p.pid) for p in venv.ps)
         with pytest.raises(RuntimeError, match=rf"^{VecEnvClass.__name__}\.reset\(\) called after "
@@ -2701,12 +2701,12 @@ class TestVecEnv:
         env_fns = [functools.partial(StubGoalEnv), functools.partial(StubGoalEnv, hang_at=2)]
         u = np.zeros((2, 2), np.float32)
         with hang_guard(60):
-            venv = VecEnvClass(env_fns, timeout=2)
+            venv = VecEnvClass(env_fns, timeout=1)
             venv.reset()
             venv.step(u)
             pid = venv.ps[1].pid
             with pytest.raises(RuntimeError, match=rf"^{VecEnvClass.__name__}: env process 1 \(pid "
-                               rf"{pid}\) did not answer 'step' within 2 s \(--env_timeout\); it "
+                               rf"{pid}\) did not answer 'step' within 1 s \(--env_timeout\); it "
                                r"and its siblings were killed$"):
                 venv.step(u)
         assert all(gone(p.pid) for p in venv.ps)
