@@ -631,6 +631,7 @@ class FixedGoal(PointGoal):
 class TestGoalEnv:
     """goal_env.py: goal tasks, rewards."""
 
+    @pytest.mark.slow  # a training cycle on each of 11 tasks
     def test_every_goal_task_family_runs_one_cycle(self):
         """Dims, T, the reward, its range and the success key come from the env: one rollout,
         store and update on each family."""
