@@ -4,9 +4,9 @@ Mirrors openai/baselines `common/vec_env/`: vec_env.py (VecEnv), subproc_vec_env
 (SubprocVecEnv) and dummy_vec_env.py (DummyVecEnv); shmem_vec_env.py is shmem_vecenv.py
 (`train.py --vec_env shmem`) and vec_video_recorder.py is play.py's VecVideoRecorder. In
 Plappert et al. (2018), Sec. 2.2, each of the 19 MPI workers (here: ranks) runs 2 environments
-in parallel; this file is that "2". The rank sends one action
-per env down a pipe, each env process steps its own env, and the rank stacks what comes back
-into arrays of shape (num_env, dim). Nothing here is MPI, and no gradient passes through here.
+in parallel; this file is that "2". The rank sends one action per env down a pipe, each env
+process steps its own env, and the rank stacks what comes back into arrays of shape
+(num_env, dim). Nothing here is MPI, and no gradient passes through here.
 
 Deviations from baselines, on purpose:
   * No auto-reset. baselines resets an env inside step() when it reports done, which makes the
@@ -14,21 +14,20 @@ Deviations from baselines, on purpose:
     (rollout.RolloutWorker) steps exactly T times and then calls reset(), so every episode
     keeps all T transitions.
   * step() returns gymnasium's done = terminated or truncated, and the per-env info dicts.
-  * Env processes are started with the `spawn` method and never import mpi4py. A forked
-    child would share its rank's MPI state (sockets, shared memory), which MPI does not allow
-    to be shared; a spawned child starts clean but re-imports the main script, and if that
-    imported mpi4py, MPI would initialise in the child as a second copy of its rank, and the
-    job would hang or abort. That is why train.py imports mpi4py inside main() and
-    mpi_util.world_comm only on first use.
+  * Env processes are started with the `spawn` method and never import mpi4py: a forked
+    child would share its rank's MPI state (sockets, shared memory), which MPI does not allow,
+    and a spawned one re-imports the main script, which must not initialise MPI a second time
+    (mpi_util.py's docstring says why).
   * Refused, with a one-line error: actions not of shape (num_envs, dim_u) or not numbers, a
-    call out of turn (reset or step_async with a step pending, step_wait with none), an
-    observation whose dtype or shape is not its space's (checked in the env process; baselines'
-    ShmemVecEnv casts it silently), and any call after the vec env closed itself (an env
-    process failed, died or stayed silent past --env_timeout).
+    call out of turn (reset, step_async or get_images with a step pending, step_wait with
+    none), an observation whose dtype or shape is not its space's (baselines' ShmemVecEnv
+    casts it silently), and any call after the vec env closed itself (an env process failed,
+    died or stayed silent past --env_timeout).
 
 Test: `python -m pytest -q test_all.py::TestVecEnv`.
 """
 import ctypes
+import functools
 import multiprocessing as mp
 import os
 import signal
@@ -38,39 +37,66 @@ import numpy as np
 
 
 class VecEnv:
-    """num_envs environments driven as one. Observations are dicts of (num_envs, dim) arrays."""
+    """num_envs environments driven as one. Each call sends every env a command (_send_all)
+    and reads their answers (_recv); the subclasses say where the envs run. Observations are
+    dicts of (num_envs, dim) arrays."""
 
-    waiting = False  # step_async was called and its step_wait not yet
     closed_why = None  # once closed: why (close() called, an env process failed, ...)
 
     def __init__(self, num_envs, observation_space, action_space):
         self.num_envs = num_envs
         self.observation_space = observation_space
         self.action_space = action_space
+        self._pending = [None] * num_envs  # the command each env owes an answer to
+
+    @property
+    def waiting(self):
+        return "step" in self._pending  # step_async was called and its step_wait not yet
 
     def reset(self, seed=None):
         """Reset every env; with an int seed, env i is reset with seed + i."""
-        raise NotImplementedError
+        self._check_turn("reset()")
+        self._send_all([("reset", None if seed is None else int(seed) + i)
+                        for i in range(self.num_envs)])
+        return stack_obs([self._obs(i, self._recv(i)) for i in range(self.num_envs)])
 
     def step_async(self, u):
-        """Start stepping env i with action u[i]; u is (num_envs, dim_u), anything else refused."""
-        raise NotImplementedError
+        """Step env i with action u[i]. u is checked whole before anything is sent: an action
+        refused half-way through the sends would leave some envs a step ahead of the others."""
+        self._check_turn("step_async()")
+        u = np.asarray(u)
+        expected = (self.num_envs, *self.action_space.shape)  # (num_envs, dim_u)
+        if u.dtype.kind not in "biuf":
+            raise TypeError(f"step_async got actions of dtype {u.dtype}; pass numbers "
+                            f"(a float array of shape {expected})")
+        if u.shape != expected:
+            wrong_count = u.ndim == 2 and len(u) != self.num_envs
+            got = f"{len(u)} actions" if wrong_count else f"actions of shape {u.shape}"
+            raise ValueError(f"step_async got {got} for {self.num_envs} envs; pass one action "
+                             f"per env (shape (num_envs, dim_u) = {expected})")
+        self._send_all([("step", u[i]) for i in range(self.num_envs)])
 
     def step_wait(self):
-        """Return (obs, r, done, infos): dict of (num_envs, dim), (num_envs,), (num_envs,), list."""
-        raise NotImplementedError
-
-    def close(self):
-        raise NotImplementedError
-
-    def get_images(self):
-        """One rendered frame per env, (height, width, 3) uint8 (envs made with
-        render_mode='rgb_array')."""
-        raise NotImplementedError
+        """(obs, r, done, infos): dict of (num_envs, dim), (num_envs,), (num_envs,), list."""
+        self._check_turn("step_wait()", pending=True)
+        obs, r, terminated, truncated, infos = zip(*[self._recv(i) for i in range(self.num_envs)])
+        done = np.logical_or(terminated, truncated)
+        # stack_obs copies: what is returned is the rank's own, whatever the next step writes
+        obs = [self._obs(i, sent) for i, sent in enumerate(obs)]
+        return stack_obs(obs), np.array(r, dtype=np.float32), done, list(infos)
 
     def step(self, u):
         self.step_async(u)
         return self.step_wait()
+
+    def get_images(self):
+        """One rendered frame per env, (height, width, 3) uint8 (render_mode='rgb_array')."""
+        self._check_turn("get_images()")
+        self._send_all([("render", None)] * self.num_envs)
+        return [self._recv(i) for i in range(self.num_envs)]
+
+    def _obs(self, i, sent):
+        return sent  # ShmemVecEnv: read from env i's shared memory instead
 
     def _check_turn(self, call, pending=False):
         """Refuse a call out of turn, as baselines' VecEnv does: a reset or step sent while a step
@@ -83,23 +109,6 @@ class VecEnv:
                           else ("with no step pending", "call step_async(u) first"))
             raise RuntimeError(f"{type(self).__name__}.{call} called {state}; {fix}")
 
-    def _actions(self, u):
-        """u as an array, if no step is pending and it holds one number per action dimension
-        of each env. Checked whole before anything is sent: an action refused half-way
-        through the sends would leave some envs a step ahead of the others."""
-        self._check_turn("step_async()")
-        u = np.asarray(u)
-        expected = (self.num_envs, *self.action_space.shape)  # (num_envs, dim_u)
-        if u.dtype.kind not in "biuf":
-            raise TypeError(f"step_async got actions of dtype {u.dtype}; pass numbers "
-                            f"(a float array of shape {expected})")
-        if u.shape != expected:
-            wrong_count = u.ndim == 2 and len(u) != self.num_envs
-            got = f"{len(u)} actions" if wrong_count else f"actions of shape {u.shape}"
-            raise ValueError(f"step_async got {got} for {self.num_envs} envs; pass one action "
-                             f"per env (shape (num_envs, dim_u) = {expected})")
-        return u
-
 
 def obs_layout(observation_space):
     """{key: (dtype, shape)} of a dict observation space; {} for any other space."""
@@ -108,8 +117,7 @@ def obs_layout(observation_space):
 
 
 def check_obs(obs, layout):
-    """obs, if each key has its space's dtype and shape (ShmemVecEnv would otherwise cast it
-    silently into shared memory). A comparison per key, no copy: cheap enough for every step."""
+    """obs, if each key has its space's dtype and shape. No copy: cheap enough for every step."""
     for key, (dtype, shape) in layout.items():
         x = obs[key]
         if not isinstance(x, np.ndarray) or x.dtype != dtype or x.shape != shape:
@@ -124,54 +132,53 @@ def stack_obs(obs_list):
     return {k: np.stack([o[k] for o in obs_list]) for k in obs_list[0]}
 
 
-def _seed_for(seed, i):
-    return None if seed is None else int(seed) + i
+def answer(env, cmd, data, out):
+    """env's answer to one command, its observation passed through out()."""
+    if cmd == "step":
+        obs, r, terminated, truncated, info = env.step(data)
+        return out(obs), r, terminated, truncated, info
+    if cmd == "reset":
+        return out(env.reset(seed=data)[0])
+    if cmd == "render":
+        return env.render()
+    raise ValueError(f"unknown command {cmd!r}")
 
 
 class DummyVecEnv(VecEnv):
-    """The same API with every env in this process: the sequential reference for tests."""
+    """Every env in this process, each command answered when its answer is read: the
+    sequential reference for tests."""
 
     def __init__(self, env_fns):
         self.envs = [fn() for fn in env_fns]
         env = self.envs[0]
         super().__init__(len(self.envs), env.observation_space, env.action_space)
-        self._results, self._layout = None, obs_layout(env.observation_space)
+        self._check = functools.partial(check_obs, layout=obs_layout(env.observation_space))
 
-    def reset(self, seed=None):
-        self._check_turn("reset()")
-        return stack_obs([check_obs(env.reset(seed=_seed_for(seed, i))[0], self._layout)
-                          for i, env in enumerate(self.envs)])
+    def _send_all(self, cmds):
+        self._cmds = cmds
+        self._pending = [cmd for cmd, _ in cmds]
 
-    def step_async(self, u):
-        u = self._actions(u)
-        self._results = [env.step(u[i]) for i, env in enumerate(self.envs)]
-        self.waiting = True
-
-    def step_wait(self):
-        self._check_turn("step_wait()", pending=True)
-        self.waiting = False
-        obs, r, terminated, truncated, infos = zip(*self._results)
-        done = np.logical_or(terminated, truncated)
-        obs = [check_obs(o, self._layout) for o in obs]
-        return stack_obs(obs), np.array(r, dtype=np.float32), done, list(infos)
-
-    def get_images(self):
-        return [env.render() for env in self.envs]
+    def _recv(self, i):
+        cmd, data = self._cmds[i]
+        self._pending[i] = None
+        return answer(self.envs[i], cmd, data, self._check)
 
     def close(self):
         for env in self.envs:
             env.close()
 
 
+def shared_views(obs_buffers):
+    """{key: ndarray view} onto the shared arrays of one env process's observation."""
+    return {key: np.frombuffer(buf, dtype=dtype).reshape(shape)
+            for key, (buf, dtype, shape) in obs_buffers.items()}
+
+
 def env_process_main(remote, parent_remote, env_fn, obs_buffers=None):
-    """Body of one env process: serve step/reset/close commands until told to close.
-
-    obs_buffers (ShmemVecEnv): {key: (shared array, dtype, shape)}; observations are written
-    there and the pipe carries None in their place. Each is checked here, where it is made.
-
-    Any exception is sent back as a formatted traceback so the rank can raise it, instead of
-    the env process dying silently and the rank waiting forever on the pipe.
-    """
+    """Body of one env process: answer commands until told to close. With obs_buffers
+    (ShmemVecEnv's {key: (shared array, dtype, shape)}), observations are written there and
+    the pipe carries None in their place. An exception goes back as a traceback for the rank
+    to raise, instead of this process dying silently and the rank waiting forever."""
     parent_remote.close()  # this process only talks through its own end of the pipe
     die_with_parent()
     # Ctrl-C in a terminal reaches the whole process group: the rank decides when env processes
@@ -193,21 +200,11 @@ def env_process_main(remote, parent_remote, env_fn, obs_buffers=None):
         layout = ({key: (view.dtype, view.shape) for key, view in views.items()} if views
                   else obs_layout(env.observation_space))
         remote.send(("ok", (env.observation_space, env.action_space)))
-        while True:
+        cmd, data = remote.recv()
+        while cmd != "close":
+            remote.send(("ok", answer(env, cmd, data, out)))
             cmd, data = remote.recv()
-            if cmd == "step":
-                obs, r, terminated, truncated, info = env.step(data)
-                remote.send(("ok", (out(obs), r, terminated, truncated, info)))
-            elif cmd == "reset":
-                obs, _ = env.reset(seed=data)
-                remote.send(("ok", out(obs)))
-            elif cmd == "render":
-                remote.send(("ok", env.render()))
-            elif cmd == "close":
-                remote.send(("ok", None))
-                break
-            else:
-                raise ValueError(f"unknown command {cmd!r}")
+        remote.send(("ok", None))
     except (KeyboardInterrupt, EOFError, BrokenPipeError):
         pass  # the rank is gone or interrupted: just exit
     except Exception:
@@ -249,13 +246,12 @@ class SubprocVecEnv(VecEnv):
         ctx = mp.get_context(context)
         self.closed, self.timeout = False, timeout
         n = len(env_fns)
-        self._pending = ["start"] * n  # the command each env process owes an answer to
+        self._pending = ["start"] * n
         self.remotes, work_remotes = zip(*[ctx.Pipe() for _ in range(n)])
         self.ps = [ctx.Process(target=env_process_main, daemon=True,
-                               args=(work_remote, remote, env_fn,
-                                     self._obs_buffers(ctx, i, env_fns)))
-                   for i, (work_remote, remote, env_fn)
-                   in enumerate(zip(work_remotes, self.remotes, env_fns))]
+                               args=(work_remotes[i], self.remotes[i], env_fns[i],
+                                     self._obs_buffers(ctx, i)))
+                   for i in range(n)]
         for p in self.ps:
             p.start()
         # Easy to miss: the rank must close its copy of each env process's end, or a dead env
@@ -267,17 +263,8 @@ class SubprocVecEnv(VecEnv):
             self._recv(i)
         super().__init__(n, observation_space, action_space)
 
-    @property
-    def waiting(self):
-        return "step" in self._pending
-
-    def _obs_buffers(self, ctx, i, env_fns):
-        """Shared memory for env process i's observations: none here (they go by pipe)."""
-        return None
-
-    def _obs(self, i, sent):
-        """Env process i's observation, from what it sent down the pipe."""
-        return sent
+    def _obs_buffers(self, ctx, i):
+        return None  # observations go down the pipe (ShmemVecEnv: into shared memory)
 
     def _recv(self, i):
         """Env process i's answer to its pending command. If it raised, died or stayed silent
@@ -298,8 +285,7 @@ class SubprocVecEnv(VecEnv):
                        f"(exit code {p.exitcode})")
         except BaseException as e:  # Ctrl-C while waiting: some answers read, some not
             if not self.closed:  # (the timeout above has closed it already)
-                self._close_broken(f"interrupted ({type(e).__name__}) while waiting for env "
-                                   f"process {i}")
+                self.close(f"interrupted ({type(e).__name__}) while waiting for env process {i}")
             raise
         self._pending[i] = None
         if status == "error":
@@ -308,19 +294,13 @@ class SubprocVecEnv(VecEnv):
                        f"env process {i} raised:\n{payload}")
         return payload
 
-    def _close_broken(self, why):
-        """Close, killing every env process (none may go on with a command half-done), and
-        keep `why` for every later call to repeat."""
-        self.closed_why = why
-        self.close(force=True)
-
     def _fail(self, why, message=None):
-        self._close_broken(why)
+        self.close(why)
         raise RuntimeError(f"{type(self).__name__}: {message or why}") from None
 
     def _send_all(self, cmds):
-        """cmds[i] to env process i. A failure after env process 0 got its command leaves the
-        env processes out of step: the vec env closes (see the class)."""
+        """cmds[i] to env process i; a failure after env process 0 got its command closes the
+        vec env (see the class)."""
         for i, cmd in enumerate(cmds):
             self._pending[i] = cmd[0]
             try:
@@ -334,40 +314,19 @@ class SubprocVecEnv(VecEnv):
                        f"{e}) after {i} of {self.num_envs} env processes got theirs")
                 if isinstance(e, Exception):
                     self._fail(why)
-                self._close_broken(why)
+                self.close(why)
                 raise  # KeyboardInterrupt stays what it is
 
-    def reset(self, seed=None):
-        self._check_turn("reset()")
-        self._send_all([("reset", _seed_for(seed, i)) for i in range(self.num_envs)])
-        return stack_obs([self._obs(i, self._recv(i)) for i in range(self.num_envs)])
-
-    def step_async(self, u):
-        u = self._actions(u)
-        self._send_all([("step", u[i]) for i in range(self.num_envs)])
-
-    def step_wait(self):
-        self._check_turn("step_wait()", pending=True)
-        results = [self._recv(i) for i in range(self.num_envs)]
-        obs, r, terminated, truncated, infos = zip(*results)
-        done = np.logical_or(terminated, truncated)
-        # stack_obs copies: what is returned is the rank's own, whatever the next step writes
-        obs = [self._obs(i, sent) for i, sent in enumerate(obs)]
-        return stack_obs(obs), np.array(r, dtype=np.float32), done, list(infos)
-
-    def get_images(self):
-        self._check_turn("get_images()")
-        self._send_all([("render", None)] * self.num_envs)
-        return [self._recv(i) for i in range(self.num_envs)]
-
-    def close(self, force=False):
-        """Stop every env process and reap it, so no child process outlives this object.
-        Only an env process that still owes an answer is waited for, and at most 10 s."""
+    def close(self, why=None):
+        """Stop every env process and reap it, so no child process outlives this object. Only
+        an env process that still owes an answer is waited for, and at most 10 s. With `why`
+        (the vec env broke, see the class), every env process is killed at once, none left
+        with a command half-done, and every later call repeats `why`."""
         if self.closed:
             return
         self.closed = True
-        self.closed_why = self.closed_why or "close() was called"
-        if not force:
+        self.closed_why = why or "close() was called"
+        if why is None:
             for i, remote in enumerate(self.remotes):
                 try:
                     if self._pending[i] is not None and remote.poll(10):
@@ -378,7 +337,7 @@ class SubprocVecEnv(VecEnv):
                 except (EOFError, BrokenPipeError, OSError):
                     pass  # already dead: reaped below
         for p in self.ps:
-            p.join(timeout=5 if not force else 0.5)
+            p.join(timeout=5 if why is None else 0.5)
             if p.is_alive():
                 p.terminate()
                 p.join(timeout=5)
@@ -390,10 +349,4 @@ class SubprocVecEnv(VecEnv):
 
     def __del__(self):
         if not getattr(self, "closed", True):
-            self.close(force=True)
-
-
-def shared_views(obs_buffers):
-    """{key: ndarray view} onto the shared arrays of one env process's observation."""
-    return {key: np.frombuffer(buf, dtype=dtype).reshape(shape)
-            for key, (buf, dtype, shape) in obs_buffers.items()}
+            self.close("garbage-collected without close()")
