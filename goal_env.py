@@ -41,7 +41,7 @@ def import_gym():
 
 
 def make_env(env_id, render_mode=None):
-    """Build one env. Module-level (not a lambda) so the spawn start method can pickle it.
+    """One env. Module-level (not a lambda) so the spawn start method can pickle it.
     `module:EnvId` ids import `module` first, which may register EnvId (gymnasium's rule)."""
     gym = import_gym()
     return gym.make(env_id, render_mode=render_mode) if render_mode else gym.make(env_id)
@@ -59,10 +59,8 @@ class GoalTask:
 
 
 def describe_env(env_id, r_range=None, need_range=True):
-    """Read everything task-specific off a temporary env, so that no task's conventions are
-    assumed: dims, horizon T, action bound max_u, the vectorised reward, the info key that
-    reports success, and the reward range [r_min, r_max] (measured unless `r_range` is given;
-    with need_range=False, None where it cannot be measured: play.py needs no range)."""
+    """The GoalTask of env_id. r_range is measured unless given; with need_range=False, None
+    where it cannot be measured (play.py needs no range)."""
     gym = import_gym()
     module, _, name = env_id.rpartition(":")
     if module:
@@ -115,9 +113,9 @@ MIN_RANGE_RESETS, MAX_RANGE_RESETS = 5, 50
 
 
 def measure_reward_range(env, reward_fun):
-    """reward_range() over the goals of more and more resets (seeds 0, 1, ...) until it has
-    seen two reward values; None if MAX_RANGE_RESETS resets show only one (a range measured
-    from one value would clip every critic target to one constant, and nothing learns)."""
+    """reward_range() over the goals of more and more resets (seeds 0, 1, ...); None if
+    MAX_RANGE_RESETS resets show only one value (a range measured from one value would clip
+    every critic target to one constant, and nothing learns)."""
     goals, achieved = [], []
     for seed in range(MAX_RANGE_RESETS):
         obs = env.reset(seed=seed)[0]
@@ -135,8 +133,6 @@ def _compute_reward(env, ag_2, g):
 
 
 def success_key(env_id, info):
-    """Fetch and Hand report a reached goal as info['is_success'], PointMaze and AntMaze as
-    info['success']."""
     for key in ("is_success", "success"):
         if key in info:
             return key
@@ -145,17 +141,13 @@ def success_key(env_id, info):
 
 
 def reward_range(reward_fun, goals, achieved=None):
-    """[r_min, r_max] of a goal reward, measured with the env's own compute_reward; None if
-    every pair gave the same value (nothing tells a reached goal from a missed one).
-
-    goals: (K, dim_g), the desired goals of K resets; achieved: (K, dim_g), the achieved goals
-    of the same resets, or None. Reached: every goal against itself. Missed: every goal
-    against another reset's goal (a real goal, so rotations stay valid quaternions) and
-    against its reset's achieved goal (a task with one fixed goal has no other goal to miss
-    it with). A sparse reward (Fetch, Hand: {-1, 0}; PointMaze, AntMaze: {0, 1}) takes at
-    most two values. A dense one (FetchReachDense: minus the distance) takes a value per
-    distance and has no bound on the side away from the reached reward: that end is
-    infinite."""
+    """[r_min, r_max] of a goal reward; None if every pair gave the same value (nothing tells
+    a reached goal from a missed one). goals, achieved: (K, dim_g) of K resets (achieved may be
+    None). Reached: every goal against itself. Missed: every goal against another reset's goal
+    (a real goal, so rotations stay valid quaternions) and against its reset's achieved goal
+    (a task with one fixed goal has no other goal to miss it with). A sparse reward takes at
+    most two values; a dense one (FetchReachDense: minus the distance) one per distance, and
+    has no bound on the side away from the reached reward: that end is infinite."""
     K = len(goals)
     i, j = np.nonzero(~np.eye(K, dtype=bool))  # (K * (K-1),) every ordered pair, i != j
     reached = np.asarray(reward_fun(goals.copy(), goals), np.float64)  # (K,)

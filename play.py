@@ -11,7 +11,8 @@ Run:
     mpirun -np 2 python play.py POLICY.npz --num_env 2       # more episodes, in parallel
 
 With --save_video, rank 0 renders env 0 off screen (EGL where there is no display) and writes
-its episodes as an animated GIF through VecVideoRecorder (baselines' vec_video_recorder.py).
+its episodes as an animated GIF through VecVideoRecorder (baselines' vec_video_recorder.py,
+which writes MP4 through ffmpeg; Pillow, which matplotlib already needs, writes the GIF).
 
 Test: `python -m pytest -q test_all.py::TestPlay`.
 """
@@ -29,45 +30,38 @@ from goal_env import build_venv, check_policy_fits, describe_env
 from mpi_util import (mpi_average, one_blas_thread, raise_if_any_rank_failed,
                       run_on_every_rank)
 from rollout import RolloutWorker
-from vecenv import VecEnv
 
-class VecVideoRecorder(VecEnv):
-    """Wraps a VecEnv and keeps a frame of env 0 after every reset and step: T+1 frames an
-    episode (baselines vec_video_recorder.py, which writes MP4 through ffmpeg; here frames go
-    to an animated GIF with Pillow, which matplotlib already needs)."""
 
-    def __init__(self, venv, scale=0.5):
-        super().__init__(venv.num_envs, venv.observation_space, venv.action_space)
-        self.venv, self.scale, self.frames = venv, scale, []
+class VecVideoRecorder:
+    """Wraps a VecEnv for RolloutWorker and keeps a frame of env 0 after every reset and step:
+    T+1 an episode."""
+
+    def __init__(self, venv):
+        self.venv, self.num_envs, self.frames = venv, venv.num_envs, []
 
     def _record(self):
         frame = self.venv.get_images()[0]  # (height, width, 3) uint8
-        step = max(1, int(round(1 / self.scale)))
-        self.frames.append(np.ascontiguousarray(frame[::step, ::step]))  # smaller GIF
+        self.frames.append(np.ascontiguousarray(frame[::2, ::2]))  # half size: a smaller GIF
 
     def reset(self, seed=None):
         obs = self.venv.reset(seed=seed)
         self._record()
         return obs
 
-    def step_async(self, u):
-        self.venv.step_async(u)
-
-    def step_wait(self):
-        result = self.venv.step_wait()
+    def step(self, u):
+        result = self.venv.step(u)
         self._record()
         return result
 
     def close(self):
         self.venv.close()
 
-    def save_gif(self, path, fps=25):
-        """Every recorded frame, as one looping animated GIF, written atomically."""
+    def save_gif(self, path):
         from PIL import Image
         images = [Image.fromarray(frame) for frame in self.frames]
         with atomic_file(path) as f:
             images[0].save(f, format="GIF", save_all=True, append_images=images[1:],
-                           duration=1000 // fps, loop=0, optimize=True)
+                           duration=40, loop=0, optimize=True)  # 40 ms a frame: 25 fps
 
 
 # The Config fields that matter when only test rollouts are run.
@@ -75,8 +69,7 @@ PLAY_FIELDS = ("env", "num_env", "vec_env", "n_test_rollouts", "seed")
 
 
 def play(cfg, args, comm):
-    """Run cfg.n_test_rollouts test rollouts of num_env episodes with the policy args.policy on
-    every rank and print the success rate; with --save_video, also write env 0's episodes."""
+    """cfg.n_test_rollouts test rollouts of num_env episodes with args.policy on every rank."""
     try:
         if args.save_video:
             check_render_backend()
@@ -127,15 +120,14 @@ def check_render_backend():
                          "MUJOCO_GL=osmesa") from None
 
 
-def check_video_path(path):
-    """The GIF goes where the user said, or the run stops before doing any work."""
+def check_video_path(p, path):
+    """The GIF goes where the user said, or parser p stops the run before doing any work."""
     if not path.lower().endswith(".gif"):
-        raise UsageError(f"--save_video {path}: can write only animated GIFs; "
-                         "give a path ending in .gif")
+        p.error(f"--save_video {path}: can write only animated GIFs; give a path ending in .gif")
     folder = os.path.dirname(os.path.abspath(path))
     if not (os.path.isdir(folder) and os.access(folder, os.W_OK)):
-        raise UsageError(f"--save_video {path}: folder {folder} does not exist or is not "
-                         "writable; give a path in a writable folder")
+        p.error(f"--save_video {path}: folder {folder} does not exist or is not writable; "
+                "give a path in a writable folder")
 
 
 def parse_args(argv=None):
@@ -147,10 +139,7 @@ def parse_args(argv=None):
                    help="write env 0's test episodes, rendered off screen, as an animated GIF")
     args = p.parse_args(argv)
     if args.save_video:
-        try:
-            check_video_path(args.save_video)
-        except UsageError as e:
-            p.error(str(e))
+        check_video_path(p, args.save_video)
     return args
 
 

@@ -25,38 +25,32 @@ from replay import empty_episodes
 
 
 class RolloutWorker:
-    """Collect num_env episodes at a time from a VecEnv with the current policy.
-
-    Not a process: an object inside a rank, which holds that rank's own DDPG agent (the very
+    """Not a process: an object inside a rank, which holds that rank's own DDPG agent (the very
     object being trained, so it always acts with the latest weights; nothing is ever sent to
     it). train.py makes two per rank on the same envs: `rollout_worker` explores (Gaussian
     noise_eps, uniform random_eps actions); `evaluator` uses exploit=True, no noise, and records
     the critic's estimate Q(o, g, pi(o, g)).
     """
 
-    def __init__(self, venv, policy, dims, T, rng, exploit=False, use_target_net=False,
-                 compute_Q=False, noise_eps=0., random_eps=0., history_len=100,
-                 success_key="is_success"):
-        """dims: {'o': dim_o, 'g': dim_g, 'u': dim_u}. rng: this rank's np.random.Generator;
-        each episode's reset seed is drawn from it (see generate_rollouts). success_key: the
-        info entry that reports a reached goal ('is_success' for Fetch and Hand, 'success' for
-        PointMaze and AntMaze; goal_env.describe_env finds it)."""
+    def __init__(self, venv, policy, dims, T, rng, exploit=False, compute_Q=False, noise_eps=0.,
+                 random_eps=0., success_key="is_success"):
+        """dims: {'o': dim_o, 'g': dim_g, 'u': dim_u}. rng: this rank's np.random.Generator.
+        success_key: the info entry that reports a reached goal (goal_env.GoalTask)."""
         self.venv, self.policy, self.dims, self.T, self.rng = venv, policy, dims, T, rng
         self.success_key = success_key
         self.rollout_batch_size = venv.num_envs
-        self.exploit, self.use_target_net, self.compute_Q = exploit, use_target_net, compute_Q
+        self.compute_Q = compute_Q
         self.noise_eps = 0. if exploit else noise_eps
         self.random_eps = 0. if exploit else random_eps
-        self.success_history = deque(maxlen=history_len)
-        self.Q_history = deque(maxlen=history_len)
+        self.success_history = deque(maxlen=100)  # of the last 100 rollouts
+        self.Q_history = deque(maxlen=100)
         self.n_episodes = 0
 
     def generate_rollouts(self):
         """Run one episode in each env; return {key: (num_env, T or T+1, dim)} float32."""
         n, T, dims = self.rollout_batch_size, self.T, self.dims
-        # A fresh reset for every episode: the envs never auto-reset (see vecenv.py). Its seed
-        # comes from this rank's generator (env i gets seed + i), so the whole run is a function
-        # of the rank seed and a resumed run replays exactly (deviation: baselines seeds once).
+        # A fresh reset for every episode (the envs never auto-reset), seeded from this rank's
+        # generator (env i gets seed + i): see the module docstring.
         obs = self.venv.reset(seed=int(self.rng.integers(2 ** 31 - n)))
         episodes = empty_episodes(n, dims, T)  # {key: (num_env, T or T+1, dim)}
         o, ag, g, u = episodes["o"], episodes["ag"], episodes["g"], episodes["u"]
@@ -67,15 +61,14 @@ class RolloutWorker:
             g[:, t] = obs["desired_goal"]
             u[:, t], Q = self.policy.get_actions(
                 o[:, t], ag[:, t], g[:, t], noise_eps=self.noise_eps, random_eps=self.random_eps,
-                use_target_net=self.use_target_net, compute_Q=self.compute_Q)
+                compute_Q=self.compute_Q)
             obs, _, _, infos = self.venv.step(u[:, t])
             o[:, t + 1], ag[:, t + 1] = obs["observation"], obs["achieved_goal"]
             success[:, t, 0] = [info.get(self.success_key, 0.) for info in infos]
             if self.compute_Q:
                 Qs.append(Q)
-        # An episode counts as a success if the goal is reached after its T-th action. baselines
-        # reads success after action T-1: its vec env auto-resets at step T, and its rollout
-        # stops before storing that step (docs/deviations.md).
+        # An episode counts as a success if the goal is reached after its T-th action
+        # (baselines: after action T-1; see the module docstring).
         self.success_history.append(float(np.mean(success[:, -1, 0])))
         if self.compute_Q:
             self.Q_history.append(float(np.mean(Qs)))

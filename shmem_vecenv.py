@@ -21,7 +21,7 @@ from vecenv import SubprocVecEnv, obs_layout, shared_views
 
 
 class ShmemVecEnv(SubprocVecEnv):
-    def __init__(self, env_fns, context="spawn", timeout=0):
+    def __init__(self, env_fns, timeout=0):
         # The shapes must be known before the env processes start (the arrays are handed to
         # them at start), so one env is built here to read its observation space, as baselines
         # does.
@@ -32,7 +32,7 @@ class ShmemVecEnv(SubprocVecEnv):
             raise TypeError("ShmemVecEnv needs envs with a dict observation space; "
                             "use SubprocVecEnv for others")
         self._buffers, self._views = {}, {}
-        super().__init__(env_fns, context, timeout)
+        super().__init__(env_fns, timeout)
 
     def _obs_buffers(self, ctx, i):
         buffers = {key: (ctx.RawArray("b", int(np.prod(shape)) * dtype.itemsize), dtype, shape)

@@ -1,18 +1,16 @@
 """Run num_env environments side by side and stack their dict observations.
 
 Mirrors openai/baselines `common/vec_env/`: vec_env.py (VecEnv), subproc_vec_env.py
-(SubprocVecEnv) and dummy_vec_env.py (DummyVecEnv); shmem_vec_env.py is shmem_vecenv.py
-(`train.py --vec_env shmem`) and vec_video_recorder.py is play.py's VecVideoRecorder. In
-Plappert et al. (2018), Sec. 2.2, each of the 19 MPI workers (here: ranks) runs 2 environments
-in parallel; this file is that "2". The rank sends one action per env down a pipe, each env
-process steps its own env, and the rank stacks what comes back into arrays of shape
-(num_env, dim). Nothing here is MPI, and no gradient passes through here.
+(SubprocVecEnv) and dummy_vec_env.py (DummyVecEnv); shmem_vec_env.py and vec_video_recorder.py
+are in shmem_vecenv.py and play.py. In Plappert et al. (2018), Sec. 2.2, each of the 19 MPI
+workers (here: ranks) runs 2 environments in parallel; this file is that "2". The rank sends one
+action per env down a pipe, each env process steps its own env, and the rank stacks what comes
+back into arrays of shape (num_env, dim). Nothing here is MPI, and no gradient passes through.
 
 Deviations from baselines, on purpose:
-  * No auto-reset. baselines resets an env inside step() when it reports done, which makes the
-    HER rollout loop lose the last transition of each episode. Here the caller
-    (rollout.RolloutWorker) steps exactly T times and then calls reset(), so every episode
-    keeps all T transitions.
+  * No auto-reset. baselines resets an env inside step() when it reports done, and the HER
+    rollout loses each episode's last transition; here rollout.RolloutWorker steps exactly T
+    times and then calls reset(), so every episode keeps all T transitions.
   * step() returns gymnasium's done = terminated or truncated, and the per-env info dicts.
   * Env processes are started with the `spawn` method and never import mpi4py: a forked
     child would share its rank's MPI state (sockets, shared memory), which MPI does not allow,
@@ -242,8 +240,8 @@ class SubprocVecEnv(VecEnv):
     env process, a failed send, Ctrl-C while waiting) leaves the env processes at different
     steps: the vec env then closes itself, and every later call says why."""
 
-    def __init__(self, env_fns, context="spawn", timeout=0):
-        ctx = mp.get_context(context)
+    def __init__(self, env_fns, timeout=0):
+        ctx = mp.get_context("spawn")
         self.closed, self.timeout = False, timeout
         n = len(env_fns)
         self._pending = ["start"] * n
@@ -258,23 +256,19 @@ class SubprocVecEnv(VecEnv):
         # process never produces EOF on the rank's end and recv() blocks forever.
         for work_remote in work_remotes:
             work_remote.close()
-        observation_space, action_space = self._recv(0)
-        for i in range(1, n):
-            self._recv(i)
-        super().__init__(n, observation_space, action_space)
+        spaces = [self._recv(i) for i in range(n)]  # each (observation_space, action_space)
+        super().__init__(n, *spaces[0])
 
     def _obs_buffers(self, ctx, i):
         return None  # observations go down the pipe (ShmemVecEnv: into shared memory)
 
     def _recv(self, i):
-        """Env process i's answer to its pending command. If it raised, died or stayed silent
-        past the timeout, or this wait is interrupted: close (see the class) and raise."""
+        """Env process i's answer to its pending command; any failure closes (see the class)."""
         p, cmd = self.ps[i], self._pending[i]
         try:
             # Starting (spawning, importing the simulator) is not timed: it grows with the
             # number of env processes per core.
-            timed = self.timeout and cmd != "start"
-            if timed and not self.remotes[i].poll(self.timeout):
+            if self.timeout and cmd != "start" and not self.remotes[i].poll(self.timeout):
                 self._fail(f"env process {i} (pid {p.pid}) did not answer {cmd!r} within "
                            f"{self.timeout:g} s (--env_timeout); it and its siblings were "
                            "killed")
@@ -299,8 +293,6 @@ class SubprocVecEnv(VecEnv):
         raise RuntimeError(f"{type(self).__name__}: {message or why}") from None
 
     def _send_all(self, cmds):
-        """cmds[i] to env process i; a failure after env process 0 got its command closes the
-        vec env (see the class)."""
         for i, cmd in enumerate(cmds):
             self._pending[i] = cmd[0]
             try:
@@ -338,9 +330,6 @@ class SubprocVecEnv(VecEnv):
                     pass  # already dead: reaped below
         for p in self.ps:
             p.join(timeout=5 if why is None else 0.5)
-            if p.is_alive():
-                p.terminate()
-                p.join(timeout=5)
             if p.is_alive():
                 p.kill()
                 p.join()
