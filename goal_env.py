@@ -6,9 +6,8 @@ are the multi-goal environments of Plappert et al. (2018), Sec. 1: a dict observ
 `observation`, `achieved_goal` and `desired_goal`, and a vectorised `compute_reward(ag, g)`.
 Tasks differ in conventions (Fetch and Hand: rewards {-1, 0} and info['is_success']; PointMaze
 and AntMaze: {0, 1} and info['success']; the Dense variants: a distance), so describe_env
-measures them all on a temporary env: dims, horizon T, action bound max_u, the reward function,
-the info key that reports success, and the reward range that bounds the critic's target.
-build_venv makes a rank's vec env of num_env such envs.
+reads them all, a GoalTask, off a temporary env. build_venv makes a rank's vec env of num_env
+such envs.
 
 Test: `python -m pytest -q test_all.py::TestGoalEnv`.
 """

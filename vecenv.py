@@ -79,8 +79,8 @@ class VecEnv:
         self._check_turn("step_wait()", pending=True)
         obs, r, terminated, truncated, infos = zip(*[self._recv(i) for i in range(self.num_envs)])
         done = np.logical_or(terminated, truncated)
-        # stack_obs copies: what is returned is the rank's own, whatever the next step writes
         obs = [self._obs(i, sent) for i, sent in enumerate(obs)]
+        # stack_obs copies: what is returned is the rank's own, whatever the next step writes
         return stack_obs(obs), np.array(r, dtype=np.float32), done, list(infos)
 
     def step(self, u):
