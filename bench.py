@@ -1,21 +1,15 @@
 """Where the time goes, each figure beside the reference that says what it should be.
 
-Mirrors nothing in baselines (which has no benchmark); measures the pieces of the training loop
-of Plappert et al. (2018), Sec. 2.2, on one CPU thread per process:
-  * one DDPG.train() update vs the GEMM floor: the same matrix products (forward passes, input
-    and weight gradients that the update needs), timed alone with preallocated outputs; at
-    batch 256, and at batch 1024 with demonstrations (Nair et al. 2018: 128 demo rows,
-    bc_loss, q_filter), whose cloning loss and Q filter add no matrix product;
+No baselines counterpart (baselines has no benchmark). Times the pieces of the training loop of
+Plappert et al. (2018), Sec. 2.2, on one CPU thread per process:
+  * one DDPG.train() update vs its GEMM floor (the same matrix products alone), at batch 256 and
+    at batch 1024 with demonstrations (Nair et al. 2018), which add no matrix product;
   * HER sampling + normalisation of a batch, as a share of the update;
-  * environment steps per second: raw env, DummyVecEnv, SubprocVecEnv and ShmemVecEnv at
-    num_env 1, 2, 4, with policy inference as RolloutWorker does it;
-  * SubprocVecEnv against ShmemVecEnv on a large observation (a 480 x 480 x 3 uint8 image per
-    step, the size of a MuJoCo render), where the pipe's copies should cost most;
-  * one FetchPush-v4 epoch (50 cycles) of one rank split into its phases;
+  * env steps per second: raw env, DummyVecEnv, SubprocVecEnv and ShmemVecEnv at num_env 1, 2, 4;
+  * SubprocVecEnv against ShmemVecEnv on a 480 x 480 x 3 image observation;
+  * one FetchPush-v4 epoch of one rank split into its phases;
   * a full 1e6-transition buffer: resident memory, and sampling time against buffer size.
-
-The figures across ranks (MpiAdam's Allreduce, what --trace costs) are bench_mpi.py's; how a
-figure is taken is timing.py's.
+The figures across ranks are bench_mpi.py's; how a figure is taken is timing.py's.
 
 Run: `python bench.py [--quick] [--only SECTION]` (about 3 minutes in all).
 Test: `python -m pytest -q test_all.py::TestPlotBenchDocs`.
@@ -58,38 +52,34 @@ def update_gemm_shapes(policy, N):
     return shapes
 
 
-def gemm_floor_fn(shapes, rng):
-    """A function running exactly these float32 products into preallocated outputs."""
+def update_and_floor(policy, repeats, number, setting):
+    """(ms of the GEMM floor, ms of one policy.train()) at the policy's batch size, interleaved
+    so that both see the same machine; prints the floor's row. The floor runs exactly the
+    update's float32 products into preallocated outputs."""
+    shapes = update_gemm_shapes(policy, policy.params["batch_size"])
+    rng = np.random.default_rng(1)
     operands = [(rng.standard_normal((m, k), dtype=np.float32),
                  rng.standard_normal((k, n), dtype=np.float32),
                  np.empty((m, n), np.float32)) for m, k, n in shapes]
 
-    def run():
+    def floor():
         for a, b, out in operands:
             np.matmul(a, b, out=out)
-    return run
-
-
-def time_update_and_floor(policy, repeats, number):
-    """(ms of the GEMM floor, ms of one policy.train(), the floor's shapes) at the policy's
-    batch size, interleaved so that both see the same machine."""
-    shapes = update_gemm_shapes(policy, policy.params["batch_size"])
-    floor = gemm_floor_fn(shapes, np.random.default_rng(1))
     t_floor, t_update = [], []
     for _ in range(3):
         t_floor.append(timeit(floor, repeats, number))
         t_update.append(timeit(policy.train, repeats, number))
-    return min(t_floor), min(t_update), shapes
+    flops = sum(2 * m * k * n for m, k, n in shapes)
+    row(f"GEMM floor of one update ({setting})", min(t_floor), "ms",
+        f"{len(shapes)} products, {flops / min(t_floor) / 1e6:.1f} GFLOP/s")
+    return min(t_floor), min(t_update)
 
 
 def bench_update(quick):
-    policy, dims, T = make_policy(n_episodes=200)
+    policy, _, _ = make_policy(n_episodes=200)
     N = policy.params["batch_size"]
     repeats, number = (5, 20) if quick else (15, 40)
-    t_floor, t_update, shapes = time_update_and_floor(policy, repeats, number)
-    flops = sum(2 * m * k * n for m, k, n in shapes)
-    row("GEMM floor of one update (batch 256, 3x256, FetchPush)", t_floor, "ms",
-        f"{len(shapes)} products, {flops / t_floor / 1e6:.1f} GFLOP/s")
+    t_floor, t_update = update_and_floor(policy, repeats, number, "batch 256, 3x256, FetchPush")
     row("DDPG.train() update", t_update, "ms", f"ratio to floor {t_update / t_floor:.2f}x")
     t_sample = timeit(lambda: policy.buffer.sample(N), repeats, number)
     batch = policy.buffer.sample(N)
@@ -100,7 +90,6 @@ def bench_update(quick):
         f"sampling + normalising = {(t_sample + t_norm) / t_update:.1%} of an update")
     t_adam = timeit(lambda: policy.Q_adam.update(policy.main.Q.grad * 0, 0.), repeats, number)
     row("MpiAdam.update, critic (1 rank)", t_adam, "ms", f"{t_adam / t_update:.1%} of an update")
-    return t_update
 
 
 def bench_update1024(quick):
@@ -110,10 +99,8 @@ def bench_update1024(quick):
                                   demo_batch_size=128, bc_loss=True, q_filter=True)
     policy.init_demo_buffer(random_episodes(np.random.default_rng(2), dims, T, 100))
     repeats, number = (3, 5) if quick else (10, 10)
-    t_floor, t_update, shapes = time_update_and_floor(policy, repeats, number)
-    flops = sum(2 * m * k * n for m, k, n in shapes)
-    row("GEMM floor of one update (batch 1024, 3x256, PickAndPlace)", t_floor, "ms",
-        f"{len(shapes)} products, {flops / t_floor / 1e6:.1f} GFLOP/s")
+    t_floor, t_update = update_and_floor(policy, repeats, number,
+                                         "batch 1024, 3x256, PickAndPlace")
     row("DDPG.train() update, 128 demo rows, bc_loss + q_filter", t_update, "ms",
         f"ratio to floor {t_update / t_floor:.2f}x (target <= 1.15x)")
 

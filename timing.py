@@ -3,8 +3,6 @@
 No baselines counterpart. A figure is the median over repeats of the mean time of a number of
 calls, taken side by side with the figure it is compared to, so that the ratio holds on a busy
 machine where the absolute times do not (machines here differ 2-3x from one day to the next).
-The agent is built as train.py builds it (ddpg.make_agent) and filled with random episodes in
-the episode layout (replay.episode_shapes).
 
 Test: `python -m pytest -q test_all.py::TestPlotBenchDocs`.
 """
@@ -37,8 +35,8 @@ def row(name, value, unit, note=""):
 
 
 def make_policy(buffer_size=1_000_000, n_episodes=200, seed=0, env=ENV, **overrides):
-    """A FetchPush-sized agent with n_episodes of random episodes stored; `overrides` are
-    config.Config fields."""
+    """An agent built as train.py builds it, with n_episodes random episodes stored;
+    `overrides` are config.Config fields."""
     task = goal_env.describe_env(env)
     cfg = config.Config(env=env, buffer_size=buffer_size, **overrides)
     rng = np.random.default_rng(seed)
@@ -58,6 +56,8 @@ def random_episodes(rng, dims, T, n):
 
 
 class Timer:
+    """Seconds spent in each wrapped function, summed over its calls."""
+
     def __init__(self):
         self.s = {}
 
