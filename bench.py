@@ -28,16 +28,14 @@ from logger import EpochLogger
 from mpi_util import one_blas_thread
 from rollout import RolloutWorker
 from shmem_vecenv import ShmemVecEnv
-from timing import ENV, Timer, make_policy, random_episodes, row, timeit
+from timing import ENV, make_policy, random_episodes, row, timed, timeit
 from vecenv import DummyVecEnv, SubprocVecEnv
 
 # ---------------------------------------------------------------- the update vs its GEMM floor
 
 def update_gemm_shapes(policy, N):
-    """(M, K, N_out) of every matrix product one update cannot avoid: forward passes of pi_targ,
-    Q_targ, Q, pi and Q(pi); Q's weight gradients and its input gradients below the first layer;
-    Q's input gradient down to u (actor loss); pi's weight gradients and input gradients below
-    its first layer."""
+    """(M, K, N_out) of every matrix product one update cannot avoid (no input gradient below
+    a network's first layer, but Q's down to u for the actor loss)."""
     pi_sizes, Q_sizes = policy.main.pi.sizes, policy.main.Q.sizes
     layers = lambda sizes: list(zip(sizes[:-1], sizes[1:]))  # noqa: E731
     forward = lambda sizes: [(N, a, b) for a, b in layers(sizes)]  # noqa: E731
@@ -121,10 +119,9 @@ def bench_env_steps(quick):
     row("raw env.step loop (1 env)", raw, "steps/s")
     policy, dims, T = make_policy(buffer_size=10_000, n_episodes=2)
     env_fns = [functools.partial(goal_env.make_env, ENV)]
-    cases = [("DummyVecEnv, num_env 1", 1, DummyVecEnv)] + [
-        (f"{make.__name__}, num_env {n}", n, make)
-        for make in (SubprocVecEnv, ShmemVecEnv) for n in (1, 2, 4)]
-    for name, n, make in cases:
+    cases = [(DummyVecEnv, 1)] + [(make, n) for make in (SubprocVecEnv, ShmemVecEnv)
+                                  for n in (1, 2, 4)]
+    for make, n in cases:
         venv = make(env_fns * n)
         worker = RolloutWorker(venv, policy, dims, T, np.random.default_rng(0), noise_eps=0.2,
                                random_eps=0.3)
@@ -135,7 +132,8 @@ def bench_env_steps(quick):
             worker.generate_rollouts()
         rate = n_rollouts * T * n / (time.perf_counter() - t)
         venv.close()
-        row(f"RolloutWorker + {name}", rate, "steps/s", f"{rate / raw:.2f}x raw (with policy)")
+        row(f"RolloutWorker + {make.__name__}, num_env {n}", rate, "steps/s",
+            f"{rate / raw:.2f}x raw (with policy)")
 
 
 class ImageObsEnv:
@@ -187,40 +185,41 @@ def bench_large_observations(quick):
 
 # ---------------------------------------------------------------- one epoch, phase by phase
 
-def bench_epoch(quick, num_env=2):
+def bench_epoch(quick):
     """One FetchPush epoch of one rank (train.train's loop) with each phase timed."""
     n_cycles = 10 if quick else 50
+    num_env = 2
     cfg = config.Config(env=ENV, num_env=num_env, n_cycles=n_cycles, n_epochs=1)
     task = goal_env.describe_env(ENV)
     rng = np.random.default_rng(0)
     policy = make_agent(cfg, task, rng)
     venv = goal_env.build_venv(cfg)
-    timer = Timer()
+    seconds = {}
     worker = RolloutWorker(venv, policy, task.dims, task.T, rng, noise_eps=cfg.noise_eps,
                            random_eps=cfg.random_eps)
     evaluator = RolloutWorker(venv, policy, task.dims, task.T, rng, exploit=True,
                               compute_Q=True)
     # Each phase of the cycle, timed where it is called: the instance's own methods wrapped.
-    policy.buffer.sample = timer.wrap("sampling", policy.buffer.sample)
-    worker.generate_rollouts = timer.wrap("rollout", worker.generate_rollouts)
-    policy.store_episode = timer.wrap("store + normaliser", policy.store_episode)
-    policy.train = timer.wrap("update (incl. sampling)", policy.train)
-    policy.update_target_net = timer.wrap("target update", policy.update_target_net)
+    policy.buffer.sample = timed(seconds, "sampling", policy.buffer.sample)
+    worker.generate_rollouts = timed(seconds, "rollout", worker.generate_rollouts)
+    policy.store_episode = timed(seconds, "store + normaliser", policy.store_episode)
+    policy.train = timed(seconds, "update (incl. sampling)", policy.train)
+    policy.update_target_net = timed(seconds, "target update", policy.update_target_net)
     t0 = time.perf_counter()
     for _ in range(cfg.n_cycles):
         run_cycle(policy, worker, cfg.n_batches)
     for _ in range(cfg.n_test_rollouts):
-        timer.wrap("test rollouts", evaluator.generate_rollouts)()
+        timed(seconds, "test rollouts", evaluator.generate_rollouts)()
     logger = EpochLogger("/tmp", enabled=False)
-    timer.wrap("logging", logger.dump)({"epoch": 0})
+    timed(seconds, "logging", logger.dump)({"epoch": 0})
     total = time.perf_counter() - t0
     venv.close()
-    update_total = timer.s.pop("update (incl. sampling)")
-    timer.s["update (excl. sampling)"] = update_total - timer.s["sampling"]
+    update_total = seconds.pop("update (incl. sampling)")
+    seconds["update (excl. sampling)"] = update_total - seconds["sampling"]
     print(f"-- one {ENV} epoch, 1 rank, num_env {num_env}, {n_cycles} cycles: {total:.1f} s")
     for name in ("rollout", "sampling", "update (excl. sampling)", "target update",
                  "store + normaliser", "test rollouts", "logging"):
-        row(f"   {name}", timer.s.get(name, 0.), "s", f"{timer.s.get(name, 0.) / total:.1%}")
+        row(f"   {name}", seconds.get(name, 0.), "s", f"{seconds.get(name, 0.) / total:.1%}")
 
 
 # ---------------------------------------------------------------- a full replay buffer
@@ -255,15 +254,14 @@ def bench_full_buffer(quick):
 
 def main():
     one_blas_thread()  # before any env process starts: they inherit it
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true", help="fewer repeats, 10-cycle epoch")
-    p.add_argument("--only", choices=["update", "update1024", "env", "image", "epoch",
-                                      "buffer"])
-    args = p.parse_args()
-    print(f"numpy {np.__version__}, {os.cpu_count()} cores, 1 BLAS thread per process")
     sections = {"update": bench_update, "update1024": bench_update1024, "env": bench_env_steps,
                 "image": bench_large_observations, "epoch": bench_epoch,
                 "buffer": bench_full_buffer}
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="fewer repeats, 10-cycle epoch")
+    p.add_argument("--only", choices=list(sections))
+    args = p.parse_args()
+    print(f"numpy {np.__version__}, {os.cpu_count()} cores, 1 BLAS thread per process")
     for name, fn in sections.items():
         if args.only in (None, name):
             fn(args.quick)

@@ -70,7 +70,10 @@ class CycleProgress:
         line = (f"epoch {self.epoch}: cycle {cycle + 1}/{self.n_cycles}, "
                 f"{_duration(elapsed)} elapsed, about {_duration(left)} left")
         if self.terminal:
-            self._rewrite(line)
+            # "\r" returns to the start of the line; padding erases what a longer line left.
+            self.stream.write("\r" + line.ljust(self.width))
+            self.stream.flush()
+            self.width = len(line)
         elif ((cycle + 1) % self.every == 0 and cycle + 1 < self.n_cycles
               and now - self.t_last_line >= self.min_interval_s):
             self.stream.write(line + "\n")
@@ -95,12 +98,6 @@ class CycleProgress:
             self.stream.write(text)
             self.stream.flush()
             self.width = 0
-
-    def _rewrite(self, line):
-        # "\r" returns to the start of the line; padding erases what a longer line left.
-        self.stream.write("\r" + line.ljust(self.width))
-        self.stream.flush()
-        self.width = len(line)
 
 
 def _duration(seconds):

@@ -188,7 +188,6 @@ def draw_curves(axes, x_keys, curves, env, marker=None):
 
 
 def plot(run_dirs, out_path):
-    """One panel column per env: test success against epoch (top) and env steps (bottom)."""
     groups = group_runs(run_dirs)
     envs = sorted({key[0] for key in groups})
     fig, axes = pyplot().subplots(2, len(envs), figsize=(4.5 * len(envs), 7), squeeze=False)
@@ -207,8 +206,6 @@ def plot(run_dirs, out_path):
 
 
 def plot_scaling(run_dirs, env, out_path):
-    """One env, one curve per rank count: test success against epoch, total env steps (all
-    ranks) and hours of training on the machine each run used."""
     groups = groups_of_env(run_dirs, env)
     if not groups:
         raise ValueError(f"none of the runs is of {env}")
@@ -227,7 +224,6 @@ def plot_scaling(run_dirs, env, out_path):
 
 
 def plot_suite(run_dirs, out_path):
-    """One panel per env against epoch, each curve labelled with how many epochs have run."""
     groups = group_runs(run_dirs)
     envs = sorted({key[0] for key in groups})
     fig, axes = pyplot().subplots(1, len(envs), figsize=(4.5 * len(envs), 4.2), squeeze=False)

@@ -79,10 +79,7 @@ def draw_lane(ax, span, lane, t0, least, name_groups):
     tick label. name_groups: the first lane names the groups in the legend for all."""
     bars = {COMPUTING: [(span["start_s"] - t0, span["duration_s"])]}
     for row in lane:
-        if row["kind"] == "env":
-            group = ENV_WAIT
-        else:
-            group = TRACE_SITES.get(row["site"], OTHER_MPI)
+        group = ENV_WAIT if row["kind"] == "env" else TRACE_SITES.get(row["site"], OTHER_MPI)
         bars.setdefault(group, []).append((row["start_s"] - t0, max(row["duration_s"], least)))
     rank = span["rank"]
     for group, colour in TRACE_COLOURS.items():
