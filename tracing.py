@@ -245,8 +245,8 @@ def summarise(rows):
             s["outside"] += 1
             continue
         s["in_cycles"] += 1
-        s["sent"] += sent or 0
-        s["received"] += received or 0
+        s["sent"] += sent
+        s["received"] += received
         s["seconds"] += duration
     return dict(n_cycles=len(cycles), cycle_s=sum(row[-1] for row in cycles), sites=sites)
 
