@@ -206,11 +206,8 @@ def plot(run_dirs, out_path):
 
 
 def plot_scaling(run_dirs, env, out_path):
-    groups = groups_of_env(run_dirs, env)
-    if not groups:
-        raise ValueError(f"none of the runs is of {env}")
-    curves = []
-    for (_, n_ranks, num_env, variant), runs in groups.items():
+    curves = []  # main has checked that some run is of env
+    for (_, n_ranks, num_env, variant), runs in groups_of_env(run_dirs, env).items():
         seeds = f"{len(runs)} seed{'s' if len(runs) > 1 else ''}"
         curves.append((with_variant(f"{n_ranks} x {num_env} ({seeds})", variant), runs))
     fig, axes = pyplot().subplots(1, 3, figsize=(15, 4.5))
