@@ -188,8 +188,7 @@ def bench_large_observations(quick):
 def bench_epoch(quick):
     """One FetchPush epoch of one rank (train.train's loop) with each phase timed."""
     n_cycles = 10 if quick else 50
-    num_env = 2
-    cfg = config.Config(env=ENV, num_env=num_env, n_cycles=n_cycles, n_epochs=1)
+    cfg = config.Config(env=ENV, num_env=2, n_cycles=n_cycles, n_epochs=1)
     task = goal_env.describe_env(ENV)
     rng = np.random.default_rng(0)
     policy = make_agent(cfg, task, rng)
@@ -216,7 +215,7 @@ def bench_epoch(quick):
     venv.close()
     update_total = seconds.pop("update (incl. sampling)")
     seconds["update (excl. sampling)"] = update_total - seconds["sampling"]
-    print(f"-- one {ENV} epoch, 1 rank, num_env {num_env}, {n_cycles} cycles: {total:.1f} s")
+    print(f"-- one {ENV} epoch, 1 rank, num_env {cfg.num_env}, {n_cycles} cycles: {total:.1f} s")
     for name in ("rollout", "sampling", "update (excl. sampling)", "target update",
                  "store + normaliser", "test rollouts", "logging"):
         row(f"   {name}", seconds.get(name, 0.), "s", f"{seconds.get(name, 0.) / total:.1%}")
