@@ -1,21 +1,15 @@
 """Where the time goes, each figure beside the reference that says what it should be.
 
-Mirrors nothing in baselines (which has no benchmark); measures the pieces of the training loop
-of Plappert et al. (2018), Sec. 2.2, on one CPU thread per process:
-  * one DDPG.train() update vs the GEMM floor: the same matrix products (forward passes, input
-    and weight gradients that the update needs), timed alone with preallocated outputs; at
-    batch 256, and at batch 1024 with demonstrations (Nair et al. 2018: 128 demo rows,
-    bc_loss, q_filter), whose cloning loss and Q filter add no matrix product;
+No baselines counterpart (baselines has no benchmark). Times the pieces of the training loop of
+Plappert et al. (2018), Sec. 2.2, on one CPU thread per process:
+  * one DDPG.train() update vs its GEMM floor (the same matrix products alone), at batch 256 and
+    at batch 1024 with demonstrations (Nair et al. 2018), which add no matrix product;
   * HER sampling + normalisation of a batch, as a share of the update;
-  * environment steps per second: raw env, DummyVecEnv, SubprocVecEnv and ShmemVecEnv at
-    num_env 1, 2, 4, with policy inference as RolloutWorker does it;
-  * SubprocVecEnv against ShmemVecEnv on a large observation (a 480 x 480 x 3 uint8 image per
-    step, the size of a MuJoCo render), where the pipe's copies should cost most;
-  * one FetchPush-v4 epoch (50 cycles) of one rank split into its phases;
+  * env steps per second: raw env, DummyVecEnv, SubprocVecEnv and ShmemVecEnv at num_env 1, 2, 4;
+  * SubprocVecEnv against ShmemVecEnv on a 480 x 480 x 3 image observation;
+  * one FetchPush-v4 epoch of one rank split into its phases;
   * a full 1e6-transition buffer: resident memory, and sampling time against buffer size.
-
-The figures across ranks (MpiAdam's Allreduce, what --trace costs) are bench_mpi.py's; how a
-figure is taken is timing.py's.
+The figures across ranks are bench_mpi.py's; how a figure is taken is timing.py's.
 
 Run: `python bench.py [--quick] [--only SECTION]` (about 3 minutes in all).
 Test: `python -m pytest -q test_all.py::TestPlotBenchDocs`.
@@ -34,16 +28,14 @@ from logger import EpochLogger
 from mpi_util import one_blas_thread
 from rollout import RolloutWorker
 from shmem_vecenv import ShmemVecEnv
-from timing import ENV, Timer, make_policy, random_episodes, row, timeit
+from timing import ENV, make_policy, random_episodes, row, timed, timeit
 from vecenv import DummyVecEnv, SubprocVecEnv
 
 # ---------------------------------------------------------------- the update vs its GEMM floor
 
 def update_gemm_shapes(policy, N):
-    """(M, K, N_out) of every matrix product one update cannot avoid: forward passes of pi_targ,
-    Q_targ, Q, pi and Q(pi); Q's weight gradients and its input gradients below the first layer;
-    Q's input gradient down to u (actor loss); pi's weight gradients and input gradients below
-    its first layer."""
+    """(M, K, N_out) of every matrix product one update cannot avoid (no input gradient below
+    a network's first layer, but Q's down to u for the actor loss)."""
     pi_sizes, Q_sizes = policy.main.pi.sizes, policy.main.Q.sizes
     layers = lambda sizes: list(zip(sizes[:-1], sizes[1:]))  # noqa: E731
     forward = lambda sizes: [(N, a, b) for a, b in layers(sizes)]  # noqa: E731
@@ -58,38 +50,34 @@ def update_gemm_shapes(policy, N):
     return shapes
 
 
-def gemm_floor_fn(shapes, rng):
-    """A function running exactly these float32 products into preallocated outputs."""
+def update_and_floor(policy, repeats, number, setting):
+    """(ms of the GEMM floor, ms of one policy.train()) at the policy's batch size, interleaved
+    so that both see the same machine; prints the floor's row. The floor runs exactly the
+    update's float32 products into preallocated outputs."""
+    shapes = update_gemm_shapes(policy, policy.params["batch_size"])
+    rng = np.random.default_rng(1)
     operands = [(rng.standard_normal((m, k), dtype=np.float32),
                  rng.standard_normal((k, n), dtype=np.float32),
                  np.empty((m, n), np.float32)) for m, k, n in shapes]
 
-    def run():
+    def floor():
         for a, b, out in operands:
             np.matmul(a, b, out=out)
-    return run
-
-
-def time_update_and_floor(policy, repeats, number):
-    """(ms of the GEMM floor, ms of one policy.train(), the floor's shapes) at the policy's
-    batch size, interleaved so that both see the same machine."""
-    shapes = update_gemm_shapes(policy, policy.params["batch_size"])
-    floor = gemm_floor_fn(shapes, np.random.default_rng(1))
     t_floor, t_update = [], []
     for _ in range(3):
         t_floor.append(timeit(floor, repeats, number))
         t_update.append(timeit(policy.train, repeats, number))
-    return min(t_floor), min(t_update), shapes
+    flops = sum(2 * m * k * n for m, k, n in shapes)
+    row(f"GEMM floor of one update ({setting})", min(t_floor), "ms",
+        f"{len(shapes)} products, {flops / min(t_floor) / 1e6:.1f} GFLOP/s")
+    return min(t_floor), min(t_update)
 
 
 def bench_update(quick):
-    policy, dims, T = make_policy(n_episodes=200)
+    policy, _, _ = make_policy(n_episodes=200)
     N = policy.params["batch_size"]
     repeats, number = (5, 20) if quick else (15, 40)
-    t_floor, t_update, shapes = time_update_and_floor(policy, repeats, number)
-    flops = sum(2 * m * k * n for m, k, n in shapes)
-    row("GEMM floor of one update (batch 256, 3x256, FetchPush)", t_floor, "ms",
-        f"{len(shapes)} products, {flops / t_floor / 1e6:.1f} GFLOP/s")
+    t_floor, t_update = update_and_floor(policy, repeats, number, "batch 256, 3x256, FetchPush")
     row("DDPG.train() update", t_update, "ms", f"ratio to floor {t_update / t_floor:.2f}x")
     t_sample = timeit(lambda: policy.buffer.sample(N), repeats, number)
     batch = policy.buffer.sample(N)
@@ -100,7 +88,6 @@ def bench_update(quick):
         f"sampling + normalising = {(t_sample + t_norm) / t_update:.1%} of an update")
     t_adam = timeit(lambda: policy.Q_adam.update(policy.main.Q.grad * 0, 0.), repeats, number)
     row("MpiAdam.update, critic (1 rank)", t_adam, "ms", f"{t_adam / t_update:.1%} of an update")
-    return t_update
 
 
 def bench_update1024(quick):
@@ -110,10 +97,8 @@ def bench_update1024(quick):
                                   demo_batch_size=128, bc_loss=True, q_filter=True)
     policy.init_demo_buffer(random_episodes(np.random.default_rng(2), dims, T, 100))
     repeats, number = (3, 5) if quick else (10, 10)
-    t_floor, t_update, shapes = time_update_and_floor(policy, repeats, number)
-    flops = sum(2 * m * k * n for m, k, n in shapes)
-    row("GEMM floor of one update (batch 1024, 3x256, PickAndPlace)", t_floor, "ms",
-        f"{len(shapes)} products, {flops / t_floor / 1e6:.1f} GFLOP/s")
+    t_floor, t_update = update_and_floor(policy, repeats, number,
+                                         "batch 1024, 3x256, PickAndPlace")
     row("DDPG.train() update, 128 demo rows, bc_loss + q_filter", t_update, "ms",
         f"ratio to floor {t_update / t_floor:.2f}x (target <= 1.15x)")
 
@@ -134,10 +119,9 @@ def bench_env_steps(quick):
     row("raw env.step loop (1 env)", raw, "steps/s")
     policy, dims, T = make_policy(buffer_size=10_000, n_episodes=2)
     env_fns = [functools.partial(goal_env.make_env, ENV)]
-    cases = [("DummyVecEnv, num_env 1", 1, DummyVecEnv)] + [
-        (f"{make.__name__}, num_env {n}", n, make)
-        for make in (SubprocVecEnv, ShmemVecEnv) for n in (1, 2, 4)]
-    for name, n, make in cases:
+    cases = [(DummyVecEnv, 1)] + [(make, n) for make in (SubprocVecEnv, ShmemVecEnv)
+                                  for n in (1, 2, 4)]
+    for make, n in cases:
         venv = make(env_fns * n)
         worker = RolloutWorker(venv, policy, dims, T, np.random.default_rng(0), noise_eps=0.2,
                                random_eps=0.3)
@@ -148,7 +132,8 @@ def bench_env_steps(quick):
             worker.generate_rollouts()
         rate = n_rollouts * T * n / (time.perf_counter() - t)
         venv.close()
-        row(f"RolloutWorker + {name}", rate, "steps/s", f"{rate / raw:.2f}x raw (with policy)")
+        row(f"RolloutWorker + {make.__name__}, num_env {n}", rate, "steps/s",
+            f"{rate / raw:.2f}x raw (with policy)")
 
 
 class ImageObsEnv:
@@ -200,40 +185,40 @@ def bench_large_observations(quick):
 
 # ---------------------------------------------------------------- one epoch, phase by phase
 
-def bench_epoch(quick, num_env=2):
+def bench_epoch(quick):
     """One FetchPush epoch of one rank (train.train's loop) with each phase timed."""
     n_cycles = 10 if quick else 50
-    cfg = config.Config(env=ENV, num_env=num_env, n_cycles=n_cycles, n_epochs=1)
+    cfg = config.Config(env=ENV, num_env=2, n_cycles=n_cycles, n_epochs=1)
     task = goal_env.describe_env(ENV)
     rng = np.random.default_rng(0)
     policy = make_agent(cfg, task, rng)
     venv = goal_env.build_venv(cfg)
-    timer = Timer()
+    seconds = {}
     worker = RolloutWorker(venv, policy, task.dims, task.T, rng, noise_eps=cfg.noise_eps,
                            random_eps=cfg.random_eps)
     evaluator = RolloutWorker(venv, policy, task.dims, task.T, rng, exploit=True,
                               compute_Q=True)
     # Each phase of the cycle, timed where it is called: the instance's own methods wrapped.
-    policy.buffer.sample = timer.wrap("sampling", policy.buffer.sample)
-    worker.generate_rollouts = timer.wrap("rollout", worker.generate_rollouts)
-    policy.store_episode = timer.wrap("store + normaliser", policy.store_episode)
-    policy.train = timer.wrap("update (incl. sampling)", policy.train)
-    policy.update_target_net = timer.wrap("target update", policy.update_target_net)
+    policy.buffer.sample = timed(seconds, "sampling", policy.buffer.sample)
+    worker.generate_rollouts = timed(seconds, "rollout", worker.generate_rollouts)
+    policy.store_episode = timed(seconds, "store + normaliser", policy.store_episode)
+    policy.train = timed(seconds, "update (incl. sampling)", policy.train)
+    policy.update_target_net = timed(seconds, "target update", policy.update_target_net)
     t0 = time.perf_counter()
     for _ in range(cfg.n_cycles):
         run_cycle(policy, worker, cfg.n_batches)
     for _ in range(cfg.n_test_rollouts):
-        timer.wrap("test rollouts", evaluator.generate_rollouts)()
+        timed(seconds, "test rollouts", evaluator.generate_rollouts)()
     logger = EpochLogger("/tmp", enabled=False)
-    timer.wrap("logging", logger.dump)({"epoch": 0})
+    timed(seconds, "logging", logger.dump)({"epoch": 0})
     total = time.perf_counter() - t0
     venv.close()
-    update_total = timer.s.pop("update (incl. sampling)")
-    timer.s["update (excl. sampling)"] = update_total - timer.s["sampling"]
-    print(f"-- one {ENV} epoch, 1 rank, num_env {num_env}, {n_cycles} cycles: {total:.1f} s")
+    update_total = seconds.pop("update (incl. sampling)")
+    seconds["update (excl. sampling)"] = update_total - seconds["sampling"]
+    print(f"-- one {ENV} epoch, 1 rank, num_env {cfg.num_env}, {n_cycles} cycles: {total:.1f} s")
     for name in ("rollout", "sampling", "update (excl. sampling)", "target update",
                  "store + normaliser", "test rollouts", "logging"):
-        row(f"   {name}", timer.s.get(name, 0.), "s", f"{timer.s.get(name, 0.) / total:.1%}")
+        row(f"   {name}", seconds.get(name, 0.), "s", f"{seconds.get(name, 0.) / total:.1%}")
 
 
 # ---------------------------------------------------------------- a full replay buffer
@@ -268,15 +253,14 @@ def bench_full_buffer(quick):
 
 def main():
     one_blas_thread()  # before any env process starts: they inherit it
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true", help="fewer repeats, 10-cycle epoch")
-    p.add_argument("--only", choices=["update", "update1024", "env", "image", "epoch",
-                                      "buffer"])
-    args = p.parse_args()
-    print(f"numpy {np.__version__}, {os.cpu_count()} cores, 1 BLAS thread per process")
     sections = {"update": bench_update, "update1024": bench_update1024, "env": bench_env_steps,
                 "image": bench_large_observations, "epoch": bench_epoch,
                 "buffer": bench_full_buffer}
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="fewer repeats, 10-cycle epoch")
+    p.add_argument("--only", choices=list(sections))
+    args = p.parse_args()
+    print(f"numpy {np.__version__}, {os.cpu_count()} cores, 1 BLAS thread per process")
     for name, fn in sections.items():
         if args.only in (None, name):
             fn(args.quick)

@@ -1,9 +1,8 @@
 """Where the time goes across ranks: MpiAdam's Allreduce, and what --trace costs a cycle.
 
-No baselines counterpart (baselines has no benchmark). Measures the one aggregation of
-Plappert et al. (2018), Sec. 2.2 (the gradient Allreduce of MpiAdam.update) beside the update it
-belongs to, and the cost of recording every message (tracing.py). The single-process figures are
-bench.py's; how a figure is taken is timing.py's.
+No baselines counterpart (baselines has no benchmark). Times the one aggregation of Plappert et
+al. (2018), Sec. 2.2 (the gradient Allreduce of MpiAdam.update) beside the update it belongs to,
+and the cost of recording every message (tracing.py). How a figure is taken is timing.py's.
 
 Run: `mpirun -np R python bench_mpi.py` (MpiAdam.update and its Allreduce with R ranks) and
 `mpirun -np 2 python bench_mpi.py --trace_cost [--quick]` (a traced cycle against an untraced).
@@ -46,9 +45,8 @@ def bench_mpi():
 
 
 def bench_trace_cost(quick):
-    """What --trace costs a cycle (tracing.py): per rank, two FetchPush agents as bench_epoch
-    builds them, one under Tracer(0) (train.py without --trace: nothing wrapped), one under a
-    Tracer recording every call; their cycles alternate, so that drift falls on both alike."""
+    """Per rank, two FetchPush agents as bench_epoch builds them, one under Tracer(0) (train.py
+    without --trace: nothing wrapped), one under a Tracer recording every call."""
     from mpi4py import MPI
     from tracing import Tracer
     comm = MPI.COMM_WORLD

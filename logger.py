@@ -16,8 +16,6 @@ from files import atomic_write_text
 
 
 class EpochLogger:
-    """Rank 0 prints one table per epoch and rewrites progress.csv (atomically) with a new row."""
-
     def __init__(self, logdir, enabled, start_epoch=0):
         self.enabled = enabled
         self.path = os.path.join(logdir, "progress.csv")
@@ -47,11 +45,9 @@ def _fmt(v):
 
 class CycleProgress:
     """Where the current epoch stands, printed by rank 0 between the epoch tables (at 19 x 2
-    on a small machine an epoch is minutes of silence otherwise).
-
-    On a terminal: one line, rewritten in place after every cycle. Into a file or pipe: a short
-    line every `every` cycles, and at most one per `min_interval_s`, so a log gets no
-    carriage-return noise and a quick run (FetchReach: seconds per epoch) gets no extra lines."""
+    on a small machine an epoch is minutes of silence otherwise). On a terminal: one line,
+    rewritten in place after every cycle. Into a file or pipe: a line every `every` cycles, at
+    most one per `min_interval_s`, so a quick run (FetchReach) gets no extra lines."""
 
     def __init__(self, stream, n_cycles, enabled, terminal, clock=time.time,
                  min_interval_s=30.):
@@ -74,7 +70,10 @@ class CycleProgress:
         line = (f"epoch {self.epoch}: cycle {cycle + 1}/{self.n_cycles}, "
                 f"{_duration(elapsed)} elapsed, about {_duration(left)} left")
         if self.terminal:
-            self._rewrite(line)
+            # "\r" returns to the start of the line; padding erases what a longer line left.
+            self.stream.write("\r" + line.ljust(self.width))
+            self.stream.flush()
+            self.width = len(line)
         elif ((cycle + 1) % self.every == 0 and cycle + 1 < self.n_cycles
               and now - self.t_last_line >= self.min_interval_s):
             self.stream.write(line + "\n")
@@ -88,24 +87,17 @@ class CycleProgress:
     def end_epoch(self):
         """Before the epoch's table: time the test rollouts, and blank the in-place line."""
         self.test_s = self.clock() - self.t_test
-        if self.enabled and self.terminal and self.width:
-            self.stream.write("\r" + " " * self.width + "\r")
-            self.stream.flush()
-            self.width = 0
+        self._end_line("\r" + " " * self.width + "\r")
 
     def close(self):
-        """End an in-place line left open (an interrupt mid-epoch), so what follows starts
-        on a line of its own."""
+        """End an in-place line left open (an interrupt mid-epoch)."""
+        self._end_line("\n")
+
+    def _end_line(self, text):
         if self.enabled and self.terminal and self.width:
-            self.stream.write("\n")
+            self.stream.write(text)
             self.stream.flush()
             self.width = 0
-
-    def _rewrite(self, line):
-        # "\r" returns to the start of the line; padding erases what a longer line left.
-        self.stream.write("\r" + line.ljust(self.width))
-        self.stream.flush()
-        self.width = len(line)
 
 
 def _duration(seconds):

@@ -2,11 +2,9 @@
 
 Mirrors baselines `her/experiment/plot.py` (test/success_rate per epoch, median and a
 percentile band over seeds); shows the quantity Plappert et al. (2018), Sec. 3, report.
-
 A run folder is what train.py writes: progress.csv and config.json. Runs are grouped into one
-curve per (env, MPI ranks, num_env, variant: demonstrations, --gamma, --replay_strategy or
---replay_k where not the defaults); a group's seeds give the median and the interquartile band.
-Three figures, each with its markdown table (--table), all drawn by draw_curves:
+curve per (env, MPI ranks, num_env, run_variant); a group's seeds give the median and the
+interquartile band. Three figures, each with its markdown table (--table):
   * the curves: a panel column per env, against epoch (top) and total env steps (bottom);
   * --scaling ENV: one env, a curve per (ranks, num_env), against epoch, env steps and hours;
   * --suite: a panel per env against epoch; its table tells a run still going from one ended.
@@ -55,8 +53,8 @@ X_LABELS = {"epoch": "epoch", "steps": "total env steps (all ranks)",
 
 
 def anchor_x(n_ranks, num_env, epoch, x_key):
-    """Where an anchor goes on the axis of x_key ("epoch", "steps" or "hours"); None where it
-    cannot be placed: env steps need its ranks x envs, and no source states hours."""
+    """Where an anchor goes on the axis of x_key; None where it cannot be placed: env steps
+    need its ranks x envs, and no source states hours."""
     if x_key == "epoch":
         return epoch
     if x_key == "steps" and n_ranks is not None:
@@ -65,8 +63,7 @@ def anchor_x(n_ranks, num_env, epoch, x_key):
 
 
 def read_run(run_dir):
-    """{'env', 'n_ranks', 'num_env', 'variant', 'seed', 'n_epochs', 'epoch', 'success', 'steps',
-    'epoch_s', 'hours', ...} of a run; variant as run_variant() names it."""
+    """A run's settings and, per epoch, its test success, env steps and seconds."""
     with open(os.path.join(run_dir, "config.json")) as f:
         cfg = json.load(f)
     with open(os.path.join(run_dir, "progress.csv"), newline="") as f:
@@ -87,40 +84,31 @@ def read_run(run_dir):
 
 
 def column(rows, key, kind=float):
-    """One column of progress.csv's rows as an array."""
     return np.array([kind(row[key]) for row in rows])
 
 
 def run_variant(cfg):
-    """What sets a run apart from baselines' defaults for its env: demonstrations, a --gamma of
-    its own, a --replay_strategy other than future or a --replay_k other than 4, joined by
-    ", "; "" for none (and for versions of config.json without these keys)."""
+    """What sets a run apart from baselines' defaults for its env, joined by ", " ("" for none):
+    demonstrations, a --gamma of its own, a --replay_strategy other than future or a --replay_k
+    other than 4. A config.json of a version without these keys has the defaults."""
     parts = []
     if cfg.get("demo_file"):
         parts.append(f"{cfg['num_demo']} demos")
     if cfg.get("gamma"):
         parts.append(f"gamma {cfg['gamma']}")
-    parts += replay_variant(cfg)
+    strategy, replay_k = cfg.get("replay_strategy", "future"), cfg.get("replay_k", 4)
+    if strategy == "none":
+        parts.append("none")  # no relabelling: replay_k plays no part
+    elif (strategy, replay_k) != ("future", 4):
+        parts.append(strategy if replay_k == 4 else f"{strategy} k={replay_k}")
     return ", ".join(parts)
 
 
-def replay_variant(cfg):
-    """[] for baselines' HER replay (future, replay_k 4; also runs of versions without these
-    keys), else one name: "none", "final", "future k=8", "episode k=2"."""
-    strategy, replay_k = cfg.get("replay_strategy", "future"), cfg.get("replay_k", 4)
-    if strategy == "none":
-        return ["none"]  # no relabelling: replay_k plays no part
-    if (strategy, replay_k) == ("future", 4):
-        return []
-    return [strategy if replay_k == 4 else f"{strategy} k={replay_k}"]
-
-
-def group_runs(runs):
-    """{(env, n_ranks, num_env, variant): [run, ...]} with seeds in order: a run with
-    demonstrations, its own gamma, replay strategy or replay_k is never taken for another seed
-    of one without."""
+def group_runs(run_dirs):
+    """{(env, n_ranks, num_env, variant): [run, ...]} with seeds in order: a run of one variant
+    is never taken for another seed of a run of another."""
     groups = {}
-    for run in sorted(runs, key=lambda r: r["seed"]):
+    for run in sorted([read_run(d) for d in run_dirs], key=lambda r: r["seed"]):
         key = (run["env"], run["n_ranks"], run["num_env"], run["variant"])
         groups.setdefault(key, []).append(run)
     return groups
@@ -128,7 +116,7 @@ def group_runs(runs):
 
 def groups_of_env(run_dirs, env):
     """group_runs() of the runs of one env, in order of (ranks, envs, variant)."""
-    groups = group_runs([read_run(d) for d in run_dirs])
+    groups = group_runs(run_dirs)
     ordered = sorted(groups, key=lambda group_key: group_key[1:])
     return {key: groups[key] for key in ordered if key[0] == env}
 
@@ -149,24 +137,19 @@ def median_and_quartiles(runs, key="success"):
     return np.arange(n), np.array(med), np.array(lo), np.array(hi)
 
 
-def first_epoch_at(run, level):
-    """The first (0-based) epoch whose test success reaches `level`, or None."""
-    for epoch, success in zip(run["epoch"], run["success"]):
-        if success >= level:
-            return int(epoch)
-    return None
-
-
 def first_epochs(runs, level, say_why=False):
-    """first_epoch_at() of each seed; for a seed that has not reached `level`, "-", or with
-    say_why "not yet" while its run is still going (progress.csv has fewer epochs than its
-    config.json's n_epochs) and "never" once it has ended."""
+    """Per seed, the first (0-based) epoch whose test success reaches `level`; for a seed that
+    has not, "-", or with say_why "not yet" while its run is still going (progress.csv has
+    fewer epochs than its config.json's n_epochs) and "never" once it has ended."""
     cells = []
     for run in runs:
-        first = first_epoch_at(run, level)
-        if first is None and say_why:
-            first = "not yet" if len(run["epoch"]) < run["n_epochs"] else "never"
-        cells.append("-" if first is None else str(first))
+        reached = [str(e) for e, success in zip(run["epoch"], run["success"]) if success >= level]
+        if reached:
+            cells.append(reached[0])
+        elif say_why:
+            cells.append("not yet" if len(run["epoch"]) < run["n_epochs"] else "never")
+        else:
+            cells.append("-")
     return ", ".join(cells)
 
 
@@ -178,10 +161,8 @@ def pyplot():
 
 
 def draw_curves(axes, x_keys, curves, env, marker=None):
-    """On axes[i], against x_keys[i] (a key of X_LABELS): each (label, runs) of `curves` as the
-    median test success over its seeds, with the interquartile band where there are several,
-    then env's published anchors wherever anchor_x() places them; then the axes' labels, range,
-    grid and legend (one entry per label). marker: matplotlib's, on every epoch of a curve."""
+    """On axes[i], against x_keys[i]: each (label, runs) of `curves` as the median over its
+    seeds, with the interquartile band where there are several, and env's published ANCHORS."""
     for label, runs in curves:
         epochs, med, lo, hi = median_and_quartiles(runs)
         for ax, x_key in zip(axes, x_keys):
@@ -207,8 +188,7 @@ def draw_curves(axes, x_keys, curves, env, marker=None):
 
 
 def plot(run_dirs, out_path):
-    """One panel column per env: test success against epoch (top) and env steps (bottom)."""
-    groups = group_runs([read_run(d) for d in run_dirs])
+    groups = group_runs(run_dirs)
     envs = sorted({key[0] for key in groups})
     fig, axes = pyplot().subplots(2, len(envs), figsize=(4.5 * len(envs), 7), squeeze=False)
     for col, env in enumerate(envs):
@@ -226,13 +206,8 @@ def plot(run_dirs, out_path):
 
 
 def plot_scaling(run_dirs, env, out_path):
-    """One env, one curve per rank count: test success against epoch, against total env
-    steps (all ranks), and against hours of training on the machine each run used."""
-    groups = groups_of_env(run_dirs, env)
-    if not groups:
-        raise ValueError(f"none of the runs is of {env}")
-    curves = []
-    for (_, n_ranks, num_env, variant), runs in groups.items():
+    curves = []  # main has checked that some run is of env
+    for (_, n_ranks, num_env, variant), runs in groups_of_env(run_dirs, env).items():
         seeds = f"{len(runs)} seed{'s' if len(runs) > 1 else ''}"
         curves.append((with_variant(f"{n_ranks} x {num_env} ({seeds})", variant), runs))
     fig, axes = pyplot().subplots(1, 3, figsize=(15, 4.5))
@@ -246,9 +221,7 @@ def plot_scaling(run_dirs, env, out_path):
 
 
 def plot_suite(run_dirs, out_path):
-    """One panel per env, test success against epoch, each group's curve with how many of its
-    epochs have run, and the env's published anchors (at their own ranks x envs)."""
-    groups = group_runs([read_run(d) for d in run_dirs])
+    groups = group_runs(run_dirs)
     envs = sorted({key[0] for key in groups})
     fig, axes = pyplot().subplots(1, len(envs), figsize=(4.5 * len(envs), 4.2), squeeze=False)
     for ax, env in zip(axes[0], envs):
@@ -266,27 +239,24 @@ def plot_suite(run_dirs, out_path):
 
 
 def save_figure(fig, out_path):
-    """Lay the figure out, write it (files.save_png) and free it."""
     fig.tight_layout()
     files.save_png(fig, out_path)
     pyplot().close(fig)
 
 
-def markdown_row(cells):
-    return "| " + " | ".join(cells) + " |"
-
-
-def markdown_header(header):
-    return [markdown_row(header), "|" + "---|" * len(header)]
+def markdown_table(header, rows):
+    lines = ["| " + " | ".join(cells) + " |" for cells in [header] + rows]
+    lines.insert(1, "|" + "---|" * len(header))
+    return "\n".join(lines)
 
 
 def scaling_table(run_dirs, env, after_epochs=(5, 10, 15, 20, 25)):
-    """Markdown, one row per rank count of one env: cost per epoch and learning speed."""
+    """One row per rank count of one env: cost per epoch and learning speed."""
     header = ["ranks x envs", "seeds", "epochs run", "env steps / epoch", "s / epoch here",
               "updates / s (all ranks)"]
     header += [f"success after {e} epochs" for e in after_epochs]
     header += ["first epoch >= 0.5", "first epoch >= 0.9"]
-    lines = markdown_header(header)
+    rows = []
     for (_, n_ranks, num_env, variant), runs in groups_of_env(run_dirs, env).items():
         run = runs[0]
         steps = run["n_cycles"] * num_env * n_ranks * run["T"]
@@ -298,25 +268,22 @@ def scaling_table(run_dirs, env, after_epochs=(5, 10, 15, 20, 25)):
         n_epochs = max(len(r["epoch"]) for r in runs)
         cells = [with_variant(f"{n_ranks} x {num_env}", variant), str(len(runs)), str(n_epochs),
                  f"{steps:,}", f"{secs:.0f}", f"{updates_per_s:.0f}"]
-        cells += at + [first_epochs(runs, 0.5), first_epochs(runs, 0.9)]
-        lines.append(markdown_row(cells))
-    return "\n".join(lines)
+        rows.append(cells + at + [first_epochs(runs, 0.5), first_epochs(runs, 0.9)])
+    return markdown_table(header, rows)
 
 
 def results_table(run_dirs, at_epochs=(0, 4, 9, 19, 29, 39, 49)):
-    """Markdown: median test success over seeds at chosen epochs, and seconds per epoch."""
+    """Median test success over seeds at chosen epochs, and seconds per epoch."""
     header = ["env", "ranks x envs", "seeds"] + [f"epoch {e}" for e in at_epochs]
     header += ["first epoch >= 0.9 (per seed)", "s / epoch"]
-    lines = markdown_header(header)
-    for (env, n_ranks, num_env, variant), runs in sorted(group_runs(
-            [read_run(d) for d in run_dirs]).items()):
+    rows = []
+    for (env, n_ranks, num_env, variant), runs in sorted(group_runs(run_dirs).items()):
         _, med, _, _ = median_and_quartiles(runs)
         cells = [with_variant(env, variant), f"{n_ranks} x {num_env}", str(len(runs))]
         cells += [f"{med[e]:.2f}" if e < len(med) else "" for e in at_epochs]
         secs = np.median(np.concatenate([r["epoch_s"] for r in runs]))
-        cells += [first_epochs(runs, 0.9), f"{secs:.1f}"]
-        lines.append(markdown_row(cells))
-    return "\n".join(lines)
+        rows.append(cells + [first_epochs(runs, 0.9), f"{secs:.1f}"])
+    return markdown_table(header, rows)
 
 
 def anchors_cell(env):
@@ -329,15 +296,13 @@ def anchors_cell(env):
 
 
 def suite_table(run_dirs, after_epochs=(10, 20, 30, 50)):
-    """Markdown, one row per group: median test success after each of after_epochs epochs
-    (blank where no seed has got there yet, "-" where every seed's run ends before), the first
-    epoch at 0.5 and at 0.9 (first_epochs() with say_why), and the env's published anchors."""
+    """One row per group: median success after each of after_epochs epochs, the first epoch at
+    0.5 and at 0.9 (with say_why), and the env's published anchors."""
     header = ["task", "ranks x envs", "seeds", "epochs run (of n_epochs)"]
     header += [f"success after {e} epochs" for e in after_epochs]
     header += ["first epoch >= 0.5", "first epoch >= 0.9", "published (success after epochs)"]
-    lines = markdown_header(header)
-    for (env, n_ranks, num_env, variant), runs in sorted(group_runs(
-            [read_run(d) for d in run_dirs]).items()):
+    rows = []
+    for (env, n_ranks, num_env, variant), runs in sorted(group_runs(run_dirs).items()):
         _, med, _, _ = median_and_quartiles(runs)
         n_epochs = max(run["n_epochs"] for run in runs)
         cells = [with_variant(env, variant), f"{n_ranks} x {num_env}", str(len(runs)),
@@ -346,9 +311,8 @@ def suite_table(run_dirs, after_epochs=(10, 20, 30, 50)):
             not_reached = "" if e <= n_epochs else "-"  # "": not yet; "-": past n_epochs
             cells.append(f"{med[e - 1]:.2f}" if e <= len(med) else not_reached)
         cells += [first_epochs(runs, 0.5, say_why=True), first_epochs(runs, 0.9, say_why=True)]
-        cells.append(anchors_cell(env))
-        lines.append(markdown_row(cells))
-    return "\n".join(lines)
+        rows.append(cells + [anchors_cell(env)])
+    return markdown_table(header, rows)
 
 
 def has_epochs(run_dir):

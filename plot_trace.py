@@ -1,12 +1,9 @@
 """One traced cycle as a picture: a lane per rank, its time in MPI calls and with env processes.
 
-No baselines counterpart (baselines traces nothing). It draws what train.py --trace N wrote
-(tracing.py: <logdir>/trace/rank<r>.csv, one file per rank) for one cycle that every rank
-traced whole: each rank's lane spans its cycle, and on it the time the rank spent inside MPI
-calls (the gradient Allreduces of MpiAdam.update, the normaliser's, the others) and waiting for
-its env processes. This shows who waits for whom among N ranks that average their gradients
-(Plappert et al. 2018, Sec. 2.2): a collective ends on every rank at once, so the rank with
-the shortest bar in it came last.
+No baselines counterpart (baselines traces nothing). It draws the rank<r>.csv files that
+train.py --trace N wrote (tracing.py) for one cycle that every rank traced whole. This shows who
+waits for whom among the ranks that combine their gradients (Plappert et al. 2018, Sec. 2.2): a
+collective ends on every rank at once, so the rank with the shortest bar in it came last.
 
 Run:  python plot_trace.py runs/<run>/trace -o cycle.png [--cycle K]   # K from 0; default: the last
 Test: `python -m pytest -q test_all.py::TestPlotBenchDocs`.
@@ -33,8 +30,7 @@ TRACE_COLOURS = {COMPUTING: "#d6e2ef", ENV_WAIT: "tab:green", OTHER_MPI: "tab:pu
 
 
 def read_trace(folder):
-    """Every row of the rank<r>.csv files of a trace folder (tracing.py), ranks in order, as
-    dicts of trace_cell()s."""
+    """Every row of the rank<r>.csv files of a trace folder, ranks in order, as dicts."""
     paths = glob.glob(os.path.join(folder, "rank[0-9]*.csv"))
     if not paths:
         raise ValueError("no rank<r>.csv there: give the trace folder of a run made "
@@ -49,8 +45,6 @@ def read_trace(folder):
 
 
 def trace_cell(key, cell):
-    """A cell of column `key`: None where empty, int for TRACE_INTS, float for the *_s
-    columns (seconds), else the text."""
     if cell == "":
         return None
     if key in TRACE_INTS:
@@ -81,14 +75,11 @@ def traced_cycle(rows, k=None):
 
 def draw_lane(ax, span, lane, t0, least, name_groups):
     """One rank's lane at y = its rank: its cycle's span, then on it each MPI call (grouped by
-    TRACE_SITES) and each wait for an env process, at least `least` seconds wide. With
-    name_groups, each group gets its legend entry (the first lane names them for all)."""
+    TRACE_SITES) and each wait for an env process, at least `least` seconds wide; returns its
+    tick label. name_groups: the first lane names the groups in the legend for all."""
     bars = {COMPUTING: [(span["start_s"] - t0, span["duration_s"])]}
     for row in lane:
-        if row["kind"] == "env":
-            group = ENV_WAIT
-        else:
-            group = TRACE_SITES.get(row["site"], OTHER_MPI)
+        group = ENV_WAIT if row["kind"] == "env" else TRACE_SITES.get(row["site"], OTHER_MPI)
         bars.setdefault(group, []).append((row["start_s"] - t0, max(row["duration_s"], least)))
     rank = span["rank"]
     for group, colour in TRACE_COLOURS.items():
@@ -99,18 +90,8 @@ def draw_lane(ax, span, lane, t0, least, name_groups):
     return f"rank {rank}\nMPI {mpi_s:.2f} s, env {env_s:.2f} s"
 
 
-def run_config(folder):
-    """The config.json of the run a trace folder belongs to; {} for a folder moved away from
-    its run (the title then lacks the env)."""
-    try:
-        with open(os.path.join(os.path.dirname(os.path.abspath(folder)), "config.json")) as f:
-            return json.load(f)
-    except FileNotFoundError:
-        return {}
-
-
 def plot_trace(folder, out_path, k=None):
-    """Traced cycle k (from 0; None: the last), a lane per rank, rank 0 on top."""
+    """Traced cycle k (from 0; None: the last), a lane per rank."""
     import matplotlib
     matplotlib.use("Agg")  # files only, no display needed
     import matplotlib.pyplot as plt
@@ -131,7 +112,11 @@ def plot_trace(folder, out_path, k=None):
     ax.set_xlabel(f"seconds from the start of the cycle (earliest rank); MPI calls and env "
                   f"waits drawn at least {least * 1e3:.1f} ms (0.1% of the span) wide")
     ax.legend(ncol=3, loc="lower center", bbox_to_anchor=(0.5, 1), fontsize=8, frameon=False)
-    cfg = run_config(folder)
+    cfg = {}  # a trace folder moved away from its run: the title lacks the env
+    run_config = os.path.join(os.path.dirname(os.path.abspath(folder)), "config.json")
+    if os.path.exists(run_config):
+        with open(run_config) as f:
+            cfg = json.load(f)
     fig.suptitle(f"{cfg.get('env', '?')}, {len(spans)} rank(s) x {cfg.get('num_env', '?')} "
                  f"env(s): traced cycle {k} of {n_cycles} (epoch {shown[0]['epoch']}, cycle "
                  f"{shown[0]['cycle']}), {length:.2f} s")

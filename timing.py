@@ -1,10 +1,8 @@
-"""How bench.py and bench_mpi.py measure: the timer, the printed row, a FetchPush-sized agent.
+"""How bench.py and bench_mpi.py measure: the timers, the printed row, a FetchPush-sized agent.
 
 No baselines counterpart. A figure is the median over repeats of the mean time of a number of
 calls, taken side by side with the figure it is compared to, so that the ratio holds on a busy
 machine where the absolute times do not (machines here differ 2-3x from one day to the next).
-The agent is built as train.py builds it (ddpg.make_agent) and filled with random episodes in
-the episode layout (replay.episode_shapes).
 
 Test: `python -m pytest -q test_all.py::TestPlotBenchDocs`.
 """
@@ -36,12 +34,12 @@ def row(name, value, unit, note=""):
     print(f"{name:<58} {value:>10.3f} {unit:<8} {note}", flush=True)
 
 
-def make_policy(buffer_size=1_000_000, n_episodes=200, seed=0, env=ENV, **overrides):
-    """A FetchPush-sized agent with n_episodes of random episodes stored; `overrides` are
-    config.Config fields."""
+def make_policy(buffer_size=1_000_000, n_episodes=200, env=ENV, **overrides):
+    """An agent built as train.py builds it, with n_episodes random episodes stored;
+    `overrides` are config.Config fields."""
     task = goal_env.describe_env(env)
     cfg = config.Config(env=env, buffer_size=buffer_size, **overrides)
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(0)
     policy = make_agent(cfg, task, rng)
     for _ in range(n_episodes // 2):
         policy.store_episode(random_episodes(rng, task.dims, task.T, 2))
@@ -57,14 +55,11 @@ def random_episodes(rng, dims, T, n):
     return episodes
 
 
-class Timer:
-    def __init__(self):
-        self.s = {}
-
-    def wrap(self, name, fn):
-        def timed(*args, **kwargs):
-            t = time.perf_counter()
-            out = fn(*args, **kwargs)
-            self.s[name] = self.s.get(name, 0.) + time.perf_counter() - t
-            return out
-        return timed
+def timed(seconds, name, fn):
+    """fn, adding the time each call takes to seconds[name]."""
+    def wrapper(*args, **kwargs):
+        t = time.perf_counter()
+        out = fn(*args, **kwargs)
+        seconds[name] = seconds.get(name, 0.) + time.perf_counter() - t
+        return out
+    return wrapper

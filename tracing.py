@@ -1,37 +1,20 @@
 """--trace N: every message between processes in the first N cycles of a run, measured.
 
-No baselines counterpart: baselines logs scalars per epoch. This file answers "what crosses
-between processes, and where?" (Plappert et al. 2018, Sec. 2.2: N ranks whose gradients are
-combined before every update; here summed, as baselines' HER) for the configuration actually
-run: it records, on every rank,
-  * every MPI call: which one (Allreduce, Bcast, allgather, ...), its call site as
-    file:function, the elements and bytes this rank puts in, when it started and how long the
-    rank spent inside it (waiting for the slowest rank included);
-  * every message between the rank and its env processes: the command (step, reset, ...), the
-    bytes each way, and how long the rank waited for the answer;
-  * every cycle: when it started and how long it took.
-It does so by wrapping the two things that carry messages, where they are created (train.py):
-the communicator (TracedComm) and the ends of the vec env's pipes (TracedPipe). The learning code
-(ddpg.py, mpi_adam.py, normalizer.py, her.py, replay.py) is unchanged: it calls the same methods
-on what it was given. With N = 0 nothing is wrapped.
-
-Recording starts with the run and stops where cycle N would begin (or where the run ends), so
-it holds the setup, the first N cycles and whatever ran between them (an epoch's test
-rollouts and logs). Then each rank writes <logdir>/trace/rank<r>.csv, and rank 0, having
-gathered every rank's rows, prints one table over all ranks (for each call site: calls per
-cycle, elements per call, bytes per cycle, and the median over ranks of the share of the cycle's
-wall time spent waiting in it) and writes <logdir>/trace/trace.json, all ranks in the Chrome
-trace event format: open it in ui.perfetto.dev or chrome://tracing, a process per rank with a
-lane for its cycles, one for its MPI calls and one per env process. Rank 0 gathers the rows
-rather than reading the other ranks' CSVs because on several machines they may be on other disks.
+No baselines counterpart (baselines logs scalars per epoch). It shows what crosses between the
+ranks whose gradients are summed before every update (Plappert et al. 2018, Sec. 2.2) and
+between each rank and its env processes: train.py wraps the communicator (TracedComm) and the
+ends of the vec env's pipes (TracedPipe) where it creates them, so the learning code is
+unchanged; with N = 0 nothing is wrapped. The trace holds the setup, the first N cycles and what
+ran between them. Each rank writes <logdir>/trace/rank<r>.csv (COLUMNS); rank 0 gathers all
+rows (the CSVs may be on other machines' disks), prints a table of call sites and writes
+trace.json in the Chrome trace event format (ui.perfetto.dev, chrome://tracing).
 
 Run:  mpirun -np 2 python train.py --num_env 2 --env FetchPush-v4 --trace 3
       python plot_trace.py runs/<run>/trace -o cycle.png        # one lane per rank
-      (open runs/<run>/trace/trace.json in ui.perfetto.dev or chrome://tracing: every event)
-Test: `python -m pytest -q test_all.py::TestTracing`. (Named tracing.py: `trace` is a standard module.)
+Test: `python -m pytest -q test_all.py::TestTracing`.
+(Named tracing.py: `trace` is a standard module.)
 """
 import contextlib
-import io
 import json
 import os
 import pickle
@@ -85,8 +68,7 @@ def caller_site(frame, skip=("tracing.py",)):
 
 
 class Tracer:
-    """The rows of one rank's trace, and when to record them. With n_cycles = 0 it wraps
-    nothing and records nothing, so train.py uses it the same way either way."""
+    """One rank's trace; with n_cycles = 0 it wraps and records nothing (train.py uses it alike)."""
 
     def __init__(self, n_cycles, clock=time.time):
         self.n_cycles, self.clock = n_cycles, clock
@@ -110,8 +92,7 @@ class Tracer:
         return TracedComm(comm, self) if self.n_cycles else comm
 
     def wrap_venv(self, venv):
-        """Put a TracedPipe on every pipe to an env process (DummyVecEnv has none)."""
-        if self.n_cycles and hasattr(venv, "remotes"):
+        if self.n_cycles and hasattr(venv, "remotes"):  # DummyVecEnv has no pipes
             venv.remotes = tuple(TracedPipe(remote, i, self)
                                  for i, remote in enumerate(venv.remotes))
         return venv
@@ -136,8 +117,8 @@ class Tracer:
         self.cycles_done += 1
 
     def finish(self):
-        """Collective: every rank writes its CSV, and rank 0 prints the table over all ranks.
-        Called by every rank at the same point (a cycle boundary, or the end of the run)."""
+        """Collective, at a cycle boundary or the end of the run: every rank writes its CSV,
+        rank 0 trace.json and the table over all ranks."""
         if not self.recording:
             return
         self.recording = False
@@ -157,13 +138,12 @@ class Tracer:
                   f"{self.folder} -o cycle.png)\n{format_table(summaries)}", flush=True)
 
     def csv_text(self, rank):
-        text = io.StringIO()
-        text.writelines(f"# {name}: {meaning}\n" for name, meaning in COLUMNS)
-        text.write(",".join(name for name, _ in COLUMNS) + "\n")
+        lines = [f"# {name}: {meaning}" for name, meaning in COLUMNS]
+        lines.append(",".join(name for name, _ in COLUMNS))
         for row in self.rows:
             cells = [rank, *row[:-2], f"{row[-2]:.6f}", f"{row[-1]:.6f}"]
-            text.write(",".join(str(c) for c in cells) + "\n")
-        return text.getvalue()
+            lines.append(",".join(str(c) for c in cells))
+        return "\n".join(lines) + "\n"
 
 
 def write_if_any(path, text):
@@ -173,8 +153,8 @@ def write_if_any(path, text):
 
 
 class TracedComm:
-    """An MPI communicator that records each collective call in its Tracer, then makes it.
-    Every other attribute (Get_rank, Get_size, ...) is the communicator's own."""
+    """An MPI communicator whose Tracer records each collective call the code makes; every
+    other attribute (Get_rank, Get_size) is the communicator's own."""
 
     def __init__(self, comm, tracer):
         self._comm, self._tracer = comm, tracer
@@ -183,8 +163,7 @@ class TracedComm:
         return getattr(self._comm, name)
 
     def _call(self, name, elements, sent, received, *args, **kwargs):
-        """Make the call `name`; record it with the caller's site and the time spent in it.
-        received=None: the pickled size of what the call returns."""
+        """received=None: the pickled size of what the call returns."""
         site = caller_site(sys._getframe(2))  # who called Allreduce, Bcast, ...
         start = self._tracer.clock()
         result = getattr(self._comm, name)(*args, **kwargs)
@@ -209,9 +188,6 @@ class TracedComm:
         return self._call("Bcast", elements, n_bytes if root else 0, 0 if root else n_bytes,
                           buf, *args, **kwargs)
 
-    def Barrier(self):
-        return self._call("Barrier", "", 0, 0)
-
     def Abort(self, *args):
         return self._call("Abort", "", 0, 0, *args)
 
@@ -223,12 +199,6 @@ class TracedComm:
         root = self._is_root(args, kwargs)
         return self._call("bcast", "", pickled_size(obj) if root else 0, 0 if root else None,
                           obj, *args, **kwargs)
-
-    def gather(self, obj, *args, **kwargs):
-        return self._call("gather", "", pickled_size(obj), None, obj, *args, **kwargs)
-
-    def allreduce(self, obj, *args, **kwargs):
-        return self._call("allreduce", "", pickled_size(obj), None, obj, *args, **kwargs)
 
 
 class TracedPipe:
@@ -244,9 +214,8 @@ class TracedPipe:
 
     def send(self, obj):
         data = ForkingPickler.dumps(obj)
-        name = obj[0] if isinstance(obj, tuple) and obj and isinstance(obj[0], str) else "?"
-        self._pending = (name, len(data), caller_site(sys._getframe(1),
-                                                      skip=("tracing.py", "vecenv.py")))
+        site = caller_site(sys._getframe(1), skip=("tracing.py", "vecenv.py"))
+        self._pending = (obj[0], len(data), site)  # every command is (name, data)
         self._conn.send_bytes(data)
 
     def recv(self):
@@ -259,23 +228,25 @@ class TracedPipe:
         return ForkingPickler.loads(data)
 
 
+# A call site's figures on one rank (in_cycles, outside: calls; sent, received, seconds: in cycles)
+NO_CALLS = dict(in_cycles=0, outside=0, elements=frozenset(), sent=0, received=0, seconds=0.)
+
+
 def summarise(rows):
-    """One rank's rows, per (kind, call, site): calls in and outside cycles, elements per call,
-    bytes and seconds in cycles; plus the number and total length of its cycles."""
+    """One rank's rows per (kind, call, site), and the number and total length of its cycles."""
     cycles = [row for row in rows if row[0] == "cycle"]
     sites = {}
     for kind, call, site, _, elements, sent, received, phase, *_, duration in rows:
         if kind == "cycle":
             continue
-        s = sites.setdefault((kind, call, site), dict(in_cycles=0, outside=0, elements=set(),
-                                                      sent=0, received=0, seconds=0.))
+        s = sites.setdefault((kind, call, site), dict(NO_CALLS, elements=set()))
         s["elements"].add(elements)
         if phase != "cycle":
             s["outside"] += 1
             continue
         s["in_cycles"] += 1
-        s["sent"] += sent or 0
-        s["received"] += received or 0
+        s["sent"] += sent
+        s["received"] += received
         s["seconds"] += duration
     return dict(n_cycles=len(cycles), cycle_s=sum(row[-1] for row in cycles), sites=sites)
 
@@ -295,9 +266,7 @@ def format_table(summaries):
              "elements per call | bytes sent per cycle | bytes received per cycle | "
              "share of the cycle in it (median over ranks) |", "|---" * 8 + "|"]
     for kind, call, site in keys:
-        stats = [s["sites"].get((kind, call, site), dict(in_cycles=0, outside=0, elements=set(),
-                                                         sent=0, received=0, seconds=0.))
-                 for s in summaries]
+        stats = [s["sites"].get((kind, call, site), NO_CALLS) for s in summaries]
         n = [max(s["n_cycles"], 1) for s in summaries]
         shares = [st["seconds"] / max(s["cycle_s"], 1e-12) for st, s in zip(stats, summaries)]
         elements = ", ".join(sorted(str(e) for e in stats[0]["elements"] if e != "")) or "-"
@@ -321,7 +290,7 @@ LANES = {"cycle": (0, "cycles"), "mpi": (1, "MPI calls")}  # env process i: lane
 
 
 def lane(kind, peer):
-    """(tid, lane name) of a row: its kind's lane, or its env process's."""
+    """(tid, lane name) of a row."""
     if kind in LANES:
         return LANES[kind]
     i = int(peer.rsplit(" ", 1)[-1])  # 'env process i'
