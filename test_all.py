@@ -2714,6 +2714,26 @@ class TestVecEnv:
         with pytest.raises(RuntimeError, match=r"called after it was closed \(env process 1 \(pid "):
             venv.reset()
 
+    def test_a_run_suspended_past_the_timeout_is_not_taken_for_a_hung_env(self):
+        """Ctrl-Z (SIGSTOP) for 4 s during a step with a 3 s timeout, then fg (SIGCONT): the step
+        is answered. This process is continued 0.5 s before the env processes, so that it finds
+        no answer waiting: a single poll(timeout) would then report env 1 as silent."""
+        env_fns = [functools.partial(StubGoalEnv), functools.partial(StubGoalEnv, delay_s=1.)]
+        u = np.zeros((2, 2), np.float32)
+        with hang_guard(60):
+            venv = SubprocVecEnv(env_fns, timeout=3)
+            try:
+                venv.reset()
+                envs = " ".join(str(p.pid) for p in venv.ps)
+                ctrl_z_then_fg = (f"sleep 0.2; kill -STOP {os.getpid()} {envs}; sleep 4; "
+                                  f"kill -CONT {os.getpid()}; sleep 0.5; kill -CONT {envs}")
+                suspender = subprocess.Popen(["sh", "-c", ctrl_z_then_fg])
+                obs, _, _, _ = venv.step(u)
+                suspender.wait()
+                np.testing.assert_array_equal(obs["observation"], [[1, 1], [1, 1]])
+            finally:
+                venv.close()
+
     def test_dummy_vecenv_refuses_what_the_process_vec_envs_refuse(self):
         """The same refusals in one process (num_env 1 in train.py), so both accept the same envs."""
         venv = DummyVecEnv([StubGoalEnv, functools.partial(OffSpaceGoalEnv, "dtype", 1)])

@@ -29,6 +29,7 @@ import functools
 import multiprocessing as mp
 import os
 import signal
+import time
 import traceback
 
 import numpy as np
@@ -230,6 +231,22 @@ def die_with_parent():
         os._exit(1)
 
 
+def answered_within(remote, timeout):
+    """Whether an answer is on `remote` within `timeout` seconds of waiting, not counting time
+    this process spent stopped. A job suspended with Ctrl-Z (SIGSTOP) has its env processes
+    stopped with it; once continued, a single poll(timeout) would find its deadline long past
+    and take the env process for hung. Waiting in slices of at most 1 s, each counted for no
+    more than its length, leaves such a pause out."""
+    waited = 0.
+    while waited < timeout:
+        slice_s = min(1., timeout - waited)
+        start = time.monotonic()
+        if remote.poll(slice_s):
+            return True
+        waited += min(time.monotonic() - start, slice_s)
+    return False
+
+
 class SubprocVecEnv(VecEnv):
     """Each env in its own process, talked to over a multiprocessing Pipe.
 
@@ -268,7 +285,8 @@ class SubprocVecEnv(VecEnv):
         try:
             # Starting (spawning, importing the simulator) is not timed: it grows with the
             # number of env processes per core.
-            if self.timeout and cmd != "start" and not self.remotes[i].poll(self.timeout):
+            if self.timeout and cmd != "start" and not answered_within(self.remotes[i],
+                                                                       self.timeout):
                 self._fail(f"env process {i} (pid {p.pid}) did not answer {cmd!r} within "
                            f"{self.timeout:g} s (--env_timeout); it and its siblings were "
                            "killed")
