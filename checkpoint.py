@@ -164,9 +164,9 @@ def save_interrupted(logdir, epoch, cycle, best, policy, workers, comm, losses):
 
 
 def stop_safely_if_needed(losses, stop, epoch, cycle, best, policy, workers, logdir, comm):
-    """Collective, once per cycle: every rank learns whether any rank was interrupted or saw a
-    non-finite loss (in `losses`, the epoch's so far) or weight, and all of them stop here.
-    Non-finite: nothing is saved (the checkpoint from before this epoch is the last good one)."""
+    """Collective, once per cycle (see the module docstring); `losses`: the epoch's so far. On
+    a non-finite value nothing is saved: the checkpoint from before this epoch is the last good
+    one."""
     critic_losses, actor_losses = np.transpose(losses)
     # The parameters too: the cycle's last update can turn them non-finite after its loss
     # was computed, and the epoch's checkpoint must not save such weights.

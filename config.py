@@ -2,10 +2,8 @@
 
 Mirrors openai/baselines `her/experiment/config.py` (DEFAULT_PARAMS, DEFAULT_ENV_PARAMS,
 prepare_params, configure_dims, configure_her, configure_ddpg). Implements the hyperparameters of
-Plappert et al. (2018), Sec. 2.2 and Appendix A; every default is baselines'. Here: Config,
-its checks (a one-line UsageError for every bad value), ddpg_params (the agent's parameters,
-saved in every policy file), the command line made from Config, and shared_config (rank 0's
-configuration, broadcast to every rank). What is read off the env is in goal_env.py.
+Plappert et al. (2018), Sec. 2.2 and Appendix A; every default is baselines'. What is read
+off the env (baselines' configure_dims) is in goal_env.py.
 
 Test: `python -m pytest -q test_all.py::TestConfig`.
 """
@@ -26,9 +24,11 @@ from goal_env import VEC_ENVS
 
 @dataclass
 class Config:
-    """Every setting of a run. Each field is a flag --<name> made by config_flags() from its
-    type, default and trailing comment (its --help text: units, "per MPI rank"), so a new
-    setting needs one line here and nothing else (a str field with fixed values: CHOICES)."""
+    """Every setting of a run. Defaults: baselines her/experiment/config.py DEFAULT_PARAMS.
+
+    Every field is a command-line flag --<name>, made by config_flags() from the field's type,
+    default and trailing comment (its help text): a new field needs that comment, and nothing
+    else, to be on the command line (a str field with fixed values adds them to CHOICES)."""
     env: str = "FetchReach-v4"  # gymnasium-robotics goal task; module:EnvId imports module first
     num_env: int = 1  # envs per rank = episodes per rollout; > 1: one env process per env
     vec_env: str = "subproc"  # env processes send observations by 'subproc' pipe or 'shmem'
@@ -77,8 +77,6 @@ CHOICES = {"replay_strategy": ("future", "final", "episode", "random", "none"),
 # baselines her/experiment/config.py DEFAULT_ENV_PARAMS, keyed by env-id prefix
 ENV_OVERRIDES = {"FetchReach": dict(n_cycles=10)}
 
-
-# ---------------------------------------------------------------- configuration
 
 def make_config(args):
     """Defaults, then the env's overrides, then whatever was given on the command line.
@@ -222,8 +220,7 @@ def zero_or_one(text):
 
 
 def config_for(args):
-    """The run's saved configuration on --resume (only --n_epochs may be given), else a new one
-    with a log dir named after the env, seed and time unless --logdir is given."""
+    """The saved configuration on --resume, else a new one (its log dir named by default)."""
     if args.resume:
         path = os.path.join(args.resume, "config.json")
         try:

@@ -2,9 +2,8 @@
 
 Mirrors openai/baselines `her/experiment/data_generation/fetch_data_generation.py`; the file's
 format and its reader are in files.py. Provides the demonstrations of Nair et al. (2018),
-"Overcoming Exploration in Reinforcement Learning with Demonstrations", Sec. IV: episodes that
-ddpg.py keeps in a demo buffer, replays next to the agent's own and clones with the
-behaviour-cloning loss; as in baselines, from a scripted controller on pick-and-place.
+"Overcoming Exploration in Reinforcement Learning with Demonstrations", Sec. IV, which ddpg.py
+replays next to the agent's own episodes and clones with the behaviour-cloning loss.
 
 The controller sees only the observation and the goal, and moves through four phases:
     above    gripper open, move to a point HOVER above the object;
@@ -38,8 +37,6 @@ SLIP = 0.03  # m between gripper and object centre beyond which the object was l
 GAIN = 10.  # u = GAIN * error (m): 0.1 m or more is a full step, which moves the gripper 0.05 m
 OPEN, CLOSE = 1., -1.  # gripper action
 
-
-# ---------------------------------------------------------------- the controller
 
 class PickAndPlaceController:
     """u = controller(o, g) for FetchPickAndPlace: (dim_o,), (3,) -> (4,) in [-1, 1]."""
@@ -119,8 +116,6 @@ def generate(env_id, num_demo, seed):
                            f"episodes of {env_id}")
     return {key: np.concatenate([ep[key] for ep in kept]) for key in EPISODE_KEYS}, T, attempts
 
-
-# ---------------------------------------------------------------- command line
 
 def main(argv=None):
     one_blas_thread()  # before any env process starts: they inherit it

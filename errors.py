@@ -1,8 +1,7 @@
 """The errors a user can act on, each reported as one line and an exit code, no traceback.
 
-No baselines counterpart: baselines lets every error end in a traceback. The entry points
-(train.py, play.py) report these through mpi_util.run_on_every_rank, under mpirun on every rank
-together; any other exception is a bug or an env's own failure, and keeps its traceback.
+No baselines counterpart: baselines lets every error end in a traceback. train.py and play.py
+report these through mpi_util.run_on_every_rank; any other exception keeps its traceback.
 
 Test: `python -m pytest -q test_all.py::TestFiles`.
 """

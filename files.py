@@ -1,10 +1,9 @@
 """The files a run reads and writes: written atomically, read without pickle.
 
 No baselines counterpart as such: baselines pickles its policies and demo files and writes them
-in place. Here every file is a plain .npz (or text, or a figure's PNG) written to a temporary
-name and renamed, and read with allow_pickle=False, so a file from elsewhere can be refused but
-never runs code. A file that cannot be read is a one-line BadFileError, one that cannot be
-written a one-line SaveError (errors.py).
+in place. Here every file is a plain .npz (or text, or a figure's PNG), written atomically and
+read with allow_pickle=False, so a file from elsewhere can be refused but never runs code. A
+file that cannot be read is a one-line BadFileError, one that cannot be written a SaveError.
 
 Holds the demo file format of Nair et al. (2018) too (demos.py writes it, train.py reads it):
 one float32 array per key in the replay buffer's own layout (replay.py), episodes first:
@@ -23,11 +22,9 @@ from replay import EPISODE_KEYS, episode_shapes
 
 @contextlib.contextmanager
 def atomic_file(path, mode="wb", keep_previous=None):
-    """Write `path` through a temporary file in the same folder, renamed over `path` once it is
-    complete and on disk: a reader, or a crash at any moment, sees the old complete file or the
-    new one, never half of one. With keep_previous, the old file is first renamed to that name:
-    the newest complete version is always on disk, and never more than two (a checkpoint can be
-    large). Any OSError (a full disk) becomes a one-line SaveError; the temporary file goes."""
+    """Write `path` through a temporary file renamed over it once complete and on disk, so a
+    reader, or a crash at any moment, sees the old complete file or the new one. keep_previous:
+    the old one is renamed to that name first (never more than two: a checkpoint can be large)."""
     tmp = f"{path}.tmp{os.getpid()}"
     try:
         if keep_previous and os.path.exists(path):
@@ -105,8 +102,7 @@ def is_baselines_file(path):
 
 def load_demos(path, env_id, dims, T, num_demo):
     """The first num_demo episodes of a demo file, checked against the task:
-    {key: (num_demo, T or T+1, dim) float32}. Every problem is a one-line BadFileError that
-    names the file, the problem and the fix."""
+    {key: (num_demo, T or T+1, dim) float32}; every BadFileError names the fix too."""
     hint = f"make demos with: python demos.py --env {env_id} --num_demo {num_demo} --out {path}"
     try:
         arrays = load_npz(path, FILE_KEYS, "demo file", writer="demos.py")

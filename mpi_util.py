@@ -22,14 +22,11 @@ from threadpoolctl import threadpool_limits
 from errors import SaveError, UsageError
 
 
-BLAS_THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
-
-
 def one_blas_thread():
     """One BLAS thread in this process and in the env processes it starts, unless the variables
     say otherwise: 19 ranks x 2 env processes on a few cores would only fight over the cores.
     numpy has loaded its BLAS already, so threadpoolctl sets this process's."""
-    for name in BLAS_THREAD_VARIABLES:
+    for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ.setdefault(name, "1")
     threadpool_limits(int(os.environ["OPENBLAS_NUM_THREADS"]))
 
@@ -40,9 +37,8 @@ def world_comm():
     return MPI.COMM_WORLD
 
 
-def mpi_average(value, comm=None):
+def mpi_average(value, comm):
     """Mean of a scalar (or of the elements of an array) over all ranks, for logging."""
-    comm = comm if comm is not None else world_comm()
     value = np.asarray(value, dtype=np.float64).ravel()
     local = np.array([value.sum(), value.size], dtype=np.float64)  # (2,) = sum, count
     total = np.zeros_like(local)

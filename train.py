@@ -41,12 +41,9 @@ from rollout import RolloutWorker
 from tracing import Tracer
 
 
-# ---------------------------------------------------------------- the loop
-
 def train(cfg, policy, rollout_worker, evaluator, logger, progress, logdir, comm, stop, tracer,
           start_epoch=0, start_cycle=0, best_success_rate=-1., start_losses=()):
-    """The epoch/cycle/batch loop (Plappert et al. 2018, Sec. 2.2; baselines her.py train); a
-    resumed run starts at (start_epoch, start_cycle) with that epoch's losses so far."""
+    """The epoch/cycle/batch loop; a resumed run starts at (start_epoch, start_cycle)."""
     workers = (rollout_worker, evaluator)
     for epoch in range(start_epoch, cfg.n_epochs):
         t_start = time.time()
@@ -158,8 +155,7 @@ def write_config(cfg, rank):
 
 
 def load_checkpoint(plan, run_dir, comm):
-    """Collective: every rank loads its checkpoint of the newest (epoch, cycle) that all ranks
-    have: the newest, or the previous one where a rank was stopped while saving."""
+    """Collective: every rank loads its checkpoint of the newest (epoch, cycle) all ranks have."""
     position, note = common_position(run_dir, plan.checkpoints, comm)
     plan.checkpoint_path = plan.checkpoints[position]
     try:
@@ -232,8 +228,8 @@ def print_setup(cfg, task, n_ranks):
 
 
 def make_policy(cfg, args, plan, rng, comm):
-    """This rank's agent, from scratch, from --load_path or from its checkpoint; and where the
-    loop starts. Collective: the DDPG constructor broadcasts rank 0's weights."""
+    """This rank's agent (collective: make_agent), from scratch, from --load_path or from its
+    checkpoint; and where the loop starts."""
     policy = make_agent(cfg, plan.task, rng, comm)
     start = dict(start_epoch=0, start_cycle=0, best_success_rate=-1.)
     if plan.init_policy is not None:
