@@ -142,11 +142,12 @@ class StopFlag:
         if not self.requested:
             self.requested = True
             return
-        # The second: kill this rank's env processes and exit 130 here, in the handler. Easy to
-        # miss: raising KeyboardInterrupt instead would unwind through whatever was running (a
-        # half-read step, an Allreduce the other ranks never join, a close() that waits on an
-        # env process), which can hang. Env processes ignore SIGINT, so they are killed. Under
-        # mpirun, a second Ctrl-C makes mpirun kill every rank; a second SIGTERM comes here.
+        # A second signal: kill this rank's env processes and exit 130 here, in the handler.
+        # Easy to miss: raising KeyboardInterrupt instead would unwind through whatever was
+        # running (a half-read step, an Allreduce the other ranks never join, a close() that
+        # waits on an env process), which can hang. Env processes ignore SIGINT, so they are
+        # killed. Under mpirun a second Ctrl-C makes mpirun kill every rank; a second SIGTERM
+        # comes here on every rank.
         for child in mp.active_children():  # this rank's env processes
             child.kill()
         if self.announce:
