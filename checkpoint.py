@@ -1,10 +1,10 @@
 """Checkpoints and stopping safely: every rank saves its whole state, and all ranks stop together.
 
-No baselines counterpart: baselines cannot resume a run. A checkpoint here is what continues a
-run bit for bit (the policy, both Adam states, this rank's replay buffer and random generator,
-the epoch's logs so far), one file per rank, written atomically (files.py) at the end of every
-epoch and on Ctrl-C, with the one before it kept beside it. A resumed run equals the run that
-was never stopped, byte for byte.
+No baselines counterpart: baselines cannot resume a run. A checkpoint is what continues a run
+bit for bit (the policy, both Adam states, this rank's replay buffer and random generator, the
+epoch's logs so far), one file per rank, written atomically (files.py) at the end of every epoch
+and on Ctrl-C, with the one before it kept beside it: a resumed run equals the run that was
+never stopped, byte for byte.
 
 Stopping is collective: once per cycle every rank tells the others (one allgather) whether it
 was interrupted or saw a non-finite loss or weight, so all ranks stop at the same cycle instead
@@ -36,12 +36,15 @@ def checkpoint_path(logdir, rank, previous=False):
 
 def save_checkpoint(logdir, epoch, cycle, best, policy, workers, comm, losses=()):
     """Every rank writes its own complete state; (epoch, cycle) is where training resumes.
-    losses: the epoch's (critic, actor) losses so far, for the epoch's progress.csv row.
     The checkpoint it replaces becomes rank<r>.prev.npz first: a rank stopped mid-save, the
     others done, still has the position they all share (save_on_every_rank's allgather after
     each save means no rank starts the next save before every rank has finished this one)."""
     arrays = agent_arrays(policy)
-    arrays.update(epoch_so_far_arrays(workers[0], losses, cycle))
+    # The epoch's logs so far (none at an epoch boundary, cycle 0): without them an epoch resumed
+    # mid-way would log train/success_rate and the losses of its resumed cycles only.
+    history = list(workers[0].success_history) if cycle > 0 else []
+    arrays["log/train_success_history"] = np.array(history, np.float64)
+    arrays["log/train_losses"] = np.array(losses, np.float64).reshape(-1, 2)  # (critic, actor)
     arrays.update(epoch=np.array(epoch), cycle=np.array(cycle), best=np.array(best),
                   n_ranks=np.array(comm.Get_size()),
                   n_episodes=np.array([w.n_episodes for w in workers]))
@@ -51,9 +54,7 @@ def save_checkpoint(logdir, epoch, cycle, best, policy, workers, comm, losses=()
 
 
 def agent_arrays(policy):
-    """Everything of the agent needed to continue training bit for bit: the policy file's
-    arrays, both Adam states, this rank's replay buffer and random generator, the update
-    counter."""
+    """The agent's whole training state; restore_agent() is its inverse."""
     arrays = policy.policy_arrays()
     for name, adam in (("Q_adam", policy.Q_adam), ("pi_adam", policy.pi_adam)):
         for key, value in adam.state().items():
@@ -76,19 +77,8 @@ def restore_agent(policy, arrays, path):
     policy.rng.bit_generator.state = json.loads(str(arrays["rng_json"]))
 
 
-def epoch_so_far_arrays(rollout_worker, losses, cycle):
-    """The training logs of the epoch in progress. Without them an epoch resumed mid-way would
-    log train/success_rate and the losses of its resumed cycles only (or 0.0 and NaN when the
-    interrupt came after its last cycle). At an epoch boundary (cycle 0) there are none."""
-    history = list(rollout_worker.success_history) if cycle > 0 else []
-    return {"log/train_success_history": np.array(history, np.float64),
-            "log/train_losses": np.array(list(losses) if cycle > 0 else [],
-                                         np.float64).reshape(-1, 2)}
-
-
 def restore_epoch_so_far(arrays, rollout_worker):
-    """Inverse of epoch_so_far_arrays(): refill the training success history and return the
-    epoch's losses so far."""
+    """Refill the training success history of the epoch so far; return its losses so far."""
     rollout_worker.success_history.extend(arrays["log/train_success_history"])
     return [tuple(row) for row in arrays["log/train_losses"]]
 
@@ -104,14 +94,14 @@ def checkpoint_positions(run_dir, rank, n_ranks):
             with np.load(path, allow_pickle=False) as data:
                 epoch, cycle, ranks = (int(data[key]) for key in ("epoch", "cycle", "n_ranks"))
         except Exception:  # written whole or not at all, so damaged from outside: say so
-            load_npz(path, CHECKPOINT_KEYS, "checkpoint")  # raises the one-line BadFileError
+            read_checkpoint(path)  # raises the one-line BadFileError
             raise
         if ranks != n_ranks:
             raise UsageError(f"{path} was written by a run of {ranks} ranks; resume it with "
                              f"mpirun -np {ranks}, not {n_ranks}")
         positions.setdefault((epoch, cycle), path)
     if not positions:  # neither file: the one-line "no such file" of the newest
-        load_npz(checkpoint_path(run_dir, rank), CHECKPOINT_KEYS, "checkpoint")
+        read_checkpoint(checkpoint_path(run_dir, rank))
     return positions
 
 
@@ -140,7 +130,7 @@ def read_checkpoint(path):
 
 class StopFlag:
     """SIGINT/SIGTERM only raise a flag; the loop stops at the next cycle boundary, where all
-    ranks agree and save. A second signal means "now, not saved": end_at_once()."""
+    ranks agree and save. A second signal means "now, not saved"."""
 
     def __init__(self, logdir, announce):
         self.requested = False
@@ -149,25 +139,22 @@ class StopFlag:
             signal.signal(sig, self._handle)
 
     def _handle(self, signum, frame):
-        if self.requested:
-            end_at_once(signum, self.logdir, self.announce)
-        self.requested = True
-
-
-def end_at_once(signum, logdir, announce):
-    """Kill this rank's env processes and exit 130 here, in the signal handler. Easy to miss:
-    raising KeyboardInterrupt instead would unwind through whatever was running (a half-read
-    step, an Allreduce the other ranks never join, a close() that waits on an env process),
-    which can hang. Env processes ignore SIGINT, so they are killed, not interrupted. Under
-    mpirun, a second Ctrl-C makes mpirun itself kill every rank; a second SIGTERM comes here
-    on every rank."""
-    for child in mp.active_children():  # this rank's env processes
-        child.kill()
-    if announce:
-        print(f"train.py: {signal.Signals(signum).name} again: stopped at once, without saving; "
-              f"--resume {logdir} continues from the last checkpoint", file=sys.stderr,
-              flush=True)
-    os._exit(130)
+        if not self.requested:
+            self.requested = True
+            return
+        # A second signal: kill this rank's env processes and exit 130 here, in the handler.
+        # Easy to miss: raising KeyboardInterrupt instead would unwind through whatever was
+        # running (a half-read step, an Allreduce the other ranks never join, a close() that
+        # waits on an env process), which can hang. Env processes ignore SIGINT, so they are
+        # killed. Under mpirun a second Ctrl-C makes mpirun kill every rank; a second SIGTERM
+        # comes here on every rank.
+        for child in mp.active_children():  # this rank's env processes
+            child.kill()
+        if self.announce:
+            print(f"train.py: {signal.Signals(signum).name} again: stopped at once, without "
+                  f"saving; --resume {self.logdir} continues from the last checkpoint",
+                  file=sys.stderr, flush=True)
+        os._exit(130)
 
 
 def save_interrupted(logdir, epoch, cycle, best, policy, workers, comm, losses):
@@ -178,13 +165,9 @@ def save_interrupted(logdir, epoch, cycle, best, policy, workers, comm, losses):
 
 
 def stop_safely_if_needed(losses, stop, epoch, cycle, best, policy, workers, logdir, comm):
-    """Collective, once per cycle: every rank learns whether any rank was interrupted or saw a
-    non-finite loss, so all of them stop at the same point instead of hanging in Allreduce.
-
-    losses: the epoch's (critic, actor) losses so far (earlier cycles' were finite, or the run
-    would have stopped there). Interrupted: save checkpoint + policy_latest, raise Interrupted.
-    Non-finite: save nothing (the checkpoint on disk, from before this epoch, is the last good
-    one), raise."""
+    """Collective, once per cycle (see the module docstring); `losses`: the epoch's so far. On
+    a non-finite value nothing is saved: the checkpoint from before this epoch is the last good
+    one."""
     critic_losses, actor_losses = np.transpose(losses)
     # The parameters too: the cycle's last update can turn them non-finite after its loss
     # was computed, and the epoch's checkpoint must not save such weights.
@@ -205,6 +188,3 @@ def stop_safely_if_needed(losses, stop, epoch, cycle, best, policy, workers, log
         raise Interrupted(f"interrupted in epoch {epoch} after cycle {cycle}: saved "
                           f"policy_latest.npz and checkpoint/ in {logdir}; continue with "
                           f"--resume {logdir}")
-
-
-# ---------------------------------------------------------------- the loop

@@ -2,16 +2,8 @@
 
 Mirrors openai/baselines `her/experiment/config.py` (DEFAULT_PARAMS, DEFAULT_ENV_PARAMS,
 prepare_params, configure_dims, configure_her, configure_ddpg). Implements the hyperparameters of
-Plappert et al. (2018), Sec. 2.2 and Appendix A; every default is baselines'.
-
-Here, in this order:
-  * Config: one field per setting, each with a one-line comment (its units, "per MPI rank"),
-    which is also its --help text; the command line is generated from it (config_flags), so a
-    new setting needs one line here and nothing else;
-  * validation (one-line UsageError for every bad value) and ddpg_params, the agent's
-    parameters (saved in every policy file, so a policy can be rebuilt without this file);
-  * the command line, and shared_config: rank 0's configuration, broadcast to every rank.
-What is read off the env (baselines' configure_dims and its tmp env) is in goal_env.py.
+Plappert et al. (2018), Sec. 2.2 and Appendix A; every default is baselines'. What is read
+off the env (baselines' configure_dims) is in goal_env.py.
 
 Test: `python -m pytest -q test_all.py::TestConfig`.
 """
@@ -86,8 +78,6 @@ CHOICES = {"replay_strategy": ("future", "final", "episode", "random", "none"),
 ENV_OVERRIDES = {"FetchReach": dict(n_cycles=10)}
 
 
-# ---------------------------------------------------------------- configuration
-
 def make_config(args):
     """Defaults, then the env's overrides, then whatever was given on the command line.
     As in baselines' her.py, a demo file turns the cloning loss on unless --bc_loss 0 is
@@ -107,46 +97,30 @@ def given_config_args(args):
     return {k: v for k, v in vars(args).items() if v is not None and k in names}
 
 
+# The ranges that argparse's types cannot express: {what a value must be: the fields}
+RANGES = {"at least 1": ("num_env", "n_cycles", "n_batches", "batch_size", "buffer_size",
+                         "hidden", "layers"),
+          "0 or more": ("env_timeout", "n_epochs", "n_test_rollouts", "replay_k",
+                        "policy_save_interval", "sync_check_interval", "Q_lr", "pi_lr",
+                        "action_l2", "noise_eps", "prm_loss_weight", "aux_loss_weight"),
+          "above 0": ("clip_obs", "norm_eps", "norm_clip"),
+          "between 0 and 1": ("polyak", "random_eps")}
+
+
 def validate_config(cfg):
-    """Range checks that argparse's types cannot express; raises UsageError."""
-    positive = ("num_env", "n_cycles", "n_batches", "batch_size", "buffer_size", "hidden",
-                "layers")
-    for name in positive:
-        if getattr(cfg, name) < 1:
-            raise UsageError(f"--{name} must be at least 1, got {getattr(cfg, name)}")
-    for name in ("env_timeout", "n_epochs", "n_test_rollouts", "replay_k", "policy_save_interval",
-                 "sync_check_interval", "Q_lr", "pi_lr", "action_l2", "noise_eps",
-                 "prm_loss_weight", "aux_loss_weight"):
-        if not getattr(cfg, name) >= 0:  # written so that NaN fails too
-            raise UsageError(f"--{name} must be 0 or more, got {getattr(cfg, name)}")
-    for name in ("clip_obs", "norm_eps", "norm_clip"):
-        if not getattr(cfg, name) > 0:
-            raise UsageError(f"--{name} must be above 0, got {getattr(cfg, name)}")
-    for name in ("polyak", "random_eps"):
-        if not 0 <= getattr(cfg, name) <= 1:
-            raise UsageError(f"--{name} must be between 0 and 1, got {getattr(cfg, name)}")
+    """A one-line UsageError for the first value out of its range, or flags that do not go
+    together; the files the flags name are checked in train.prepare()."""
+    for must_be, names in RANGES.items():
+        for name in names:
+            value = getattr(cfg, name)
+            # written so that NaN fails every check
+            within = {"at least 1": value >= 1, "0 or more": value >= 0, "above 0": value > 0,
+                      "between 0 and 1": 0 <= value <= 1}
+            if not within[must_be]:
+                raise UsageError(f"--{name} must be {must_be}, got {value}")
     if not 0 <= cfg.gamma < 1:  # gamma = 1 would make the target's bounds r / (1 - gamma) infinite
         raise UsageError(f"--gamma must be at least 0 and below 1 (0: 1 - 1/T), got {cfg.gamma}")
     parse_reward_range(cfg.reward_range)
-    validate_demo_config(cfg)
-
-
-def parse_reward_range(text):
-    """'R_MIN,R_MAX' -> (r_min, r_max), either end may be -inf or inf; '' -> None (measure)."""
-    if not text:
-        return None
-    try:
-        r_min, r_max = (float(v) for v in text.split(","))
-    except ValueError:
-        r_min = r_max = np.nan
-    if not r_min < r_max:  # written so that NaN fails too
-        raise UsageError(f"--reward_range {text}: give two numbers R_MIN,R_MAX with R_MIN below "
-                         "R_MAX, e.g. --reward_range -1,0")
-    return r_min, r_max
-
-
-def validate_demo_config(cfg):
-    """The demo flags only make sense together; the file itself is checked in prepare()."""
     make = "make one with: python demos.py --env FetchPickAndPlace-v4 --out demos.npz"
     if cfg.bc_loss and not cfg.demo_file:
         raise UsageError(f"--bc_loss 1 clones demonstrations: give --demo_file PATH ({make})")
@@ -165,6 +139,20 @@ def validate_demo_config(cfg):
                          f"lower --demo_batch_size or raise --batch_size")
 
 
+def parse_reward_range(text):
+    """'R_MIN,R_MAX' -> (r_min, r_max), either end may be -inf or inf; '' -> None (measure)."""
+    if not text:
+        return None
+    try:
+        r_min, r_max = (float(v) for v in text.split(","))
+    except ValueError:
+        r_min = r_max = np.nan
+    if not r_min < r_max:  # written so that NaN fails too
+        raise UsageError(f"--reward_range {text}: give two numbers R_MIN,R_MAX with R_MIN below "
+                         "R_MAX, e.g. --reward_range -1,0")
+    return r_min, r_max
+
+
 def ddpg_params(cfg, dims, T, max_u, r_range=(-1., 0.)):
     """The agent's parameters (saved with each policy so it can be rebuilt). r_range: the
     task's [r_min, r_max] (describe_env); the default is Fetch's and Hand's."""
@@ -181,28 +169,14 @@ def ddpg_params(cfg, dims, T, max_u, r_range=(-1., 0.)):
 
 
 def target_range(r_range, gamma, clip_return):
-    """[Q_min, Q_max] for the critic target y = clip(r + gamma * Q_targ, Q_min, Q_max).
-
-    A return sum_t gamma^t r_t with every r_t in [r_min, r_max] lies in
-    [r_min, r_max] / (1 - gamma). Fetch and Hand: [-1/(1 - gamma), 0], baselines' range.
-    clip_return=False drops the r_min end (baselines' clip_return) and keeps the r_max end
-    (baselines' clip_pos_returns, which its flag does not change)."""
+    """[Q_min, Q_max] for the critic target y = clip(r + gamma * Q_targ, Q_min, Q_max): a return
+    sum_t gamma^t r_t with every r_t in [r_min, r_max] lies in it (Fetch and Hand: baselines'
+    [-1/(1 - gamma), 0]). clip_return=False drops the r_min end (baselines' clip_return) and
+    keeps the r_max end (baselines' clip_pos_returns, which its flag does not change)."""
     r_min, r_max = r_range
     # [Q_min, Q_max] = [r_min, r_max] / (1 - gamma)
     Q_min, Q_max = r_min / (1. - gamma), r_max / (1. - gamma)
     return [Q_min if clip_return else -np.inf, Q_max]
-
-
-def load_config(run_dir):
-    path = os.path.join(run_dir, "config.json")
-    try:
-        with open(path) as f:
-            return Config(**json.load(f))
-    except FileNotFoundError:
-        raise UsageError(f"--resume {run_dir}: no config.json there; "
-                         "give the run directory that train.py wrote") from None
-    except (ValueError, TypeError) as e:
-        raise UsageError(f"{path}: not a config written by train.py ({e})") from None
 
 
 # ---------------------------------------------------------------- command line
@@ -216,18 +190,13 @@ class ArgumentParser(argparse.ArgumentParser):
 def config_comments():
     """{field: its trailing comment} from Config's source: the help text of each flag."""
     source = inspect.getsource(Config)
-    comments = dict(re.findall(r"^    (\w+): [\w.]+ = [^#\n]*#\s*(.*)$", source, re.M))
-    missing = [f.name for f in dataclasses.fields(Config) if not comments.get(f.name)]
-    if missing:
-        raise TypeError(f"Config field {missing[0]} needs a trailing comment: its --help text")
-    return comments
+    return dict(re.findall(r"^    (\w+): [\w.]+ = [^#\n]*#\s*(.*)$", source, re.M))
 
 
 def config_flags(p, names=None):
-    """Add --<field> for every Config field (or for those in `names`): the one place where
-    the command line is made. Every default is None, so that make_config can tell a flag
-    given from one left out (the env's overrides apply to those left out).
-    bool fields take 0 or 1, as baselines' --clip_return; str fields in CHOICES take those."""
+    """Add --<field> for every Config field (or for those in `names`). Every default is None,
+    so that make_config can tell a flag given from one left out (the env's overrides apply to
+    those). bool fields take 0 or 1, as baselines' --clip_return; str fields in CHOICES those."""
     comments = config_comments()
     for f in dataclasses.fields(Config):
         if names is not None and f.name not in names:
@@ -245,16 +214,24 @@ def config_flags(p, names=None):
 
 
 def zero_or_one(text):
-    """A bool flag's value: 0 or 1, as baselines' --clip_return."""
     if text not in ("0", "1"):
         raise argparse.ArgumentTypeError(f"invalid choice: {text!r} (choose from 0, 1)")
     return text == "1"
 
 
 def config_for(args):
+    """The saved configuration on --resume, else a new one (its log dir named by default)."""
     if args.resume:
-        cfg = dataclasses.replace(load_config(args.resume), logdir=args.resume)
-        return dataclasses.replace(cfg, **given_config_args(args))
+        path = os.path.join(args.resume, "config.json")
+        try:
+            with open(path) as f:
+                cfg = Config(**json.load(f))
+        except FileNotFoundError:
+            raise UsageError(f"--resume {args.resume}: no config.json there; "
+                             "give the run directory that train.py wrote") from None
+        except (ValueError, TypeError) as e:
+            raise UsageError(f"{path}: not a config written by train.py ({e})") from None
+        return dataclasses.replace(cfg, logdir=args.resume, **given_config_args(args))
     cfg = make_config(args)
     if not cfg.logdir:
         stamp = time.strftime("%Y%m%d-%H%M%S")

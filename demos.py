@@ -1,32 +1,19 @@
 """Demonstrations for HER: a scripted pick-and-place controller, and the demo file it writes.
 
-Mirrors openai/baselines `her/experiment/data_generation/fetch_data_generation.py` (the
-controller and the file); the file's format and its reader are in files.py.
-Provides the demonstrations of Nair et al. (2018), "Overcoming Exploration in Reinforcement
-Learning with Demonstrations", Sec. IV (Method): episodes that ddpg.py keeps in a demo buffer,
-replays next to the agent's own and clones with the behaviour-cloning loss. As in baselines,
-they come from a scripted controller on the pick-and-place task, 100 episodes by default.
+Mirrors openai/baselines `her/experiment/data_generation/fetch_data_generation.py`; the file's
+format and its reader are in files.py. Provides the demonstrations of Nair et al. (2018),
+"Overcoming Exploration in Reinforcement Learning with Demonstrations", Sec. IV, which ddpg.py
+replays next to the agent's own episodes and clones with the behaviour-cloning loss.
 
 The controller sees only the observation and the goal, and moves through four phases:
     above    gripper open, move to a point HOVER above the object;
     descend  gripper open, move down until the gripper is at the object's centre;
     grasp    close the gripper for GRASP_STEPS steps without moving;
-    carry    gripper closed, move so that the object goes to the goal, and hold it there
-             until the episode ends (the object must be at the goal after the T-th action).
-If the object slips out of the gripper while carrying, it starts again from `above`.
-Positions are reached with a proportional step u = clip(GAIN * error, -1, 1); the env moves the
-gripper by 0.05 m per unit of u.
-
-The file: one float32 array per key in the replay buffer's own layout (replay.py), episodes
-first: o, ag (n, T+1, dim); g, u, info_is_success (n, T, dim); plus the env id and T, as a plain
-.npz that loads with allow_pickle=False. baselines pickles lists of observation dicts instead
-(docs/deviations.md).
-
-Failed episodes are NOT kept: an episode whose object is not at the goal after its T-th action
-is dropped and another one is run in its place, until --num_demo successful ones are stored.
-The cloning loss pulls the actor towards every action of a demo episode, and the actions of a
-failed one are not worth copying; a Q filter would discard some of them, but not without it
-(--q_filter 0). The success rate printed is over all episodes run, failed ones included.
+    carry    gripper closed, move the object to the goal and hold it there until the end;
+and back to `above` if the object slips out while carrying. A failed episode (the object not at
+the goal after the T-th action) is dropped and another run in its place: the cloning loss copies
+every action of a demo, and without --q_filter nothing would discard a failed one's. The success
+rate printed counts every episode run.
 
 Run:  python demos.py --env FetchPickAndPlace-v4 --num_demo 100 --out demos/pick100.npz
 Test: `python -m pytest -q test_all.py::TestDemos`.
@@ -47,11 +34,9 @@ HOVER = 0.05  # m above the object's centre where the descent starts
 TOLERANCE = 0.01  # m: close enough to the phase's target point to move on
 GRASP_STEPS = 3  # steps with the gripper closing before lifting (it closes in about 2)
 SLIP = 0.03  # m between gripper and object centre beyond which the object was lost
-GAIN = 10.  # u = GAIN * error in metres: an error of 0.1 m or more is a full step
+GAIN = 10.  # u = GAIN * error (m): 0.1 m or more is a full step, which moves the gripper 0.05 m
 OPEN, CLOSE = 1., -1.  # gripper action
 
-
-# ---------------------------------------------------------------- the controller
 
 class PickAndPlaceController:
     """u = controller(o, g) for FetchPickAndPlace: (dim_o,), (3,) -> (4,) in [-1, 1]."""
@@ -60,7 +45,6 @@ class PickAndPlaceController:
         self.reset()
 
     def reset(self):
-        """Call at the start of every episode."""
         self.phase, self.grasp_steps = "above", 0
 
     def __call__(self, o, g):
@@ -113,15 +97,14 @@ def run_episode(env, controller, T, seed):
     return episode, bool(success[0, -1, 0])
 
 
-def generate(env_id, num_demo, seed=0, max_attempts=None):
-    """Run the controller until num_demo episodes succeeded (episode i resets with seed + i).
-    Returns ({key: (num_demo, T or T+1, dim)}, T, number of episodes run)."""
+def generate(env_id, num_demo, seed):
+    """Run the controller until num_demo episodes succeeded (episode i resets with seed + i),
+    at most 10 * num_demo. Returns ({key: (num_demo, T or T+1, dim)}, T, episodes run)."""
     env = make_env(env_id)
     T = int(env.spec.max_episode_steps)
-    max_attempts = max_attempts or 10 * num_demo
     controller, kept, attempts = PickAndPlaceController(), [], 0
     try:
-        while len(kept) < num_demo and attempts < max_attempts:
+        while len(kept) < num_demo and attempts < 10 * num_demo:
             episode, succeeded = run_episode(env, controller, T, seed + attempts)
             attempts += 1
             if succeeded:  # failed episodes are dropped: see the module docstring
@@ -133,8 +116,6 @@ def generate(env_id, num_demo, seed=0, max_attempts=None):
                            f"episodes of {env_id}")
     return {key: np.concatenate([ep[key] for ep in kept]) for key in EPISODE_KEYS}, T, attempts
 
-
-# ---------------------------------------------------------------- command line
 
 def main(argv=None):
     one_blas_thread()  # before any env process starts: they inherit it

@@ -1,10 +1,7 @@
-"""The errors a user can act on, each reported as one line without a traceback.
+"""The errors a user can act on, each reported as one line and an exit code, no traceback.
 
-No baselines counterpart: baselines lets every error end in a traceback. Here the entry points
-(train.py, play.py, demos.py) turn these into one line on stderr and an exit code
-(mpi_util.run_on_every_rank); any other exception is a bug or an env's own failure, and keeps
-its traceback. Under mpirun every rank raises these together (mpi_util.raise_if_any_rank_failed,
-checkpoint.stop_safely_if_needed), so no rank is left waiting for the others.
+No baselines counterpart: baselines lets every error end in a traceback. train.py and play.py
+report these through mpi_util.run_on_every_rank; any other exception keeps its traceback.
 
 Test: `python -m pytest -q test_all.py::TestFiles`.
 """
@@ -19,8 +16,7 @@ class BadFileError(ValueError):
 
 
 class SaveError(Exception):
-    """A file of the run could not be written (disk full, no permission, ...): exit code 1.
-    The message names the file and the error; the previous complete file, if any, is kept."""
+    """A file of the run could not be written (a full disk): exit code 1, its last version kept."""
 
 
 class NonFiniteError(Exception):

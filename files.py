@@ -1,15 +1,13 @@
 """The files a run reads and writes: written atomically, read without pickle.
 
 No baselines counterpart as such: baselines pickles its policies and demo files and writes them
-in place. Here every file is a plain .npz (or text, or a figure's PNG) written to a temporary
-name and renamed, so a crash at any moment leaves the old complete file or the new complete one;
-and it is read with allow_pickle=False, so a file from elsewhere can be refused but never runs
-code. Holds the demo file format of Nair et al. (2018) too (demos.py writes it, train.py reads
-it): one float32 array per key in the replay buffer's own layout (replay.py), episodes first:
-o, ag (n, T+1, dim); g, u, info_is_success (n, T, dim); plus the env id and T.
+in place. Here every file is a plain .npz (or text, or a figure's PNG), written atomically and
+read with allow_pickle=False, so a file from elsewhere can be refused but never runs code. A
+file that cannot be read is a one-line BadFileError, one that cannot be written a SaveError.
 
-A file that cannot be read is a one-line BadFileError, one that cannot be written a one-line
-SaveError (errors.py).
+Holds the demo file format of Nair et al. (2018) too (demos.py writes it, train.py reads it):
+one float32 array per key in the replay buffer's own layout (replay.py), episodes first:
+o, ag (n, T+1, dim); g, u, info_is_success (n, T, dim); plus the env id and T.
 
 Test: `python -m pytest -q test_all.py::TestFiles`.
 """
@@ -24,13 +22,9 @@ from replay import EPISODE_KEYS, episode_shapes
 
 @contextlib.contextmanager
 def atomic_file(path, mode="wb", keep_previous=None):
-    """Write `path` through a temporary file in the same folder, renamed over `path` once it is
-    complete and on disk: a reader, or a crash at any moment, sees either the old complete file
-    or the new complete file, never half of one. With keep_previous, the old file is renamed to
-    that name (replacing the one before it) and then the new one is written: the newest complete
-    version is always on disk, as `path` or as keep_previous, and never more than two versions
-    (a checkpoint can be large). Any OSError (a full disk, a folder removed) becomes a one-line
-    SaveError; the temporary file is removed."""
+    """Write `path` through a temporary file renamed over it once complete and on disk, so a
+    reader, or a crash at any moment, sees the old complete file or the new one. keep_previous:
+    the old one is renamed to that name first (never more than two: a checkpoint can be large)."""
     tmp = f"{path}.tmp{os.getpid()}"
     try:
         if keep_previous and os.path.exists(path):
@@ -48,14 +42,12 @@ def atomic_file(path, mode="wb", keep_previous=None):
 
 
 def atomic_savez(path, arrays, keep_previous=None):
-    """np.savez through atomic_file()."""
     with atomic_file(path, "wb", keep_previous) as f:
         np.savez(f, **arrays)
 
 
 def save_png(fig, path):
-    """A matplotlib figure as a PNG through atomic_file() (plot.py, plot_trace.py): a reader
-    never sees half a picture. Its folder is made if missing."""
+    """A matplotlib figure as a PNG (plot.py, plot_trace.py); its folder is made if missing."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with atomic_file(path) as f:
         fig.savefig(f, format="png", dpi=100)
@@ -84,7 +76,6 @@ def load_npz(path, required_keys, what, writer="train.py"):
 
 
 def atomic_write_text(path, text):
-    """A text file through atomic_file()."""
     with atomic_file(path, "w") as f:
         f.write(text)
 
@@ -95,18 +86,13 @@ FILE_KEYS = EPISODE_KEYS + ("env", "T")
 
 
 def save_demos(path, episodes, env_id, T):
-    """Write the episodes (EPISODE_KEYS) with the env id and T, atomically; no pickle needed."""
+    """The episodes (EPISODE_KEYS) with the env id and T."""
     arrays = {key: np.asarray(episodes[key], np.float32) for key in EPISODE_KEYS}
     atomic_savez(path, dict(arrays, env=np.array(env_id), T=np.array(T)))
 
 
-def how_to_make_demos(env_id, num_demo, path):
-    return (f"make demos with: python demos.py --env {env_id} --num_demo {num_demo} "
-            f"--out {path}")
-
-
 def is_baselines_file(path):
-    """Whether `path` is an .npz with the arrays of baselines' fetch_data_generation.py."""
+    """Whether `path` is an .npz of baselines' fetch_data_generation.py."""
     try:
         with np.load(path, allow_pickle=False) as data:  # lists the names, loads nothing
             return {"obs", "acs", "info"} <= set(getattr(data, "files", ()))
@@ -116,9 +102,8 @@ def is_baselines_file(path):
 
 def load_demos(path, env_id, dims, T, num_demo):
     """The first num_demo episodes of a demo file, checked against the task:
-    {key: (num_demo, T or T+1, dim) float32}. Every problem is a one-line BadFileError that
-    names the file, the problem and the fix."""
-    hint = how_to_make_demos(env_id, num_demo, path)
+    {key: (num_demo, T or T+1, dim) float32}; every BadFileError names the fix too."""
+    hint = f"make demos with: python demos.py --env {env_id} --num_demo {num_demo} --out {path}"
     try:
         arrays = load_npz(path, FILE_KEYS, "demo file", writer="demos.py")
     except BadFileError as e:
@@ -127,9 +112,8 @@ def load_demos(path, env_id, dims, T, num_demo):
             problem = (f"{path}: a demo file in baselines' format (obs, acs, info: pickled "
                        "dicts, which this project never unpickles)")
         raise BadFileError(f"{problem}; {hint}") from None
-    expected = episode_shapes(dims, T)
     shapes = {key: arrays[key].shape[1:] for key in EPISODE_KEYS}
-    if shapes != expected:
+    if shapes != episode_shapes(dims, T):
         raise BadFileError(f"{path}: demos of {arrays['env']} (T={int(arrays['T'])}, o "
                            f"{shapes['o'][-1:]}, g {shapes['g'][-1:]}, u {shapes['u'][-1:]}) "
                            f"do not fit {env_id} (T={T}, o ({dims['o']},), g ({dims['g']},), "

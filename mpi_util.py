@@ -1,24 +1,14 @@
 """MPI helpers around the learning: averages for the logs, agreeing on errors, ending a job.
 
-Mirrors openai/baselines `common/mpi_util.py` and `common/mpi_moments.py` (mpi_average). None of
-this is learning: it is what a job of N ranks needs so that it logs one number per epoch, stops
-together, and cleans up after itself (Plappert et al. 2018 run 19 ranks; their Sec. 2.2).
-
-No module of this project imports mpi4py at import time, because importing mpi4py initialises
-MPI. The env processes of `vecenv.SubprocVecEnv` import these modules too (the `spawn` start
-method re-imports the main script in every child), and a child of a rank that initialised MPI
-would inherit that rank's MPI environment and try to take part in the job as that rank: the
-job hangs or aborts. So `world_comm()` imports it on first use.
-
-What MPICH leaves behind: each job's ranks share a memory segment /dev/shm/mpich_shm_*, which
-MPICH unlinks in MPI_Finalize. A job that ends in MPI_Abort (a rank raised, see
-`run_on_every_rank`) or is killed by a signal never gets there, and its segment stays until
-the machine reboots; its size grows with the number of ranks (about 1 MB per rank: measured
-2.1 MB at 2 ranks, 4.2 MB at 4, 20 MB at 19). `remove_orphaned_mpich_segments()` deletes
-those that no process has open or mapped any more:
-    python -c "import mpi_util; print(mpi_util.remove_orphaned_mpich_segments())"
-
+Mirrors openai/baselines `common/mpi_util.py` and `common/mpi_moments.py` (mpi_average): what a
+job of N ranks (Plappert et al. 2018, Sec. 2.2, run 19) needs to log one number per epoch, stop
+together and clean up after itself. mpi4py is imported on first use (train.py's main says why).
 Every line that talks to other ranks carries the comment tag `[MPI]`.
+
+A job that ends in MPI_Abort or is killed by a signal never reaches MPI_Finalize, which unlinks
+its ranks' shared segment /dev/shm/mpich_shm_* (about 1 MB per rank: measured 2.1 MB at 2 ranks,
+20 MB at 19). It stays until the machine reboots, or until this deletes those no process uses:
+    python -c "import mpi_util; print(mpi_util.remove_orphaned_mpich_segments())"
 
 Test: `python -m pytest -q test_all.py::TestMpiUtil`.
 """
@@ -32,16 +22,11 @@ from threadpoolctl import threadpool_limits
 from errors import SaveError, UsageError
 
 
-BLAS_THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
-
-
 def one_blas_thread():
-    """One BLAS thread in this process and in every process it starts (env processes), unless
-    the variables say otherwise. With 19 ranks x 2 env processes on a few cores, a BLAS that
-    runs a thread per core in every process only makes them fight over the cores. numpy has
-    loaded its BLAS already, so threadpoolctl sets this process's at run time; a process
-    started from here reads the variables when its own numpy loads."""
-    for name in BLAS_THREAD_VARIABLES:
+    """One BLAS thread in this process and in the env processes it starts, unless the variables
+    say otherwise: 19 ranks x 2 env processes on a few cores would only fight over the cores.
+    numpy has loaded its BLAS already, so threadpoolctl sets this process's."""
+    for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ.setdefault(name, "1")
     threadpool_limits(int(os.environ["OPENBLAS_NUM_THREADS"]))
 
@@ -52,9 +37,8 @@ def world_comm():
     return MPI.COMM_WORLD
 
 
-def mpi_average(value, comm=None):
+def mpi_average(value, comm):
     """Mean of a scalar (or of the elements of an array) over all ranks, for logging."""
-    comm = comm if comm is not None else world_comm()
     value = np.asarray(value, dtype=np.float64).ravel()
     local = np.array([value.sum(), value.size], dtype=np.float64)  # (2,) = sum, count
     total = np.zeros_like(local)
@@ -62,18 +46,16 @@ def mpi_average(value, comm=None):
     return float(total[0] / max(total[1], 1.0))
 
 
-def raise_if_any_rank_failed(comm, error, error_class=UsageError):
-    """Collective: raise error_class on every rank if any rank hit an error (`error`: its
-    message, or None), with the first such rank's message. Called after purely local work,
-    before anything collective can hang on a rank that failed."""
+def raise_if_any_rank_failed(comm, error):
+    """Collective, after local work: if any rank hit an error (`error`: its message, or None),
+    every rank raises UsageError with the first one, before anything collective can hang."""
     errors = comm.allgather(error)  # [MPI]
-    raise_first(errors, error_class)
+    raise_first(errors, UsageError)
 
 
 def save_on_every_rank(comm, save, *args):
-    """Collective: save(*args) on this rank; if writing failed on any rank (a full disk), every
-    rank raises that SaveError, instead of the failed rank leaving the others waiting in the
-    next Allreduce."""
+    """Collective: save(*args) here; if it failed on any rank (a full disk), every rank raises
+    that SaveError, instead of the failed rank leaving the others waiting in an Allreduce."""
     try:
         save(*args)
         error = None
@@ -84,29 +66,23 @@ def save_on_every_rank(comm, save, *args):
 
 
 def raise_first(errors, error_class):
-    """Raise error_class with the first message among the ranks' `errors` that is not None."""
     first = next((e for e in errors if e), None)
     if first:
         raise error_class(first)
 
 
-def report(comm, message, code):
-    """An error that reached every rank together: rank 0 alone prints its line."""
-    if comm.Get_rank() == 0:
-        print(message, file=sys.stderr, flush=True)
-    return code
-
-
 def run_on_every_rank(comm, prog, job, exit_codes):
     """job() on this rank. An exception of a class in exit_codes ({class: (code, prefix)}) is
-    one that every rank raises together (bad input, agreed on with `raise_if_any_rank_failed`; a stop agreed on
-    once per cycle): rank 0 prints one line `prog: prefix message` and every rank returns the
-    code. Any other exception is this rank's alone: under mpirun it ends the whole job."""
+    one that every rank raises together (bad input, a stop agreed on once per cycle): rank 0
+    prints one line `prog: prefix message` and every rank returns the code. Any other
+    exception is this rank's alone: under mpirun it ends the whole job."""
     try:
         job()
     except tuple(exit_codes) as e:
         code, prefix = next(v for cls, v in exit_codes.items() if isinstance(e, cls))
-        return report(comm, f"{prog}: {prefix}{e}", code)
+        if comm.Get_rank() == 0:
+            print(f"{prog}: {prefix}{e}", file=sys.stderr, flush=True)
+        return code
     except BaseException:
         if comm.Get_size() == 1:
             raise
@@ -125,9 +101,8 @@ def abort_job(comm):
 # ---------------------------------------------------------------- what MPICH leaves behind
 
 def shm_files_in_use(shm_dir="/dev/shm"):
-    """Paths under shm_dir that a live process has open or memory-mapped (Linux /proc).
-    Processes that end while being read, or whose /proc entries this user may not read
-    (other users', which cannot hold this user's 0600 segments), are skipped."""
+    """Paths under shm_dir that a live process has open or memory-mapped (Linux /proc); those
+    this user may not read (other users', which cannot hold its 0600 segments) are skipped."""
     prefix, in_use = os.path.join(shm_dir, ""), set()
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
@@ -143,9 +118,8 @@ def shm_files_in_use(shm_dir="/dev/shm"):
 
 
 def orphaned_mpich_segments(shm_dir="/dev/shm"):
-    """MPICH segments that no process uses: left by jobs that ended without MPI_Finalize.
-    A running job always holds its segment open or mapped on every rank of the machine, from
-    its creation on, so it never counts as orphaned."""
+    """MPICH segments that no process uses. A running job holds its segment open or mapped on
+    every rank of the machine from its creation on, so it never counts as orphaned."""
     if not os.path.isdir(shm_dir):
         return []
     paths = [os.path.join(shm_dir, name) for name in sorted(os.listdir(shm_dir))

@@ -5,20 +5,15 @@ Plappert et al. (2018), Sec. 2.2, which is Algorithm 1 of Andrychowicz et al. (2
 ranks at once: each epoch is n_cycles x (collect num_env episodes per rank, store them,
 n_batches updates, a target update), then test rollouts; with --demo_file, the demonstrations
 of Nair et al. (2018) are loaded into every rank's agent first. Every rank runs this same file;
-there is no master. The settings are config.Config, one --flag each.
+there is no master. The settings are config.Config, one --flag each (--help).
 
 Run:
     python train.py                                                # FetchReach-v4, one process
     mpirun -np 19 python train.py --num_env 2 --env FetchPush-v4   # Plappert et al. setup
     python train.py --resume runs/<run>                            # continue after Ctrl-C
     python play.py runs/<run>/policy_best.npz                      # watch the policy
-    python train.py --help                                         # every Config field a flag
 
-Failure handling (README "When things go wrong"): bad input is one line on stderr and exit
-code 2; Ctrl-C saves a checkpoint and exits 130, a second one exits 130 at once; a file that
-cannot be written (a full disk) is one line and exit code 1 on every rank; a non-finite loss or
-actor/critic parameter stops with exit code 1 after keeping the last good checkpoint; an
-exception on any rank (an env process silent past --env_timeout) aborts the whole MPI job.
+Errors are one line and an exit code (errors.py; README "When things go wrong").
 
 Test: `python -m pytest -q test_all.py::TestTrain`.
 """
@@ -30,14 +25,13 @@ import time
 
 import numpy as np
 
-from checkpoint import (StopFlag, checkpoint_positions, common_position,
-                        read_checkpoint, restore_agent, restore_epoch_so_far, save_checkpoint,
+from checkpoint import (StopFlag, checkpoint_positions, common_position, read_checkpoint,
+                        restore_agent, restore_epoch_so_far, save_checkpoint,
                         stop_safely_if_needed)
-from config import (ArgumentParser, config_flags,
-                    given_config_args, parse_reward_range, shared_config)
+from config import (ArgumentParser, config_flags, given_config_args, parse_reward_range,
+                    shared_config)
 from ddpg import POLICY_KEYS, make_agent, policy_params, run_cycle
-from errors import (BadFileError, Interrupted, NonFiniteError, SaveError,
-                    UsageError)
+from errors import BadFileError, Interrupted, NonFiniteError, SaveError, UsageError
 from files import atomic_write_text, load_demos, load_npz
 from goal_env import GoalTask, build_venv, check_policy_fits, describe_env
 from logger import CycleProgress, EpochLogger, output_is_terminal
@@ -47,13 +41,9 @@ from rollout import RolloutWorker
 from tracing import Tracer
 
 
-# ---------------------------------------------------------------- the loop
-
 def train(cfg, policy, rollout_worker, evaluator, logger, progress, logdir, comm, stop, tracer,
           start_epoch=0, start_cycle=0, best_success_rate=-1., start_losses=()):
-    """The epoch/cycle/batch loop (Plappert et al. 2018, Sec. 2.2; baselines her.py train).
-    A resumed run starts at (start_epoch, start_cycle) with that epoch's losses so far.
-    tracer.cycle marks where a cycle starts and ends (--trace; it does nothing without)."""
+    """The epoch/cycle/batch loop; a resumed run starts at (start_epoch, start_cycle)."""
     workers = (rollout_worker, evaluator)
     for epoch in range(start_epoch, cfg.n_epochs):
         t_start = time.time()
@@ -87,12 +77,15 @@ def train(cfg, policy, rollout_worker, evaluator, logger, progress, logdir, comm
 
 
 def save_epoch(cfg, epoch, row, is_best, best, logger, policy, workers, logdir, comm):
-    """The epoch's files: its progress.csv row, the policies, every rank's checkpoint. The
-    checkpoint comes last: if anything before it fails, the run resumes at this epoch's start
-    and logs its row again, in place of the one written here."""
+    """The epoch's progress.csv row, the policies, then every rank's checkpoint: if anything
+    before it fails, the run resumes at this epoch's start and logs its row again."""
     logger.dump(row)
     if comm.Get_rank() == 0:  # ranks hold identical weights, so rank 0 alone writes them
-        save_policies(cfg, epoch, is_best, policy, logdir)
+        if is_best:
+            policy.save(os.path.join(logdir, "policy_best.npz"))
+        policy.save(os.path.join(logdir, "policy_latest.npz"))
+        if cfg.policy_save_interval > 0 and epoch % cfg.policy_save_interval == 0:
+            policy.save(os.path.join(logdir, f"policy_{epoch}.npz"))
     save_checkpoint(logdir, epoch + 1, 0, best, policy, workers, comm)
 
 
@@ -110,14 +103,6 @@ def epoch_logs(epoch, success_rate, losses, policy, rollout_worker, evaluator, e
             "total/episodes": rollout_worker.n_episodes * n_ranks,
             "total/timesteps": rollout_worker.n_episodes * n_ranks * policy.T,
             "time/epoch_s": epoch_s}
-
-
-def save_policies(cfg, epoch, is_best, policy, logdir):
-    if is_best:
-        policy.save(os.path.join(logdir, "policy_best.npz"))
-    policy.save(os.path.join(logdir, "policy_latest.npz"))
-    if cfg.policy_save_interval > 0 and epoch % cfg.policy_save_interval == 0:
-        policy.save(os.path.join(logdir, f"policy_{epoch}.npz"))
 
 
 # ---------------------------------------------------------------- setting up a run
@@ -149,11 +134,9 @@ def prepare(cfg, args, comm):
 
 
 def make_logdir(cfg, comm, folders=()):
-    """Each rank creates the folders it writes to: rank 0 the log dir with config.json (and
-    later progress.csv and the policies), every rank `checkpoint/` for its own checkpoint and
-    the `folders` it will write to (`trace/`). So ranks on another machine without a shared
-    file system save into a log dir of the same path on their own disk. Every rank learns if
-    any of them could not, before training starts."""
+    """Each rank creates the folders it writes to (`checkpoint/` and `folders`), so ranks on
+    machines without a shared file system save into the same path on their own disk; rank 0
+    writes config.json. Every rank learns if any of them could not."""
     error = None
     try:
         for folder in ("checkpoint", *folders):
@@ -172,8 +155,7 @@ def write_config(cfg, rank):
 
 
 def load_checkpoint(plan, run_dir, comm):
-    """Collective: every rank loads its checkpoint of the newest (epoch, cycle) that all ranks
-    have: the newest, or the previous one where a rank was stopped while saving."""
+    """Collective: every rank loads its checkpoint of the newest (epoch, cycle) all ranks have."""
     position, note = common_position(run_dir, plan.checkpoints, comm)
     plan.checkpoint_path = plan.checkpoints[position]
     try:
@@ -203,8 +185,7 @@ def run(cfg, args, comm, tracer):
     tracer.write_to(os.path.join(cfg.logdir, "trace"))
     if rank == 0:
         print_setup(cfg, plan.task, comm.Get_size())
-    rank_seed = cfg.seed + 1000000 * rank  # baselines: different data on every rank
-    rng = np.random.default_rng(rank_seed)
+    rng = np.random.default_rng(cfg.seed + 1000000 * rank)  # baselines: each rank its own data
     policy, start = make_policy(cfg, args, plan, rng, comm)
     progress = CycleProgress(sys.stdout, cfg.n_cycles, enabled=(rank == 0),
                              terminal=output_is_terminal(sys.stdout))
@@ -247,8 +228,8 @@ def print_setup(cfg, task, n_ranks):
 
 
 def make_policy(cfg, args, plan, rng, comm):
-    """This rank's agent, from scratch, from --load_path or from its checkpoint; and where the
-    loop starts. Collective: the DDPG constructor broadcasts rank 0's weights."""
+    """This rank's agent (collective: make_agent), from scratch, from --load_path or from its
+    checkpoint; and where the loop starts."""
     policy = make_agent(cfg, plan.task, rng, comm)
     start = dict(start_epoch=0, start_cycle=0, best_success_rate=-1.)
     if plan.init_policy is not None:
@@ -292,10 +273,9 @@ def parse_args(argv=None):
 def main(argv=None):
     one_blas_thread()  # before any env process starts: they inherit it
     args = parse_args(argv)
-    # mpi4py is imported here, not at the top, because importing it initialises MPI: every env
-    # process re-imports this file (the `spawn` start method runs it as __mp_main__), and with
-    # a top-level import each would initialise MPI as a second copy of its rank, which hangs
-    # the job.
+    # mpi4py is imported here, not at the top: importing it initialises MPI, and every env
+    # process re-imports this file (`spawn` runs it as __mp_main__), where a top-level import
+    # would initialise MPI as a second copy of its rank, which hangs the job.
     from mpi4py import MPI
     tracer = Tracer(args.trace)
     comm = tracer.wrap_comm(MPI.COMM_WORLD)  # with --trace, it records every MPI call
