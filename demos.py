@@ -24,7 +24,7 @@ import sys
 import numpy as np
 
 from config import ArgumentParser
-from errors import UsageError
+from errors import SaveError, UsageError
 from files import save_demos
 from goal_env import describe_env, make_env
 from mpi_util import one_blas_thread
@@ -135,6 +135,9 @@ def main(argv=None):
         episodes, T, attempts = generate(args.env, args.num_demo, args.seed)
         os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
         save_demos(args.out, episodes, args.env, T)
+    except SaveError as e:  # a full disk: one line, as train.py's, and no half-written file
+        print(f"demos.py: error: {e}", file=sys.stderr)
+        return 1
     except (UsageError, RuntimeError, OSError) as e:
         print(f"demos.py: error: {e}", file=sys.stderr)
         return 2
