@@ -33,20 +33,27 @@ from vecenv import DummyVecEnv, SubprocVecEnv
 
 # ---------------------------------------------------------------- the update vs its GEMM floor
 
+def layer_gemms(sizes, N):
+    """The products of one MLP with layer sizes `sizes` at batch N, each (M, K, N_out): the
+    forward pass, the weight gradients, and the input gradients below the first layer."""
+    layers = list(zip(sizes[:-1], sizes[1:]))  # (in, out) of every layer
+    forward = [(N, a, b) for a, b in layers]
+    weight_grads = [(a, N, b) for a, b in layers]
+    input_grads = [(N, b, a) for a, b in layers[1:]]
+    return forward, weight_grads, input_grads
+
+
 def update_gemm_shapes(policy, N):
     """(M, K, N_out) of every matrix product one update cannot avoid (no input gradient below
     a network's first layer, but Q's down to u for the actor loss)."""
-    pi_sizes, Q_sizes = policy.main.pi.sizes, policy.main.Q.sizes
-    layers = lambda sizes: list(zip(sizes[:-1], sizes[1:]))  # noqa: E731
-    forward = lambda sizes: [(N, a, b) for a, b in layers(sizes)]  # noqa: E731
-    weight_grads = lambda sizes: [(a, N, b) for a, b in layers(sizes)]  # noqa: E731
-    input_grads = lambda sizes: [(N, b, a) for a, b in layers(sizes)[1:]]  # noqa: E731
-    dim_u = pi_sizes[-1]
-    shapes = forward(pi_sizes) + forward(Q_sizes)  # targets
-    shapes += forward(Q_sizes) + weight_grads(Q_sizes) + input_grads(Q_sizes)  # critic
-    shapes += forward(pi_sizes) + forward(Q_sizes)  # actor: pi, then Q(o, g, pi)
-    shapes += input_grads(Q_sizes) + [(N, Q_sizes[1], dim_u)]  # dQ/du through the critic
-    shapes += weight_grads(pi_sizes) + input_grads(pi_sizes)  # actor weights
+    pi_forward, pi_weight_grads, pi_input_grads = layer_gemms(policy.main.pi.sizes, N)
+    Q_forward, Q_weight_grads, Q_input_grads = layer_gemms(policy.main.Q.sizes, N)
+    dim_u = policy.main.pi.sizes[-1]
+    shapes = pi_forward + Q_forward  # targets
+    shapes += Q_forward + Q_weight_grads + Q_input_grads  # critic
+    shapes += pi_forward + Q_forward  # actor: pi, then Q(o, g, pi)
+    shapes += Q_input_grads + [(N, policy.main.Q.sizes[1], dim_u)]  # dQ/du through the critic
+    shapes += pi_weight_grads + pi_input_grads  # actor weights
     return shapes
 
 

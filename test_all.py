@@ -668,7 +668,9 @@ class TestGoalEnv:
 
     def test_reward_range_tells_sparse_from_dense(self):
         goals = np.random.default_rng(4).uniform(-1, 1, size=(5, 3))
-        distance = lambda ag, g: np.linalg.norm(ag - g, axis=-1)  # noqa: E731
+
+        def distance(ag, g):
+            return np.linalg.norm(ag - g, axis=-1)
         for reward_fun, expected in (
                 (lambda ag, g: -(distance(ag, g) > 0.05).astype(np.float32), (-1., 0.)),  # Fetch
                 (lambda ag, g: (distance(ag, g) <= 0.45).astype(np.float64), (0., 1.)),  # maze
