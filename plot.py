@@ -36,8 +36,9 @@ import files
 #   "baselines 19x2": baselines issue #591 (a maintainer: FetchPush solved after 20 epochs);
 #   "baselines, 100 demos": baselines her/README.md, figure fetchPickAndPlaceContrast (median;
 #     its ranks x envs are not stated, so that mark goes on the epoch axis only).
-# HandReach and HandManipulateBlockRotateZ have none: Plappert et al. (2018), Fig. 5, show
-# them as curves only, and no success value of theirs stated in numbers was found.
+# Plappert et al. (2018) give curves only, no success value in numbers: the Fetch tasks in
+# Fig. 3, HandReach in Fig. 4, BlockRotateZ among the variants of Appendix C (19 ranks x 2 envs,
+# 5 seeds); so HandReach and HandManipulateBlockRotateZ have no mark here.
 ANCHORS = {
     "FetchPush-v4": [("port 8x2", 8, 2, 10, 0.3), ("port 8x2", 8, 2, 20, 0.97),
                      ("baselines 19x2", 19, 2, 20, 1.0)],
