@@ -187,6 +187,20 @@ def remove_orphans_of_job(entries_before, patience_s=30.):
     return removed
 
 
+@contextlib.contextmanager
+def small_disk(folder, size):
+    """A tmpfs of `size` (mount's units: 4k, 16m) mounted on a new `folder` for the block: a disk
+    that fills up. Skips the test where mounting is not allowed (not root)."""
+    folder.mkdir()
+    rc, out = run_cmd(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)], 30)
+    if rc != 0:
+        pytest.skip(f"cannot mount a tmpfs here (needs root): {out.strip()[-200:]}")
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", str(folder)], check=True)
+
+
 @pytest.fixture(scope="module", autouse=True)  # every test is in this one module
 def dev_shm_left_as_found():
     """The suite leaves /dev/shm as it found it: whatever is new at the end and used by no
@@ -1980,20 +1994,13 @@ class TestCheckpoint:
         the file, exit code 1, nothing half-written; copied to a disk with space, --resume ends
         as the run that never stopped, each progress.csv row once."""
         reference = straight_run(str(tmp_path.parent))
-        disk = tmp_path / "disk"
-        disk.mkdir()
-        rc, out = run_cmd(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(disk)], 30)
-        if rc != 0:
-            pytest.skip(f"cannot mount a tmpfs here (needs root): {out.strip()[-200:]}")
-        try:
+        with small_disk(tmp_path / "disk", "16m") as disk:
             logdir = str(disk / "run")
             rc, out = run_cmd(train_cmd("--n_epochs", "4", "--logdir", logdir, *TINY_RUN), 600)
             assert_one_line_error(rc, out, 1, "train.py: error: cannot write " + logdir,
                                   "No space left on device")
             assert not [name for _, _, names in os.walk(logdir) for name in names if ".tmp" in name]
             moved = shutil.copytree(logdir, tmp_path / "moved")
-        finally:
-            subprocess.run(["umount", str(disk)], check=True)
         rc, out = run_cmd(train_cmd("--resume", str(moved)), 600)
         assert rc == 0, out[-3000:]
         assert_same_progress(reference, str(moved))
@@ -2801,15 +2808,9 @@ class TestDemos:
     def test_a_full_disk_while_writing_demos_is_one_line(self, tmp_path, capsys):
         """A 4 kB tmpfs cannot hold one demo episode (7 kB): one line, exit code 1, no file."""
         disk = tmp_path / "disk"
-        disk.mkdir()
-        rc, out = run_cmd(["mount", "-t", "tmpfs", "-o", "size=4k", "tmpfs", str(disk)], 30)
-        if rc != 0:
-            pytest.skip(f"cannot mount a tmpfs here (needs root): {out.strip()[-200:]}")
-        try:
+        with small_disk(disk, "4k"):
             assert demos.main(["--num_demo", "1", "--out", str(disk / "demos.npz")]) == 1
             assert os.listdir(disk) == []
-        finally:
-            subprocess.run(["umount", str(disk)], check=True)
         err = capsys.readouterr().err
         assert err.startswith(f"demos.py: error: cannot write {disk / 'demos.npz'}"), err
         assert "No space left on device" in err and len(err.strip().splitlines()) == 1, err
