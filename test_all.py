@@ -2271,6 +2271,24 @@ class TestTracing:
         assert_same_progress(runs["traced"], runs["untraced"])
         assert not os.path.exists(os.path.join(runs["untraced"], "trace"))
 
+    @pytest.mark.parametrize("timeout", [0, 5])
+    def test_an_env_wait_is_recorded_whole_with_or_without_a_timeout(self, timeout):
+        """env 0's step sleeps 0.3 s: its recorded wait holds the sleep (less the moment it
+        takes to send env 1 its step), whether the rank waits in recv (no --env_timeout) or
+        first in poll (with one)."""
+        import tracing
+        tracer = tracing.Tracer(n_cycles=1)
+        env_fns = [functools.partial(StubGoalEnv, delay_s=0.3), StubGoalEnv]
+        with hang_guard(60):
+            venv = tracer.wrap_venv(SubprocVecEnv(env_fns, timeout=timeout))
+            try:
+                venv.reset()
+                venv.step(np.zeros((2, 2), np.float32))
+            finally:
+                venv.close()
+        waits = {row[3]: row[-1] for row in tracer.rows if row[:2] == ("env", "step")}
+        assert waits["env process 0"] >= 0.2, waits
+
     @pytest.mark.slow
     def test_trace_json_holds_every_rank_in_the_chrome_trace_event_format(self, tmp_path):
         """trace.json is what Perfetto and chrome://tracing open: a traceEvents list of complete

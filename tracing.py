@@ -208,6 +208,7 @@ class TracedPipe:
     def __init__(self, conn, i, tracer):
         self._conn, self._tracer, self._peer = conn, tracer, f"env process {i}"
         self._pending = ("", 0, "?")  # the last command sent: (name, bytes, call site)
+        self._wait_start = None  # when the rank began waiting for the answer
 
     def __getattr__(self, name):
         return getattr(self._conn, name)
@@ -218,10 +219,18 @@ class TracedPipe:
         self._pending = (obj[0], len(data), site)  # every command is (name, data)
         self._conn.send_bytes(data)
 
+    def poll(self, timeout):
+        """Easy to miss: with --env_timeout the rank waits here, in poll, and recv then finds
+        the answer there; the wait starts at the first poll for an answer."""
+        if self._wait_start is None:
+            self._wait_start = self._tracer.clock()
+        return self._conn.poll(timeout)
+
     def recv(self):
-        start = self._tracer.clock()
-        data = self._conn.recv_bytes()  # the rank waits here for the env process's answer
+        start = self._wait_start if self._wait_start is not None else self._tracer.clock()
+        data = self._conn.recv_bytes()  # without a timeout, the rank waits here
         duration = self._tracer.clock() - start
+        self._wait_start = None
         name, n_sent, site = self._pending
         self._tracer.record("env", name, site, self._peer, "", n_sent, len(data), start,
                             duration)
