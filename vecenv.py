@@ -15,7 +15,7 @@ Deviations from baselines, on purpose:
   * Env processes are started with the `spawn` method and never import mpi4py: a forked
     child would share its rank's MPI state (sockets, shared memory), which MPI does not allow,
     and a spawned one re-imports the main script, which must not initialise MPI a second time
-    (mpi_util.py's docstring says why).
+    (train.py's main says why).
   * Refused, with a one-line error: actions not of shape (num_envs, dim_u) or not numbers, a
     call out of turn (reset, step_async or get_images with a step pending, step_wait with
     none), an observation whose dtype or shape is not its space's (baselines' ShmemVecEnv
