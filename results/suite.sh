@@ -3,8 +3,9 @@
 # HandManipulateBlockRotateZ at 8 ranks x 2 envs, seed 0, baselines' defaults, one run at a time.
 # A stopped run (Ctrl-C saves a checkpoint) is resumed; a run already complete is skipped. After
 # every epoch the run's progress.csv and config.json are copied to results/<its folder>, so the
-# committed curve grows with the run. 1.5 to 4 hours a run on 2 cores.
-#   bash results/suite.sh
+# committed curve grows with the run. 1.5 to 4 hours a run on 2 cores. Names given (e.g.
+# HandReach-v3) run only those tasks, in the table's order.
+#   bash results/suite.sh [ENV ...]
 cd "$(dirname "$0")/.."
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1
 rows() { if [ -f "$1/progress.csv" ]; then echo $(($(wc -l < "$1/progress.csv") - 1)); else echo 0; fi; }
@@ -14,8 +15,14 @@ copy_while_running() {  # $1 run dir, $2 results dir, $3 pid of the run
     [ -f "$1/progress.csv" ] && cp "$1/progress.csv" "$1/config.json" "$2/"
   done
 }
-for v in "FetchPickAndPlace-v4 50" "FetchSlide-v4 50" "HandReach-v3 30" "HandManipulateBlockRotateZ-v1 30"; do
-  set -- $v; env=$1; epochs=$2
+runs=("FetchPickAndPlace-v4 50" "FetchSlide-v4 50" "HandReach-v3 30" "HandManipulateBlockRotateZ-v1 30")
+only=("$@")
+for name in "${only[@]}"; do
+  [[ " ${runs[*]} " == *" $name "[0-9]* ]] || { echo "suite.sh: no task $name; give any of: ${runs[*]// [0-9]*/}" >&2; exit 2; }
+done
+for v in "${runs[@]}"; do
+  read -r env epochs <<< "$v"
+  if [ ${#only[@]} -gt 0 ] && [[ " ${only[*]} " != *" $env "* ]]; then continue; fi
   name=$env-8x2-seed0; run=runs/$name; out=results/$name
   if [ "$(rows "$out")" -ge "$epochs" ] || [ "$(rows "$run")" -ge "$epochs" ]; then continue; fi
   mkdir -p "$out"
