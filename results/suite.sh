@@ -15,14 +15,18 @@ copy_while_running() {  # $1 run dir, $2 results dir, $3 pid of the run
     [ -f "$1/progress.csv" ] && cp "$1/progress.csv" "$1/config.json" "$2/"
   done
 }
-runs=("FetchPickAndPlace-v4 50" "FetchSlide-v4 50" "HandReach-v3 30" "HandManipulateBlockRotateZ-v1 30")
-only=("$@")
-for name in "${only[@]}"; do
-  [[ " ${runs[*]} " == *" $name "[0-9]* ]] || { echo "suite.sh: no task $name; give any of: ${runs[*]// [0-9]*/}" >&2; exit 2; }
+tasks=(FetchPickAndPlace-v4 FetchSlide-v4 HandReach-v3 HandManipulateBlockRotateZ-v1)
+declare -A n_epochs=([FetchPickAndPlace-v4]=50 [FetchSlide-v4]=50 [HandReach-v3]=30
+                     [HandManipulateBlockRotateZ-v1]=30)
+for env in "$@"; do
+  if [ -z "$env" ] || [ -z "${n_epochs[$env]}" ]; then
+    echo "suite.sh: no task $env; give any of: ${tasks[*]}" >&2
+    exit 2
+  fi
 done
-for v in "${runs[@]}"; do
-  read -r env epochs <<< "$v"
-  if [ ${#only[@]} -gt 0 ] && [[ " ${only[*]} " != *" $env "* ]]; then continue; fi
+for env in "${tasks[@]}"; do
+  if [ $# -gt 0 ] && [[ " $* " != *" $env "* ]]; then continue; fi  # not one of those named
+  epochs=${n_epochs[$env]}
   name=$env-8x2-seed0; run=runs/$name; out=results/$name
   if [ "$(rows "$out")" -ge "$epochs" ] || [ "$(rows "$run")" -ge "$epochs" ]; then continue; fi
   mkdir -p "$out"
