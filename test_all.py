@@ -1717,6 +1717,26 @@ class TestMpiUtil:
             assert out.count("injected env failure on rank 1") == 1 and out.count("Traceback") == 1, \
                 out[-3000:]
 
+    def test_abort_waits_until_the_reader_has_taken_the_traceback(self):
+        """abort_job's wait before MPI_Abort: it returns only once a slow reader has read every
+        byte written into the pipe; with no reader it gives up after its patience, the bytes
+        still there; a stream without a pipe behind it (pytest's capture) is no reason to wait."""
+        r, w = os.pipe()
+        with os.fdopen(r, "rb") as reader, os.fdopen(w, "w") as writer:
+            writer.write("x" * 5000)
+            writer.flush()
+            got = []
+            slow = threading.Timer(0.3, lambda: got.append(reader.read(5000)))
+            slow.start()
+            mpi_util.wait_until_pipes_read([writer], patience_s=60.)
+            assert mpi_util.unread_bytes(writer.fileno()) == 0
+            slow.join()
+            assert got == [b"x" * 5000]
+            writer.write("y" * 100)
+            writer.flush()
+            mpi_util.wait_until_pipes_read([writer, sys.stderr], patience_s=0.1)
+            assert mpi_util.unread_bytes(writer.fileno()) == 100
+
 
 # ---------------------------------------------------------------- files.py: saving, bad files
 
