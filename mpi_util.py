@@ -101,10 +101,11 @@ def abort_job(comm):
     sys.stderr.write(f"[rank {comm.Get_rank()} of {comm.Get_size()}] {traceback.format_exc()}")
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
-    # Easy to miss: flushing puts the traceback into the pipe to mpiexec's proxy, not on the
-    # screen. MPI_Abort makes the job end at once, and whatever the proxy has not read by then
-    # is lost with it: measured, the whole traceback in 7 of 67 runs of a 2-rank job on 2 busy
-    # cores. So wait until the proxy has read the pipes dry (or 5 s have passed) first.
+    # Easy to miss: flushing puts the traceback into the pipe to mpirun's proxy process, not on
+    # the screen. MPI_Abort ends the job at once, and what the proxy has not read by then is
+    # lost: the whole traceback was, in 7 of 67 runs of the test of a hung env at 2 ranks on 2
+    # cores (0 of 60 with this wait). So first wait until the proxy has read the pipes dry, or
+    # until 5 s have passed (a reader that has stopped reading).
     wait_until_pipes_read([sys.stdout, sys.stderr], patience_s=5.0)
     comm.Abort(1)  # [MPI]
 
