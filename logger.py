@@ -1,15 +1,18 @@
-"""What a run prints and logs: progress.csv, the epoch table, the in-epoch progress line.
+"""What a run prints and logs: progress.csv, the epoch table, log.txt, the in-epoch progress line.
 
 Mirrors openai/baselines `common/logger.py` (record_tabular, dump_tabular, the CSV output
 format) as far as HER uses it. Rank 0 alone writes (every logged value is already averaged or
 summed over ranks by the caller, train.epoch_logs); the CSV is rewritten atomically each epoch,
-so a reader never sees half a row.
+so a reader never sees half a row. log.txt (baselines' logger writes one too) holds what rank 0
+printed, appended to on every --resume, each start headed by the commit the code ran at.
 
 Test: `python -m pytest -q test_all.py::TestLogger`.
 """
 import csv
 import io
 import os
+import subprocess
+import sys
 import time
 
 from files import atomic_write_text
@@ -37,6 +40,92 @@ class EpochLogger:
         writer.writeheader()
         writer.writerows(self.rows)
         atomic_write_text(self.path, text.getvalue())
+
+
+class RunLog:
+    """Rank 0's stdout and stderr, copied line for line into <logdir>/log.txt (appended to,
+    so a resumed run's log keeps its earlier starts). Each start writes a header first: the
+    time, the commit the code ran at and the command; a resume adds where it went on. Closing
+    puts the streams back. A log that cannot be written (a full disk) is dropped with one
+    warning: the run itself does not stop for it."""
+
+    def __init__(self, logdir, enabled, argv, resumed_at=None):
+        self.enabled, self.path, self.file = enabled, os.path.join(logdir, "log.txt"), None
+        if not enabled:
+            return
+        header = [f"# {time.strftime('%Y-%m-%d %H:%M:%S')}: {' '.join(argv)}",
+                  f"# code: {code_version(os.path.dirname(os.path.abspath(__file__)))}"]
+        if resumed_at is not None:
+            epoch, cycle = resumed_at
+            header.append(f"# resumed from the checkpoint at epoch {epoch}, cycle {cycle}")
+        self.streams = sys.stdout, sys.stderr
+        try:
+            self.file = open(self.path, "a")
+        except OSError as e:
+            self._drop(e)
+            return
+        self.write("\n".join(header) + "\n")
+        sys.stdout, sys.stderr = (_Tee(stream, self) for stream in self.streams)
+
+    def write(self, text):
+        if self.file is None:
+            return
+        try:
+            self.file.write(text)
+            self.file.flush()
+        except OSError as e:
+            self._drop(e)
+
+    def _drop(self, error):
+        if self.file is not None:
+            self.file, file = None, self.file
+            try:
+                file.close()
+            except OSError:
+                pass
+        print(f"warning: cannot write {self.path} ({error.strerror or error}); the run goes "
+              f"on without it", file=self.streams[1], flush=True)
+
+    def close(self, error=None):
+        """Put the streams back; `error`: the exception that ends the run, if one does (its
+        one line is printed after this, so the log gets it here)."""
+        if self.enabled and self.file is not None:
+            sys.stdout, sys.stderr = self.streams
+            if error is not None:
+                self.write(f"# ended: {str(error).splitlines()[0] if str(error) else type(error).__name__}\n")
+            if self.file is not None:
+                self.file.close()
+                self.file = None
+
+
+class _Tee:
+    """A text stream that writes to `stream` and to the run log."""
+
+    def __init__(self, stream, log):
+        self.stream, self.log = stream, log
+
+    def write(self, text):
+        self.log.write(text)
+        return self.stream.write(text)
+
+    def __getattr__(self, name):  # flush, fileno, isatty, ...: the stream's own
+        return getattr(self.stream, name)
+
+
+def code_version(folder):
+    """'commit <hash>' of the git checkout `folder` is in (', with uncommitted changes' if
+    any file git tracks differs from it), or 'not a git checkout'."""
+    def git(*args):
+        return subprocess.run(["git", "-C", folder, *args], capture_output=True, text=True,
+                              timeout=30)
+    try:
+        head = git("rev-parse", "HEAD")
+        if head.returncode != 0:
+            return "not a git checkout"
+        dirty = git("status", "--porcelain", "--untracked-files=no").stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "not a git checkout"
+    return f"commit {head.stdout.strip()}" + (", with uncommitted changes" if dirty else "")
 
 
 def _fmt(v):

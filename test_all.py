@@ -1895,6 +1895,7 @@ class TestCheckpoint:
                            os.path.join(logdir, "policy_latest.npz"))
         # the interrupted epoch's row too: its training success and losses span all its cycles
         assert_same_progress(reference, logdir)
+        assert_log_tells_the_history(logdir, [None, (int(ckpt["epoch"]), int(ckpt["cycle"]))])
 
     @pytest.mark.slow
     def test_resume_at_epoch_boundary_is_bitwise_identical(self, tmp_path):
@@ -2146,8 +2147,46 @@ def run_progress(stream, terminal, step_s, n_cycles=50):
     return stream.getvalue()
 
 
+def assert_log_tells_the_history(logdir, starts):
+    """log.txt holds one header per start (`starts`: None for a new run, (epoch, cycle) for a
+    resume), each naming the commit the code ran at; how each start ended; then the run's end."""
+    with open(os.path.join(logdir, "log.txt")) as f:
+        log = f.read()
+    head = subprocess.run(["git", "-C", HERE, "rev-parse", "HEAD"], capture_output=True, text=True)
+    version = f"# code: commit {head.stdout.strip()}" if head.returncode == 0 else \
+        "# code: not a git checkout"
+    chunks = log.split("# code: ")[1:]  # one per start
+    assert len(chunks) == len(starts), log[-3000:]
+    assert log.count(version) == len(starts), log[-3000:]
+    for chunk, start in zip(chunks, starts):
+        if start is None:
+            assert "# resumed" not in chunk
+        else:
+            assert f"# resumed from the checkpoint at epoch {start[0]}, cycle {start[1]}" in chunk
+    for chunk in chunks[:-1]:  # stopped: its one line, then the next start's first header line
+        assert chunk.rstrip().splitlines()[-2].startswith("# ended: interrupted in epoch")
+    assert "Done: best test success rate" in chunks[-1] and "| epoch " in chunks[-1]
+
+
 class TestLogger:
-    """logger.py: the progress line."""
+    """logger.py: log.txt and the progress line."""
+
+    def test_code_version_outside_a_checkout(self, tmp_path):
+        assert logger.code_version(str(tmp_path)) == "not a git checkout"
+
+    def test_run_log_copies_both_streams_and_restores_them(self, tmp_path, capsys):
+        log = logger.RunLog(str(tmp_path), enabled=True, argv=["train.py", "--x", "1"],
+                            resumed_at=(3, 7))
+        print("to stdout")
+        print("to stderr", file=sys.stderr)
+        log.close(errors.Interrupted("interrupted in epoch 3 after cycle 9: saved"))
+        print("after close")
+        lines = (tmp_path / "log.txt").read_text().splitlines()
+        assert lines[0].endswith(": train.py --x 1") and lines[1].startswith("# code: ")
+        assert lines[2:] == ["# resumed from the checkpoint at epoch 3, cycle 7", "to stdout",
+                             "to stderr", "# ended: interrupted in epoch 3 after cycle 9: saved"]
+        out, err = capsys.readouterr()
+        assert out == "to stdout\nafter close\n" and err == "to stderr\n"
 
     def test_progress_on_a_terminal_rewrites_one_line_in_place(self):
         out = run_progress(FakeTerminal(), terminal=True, step_s=2.)

@@ -34,7 +34,7 @@ from ddpg import POLICY_KEYS, make_agent, policy_params, run_cycle
 from errors import BadFileError, Interrupted, NonFiniteError, SaveError, UsageError
 from files import atomic_write_text, load_demos, load_npz
 from goal_env import GoalTask, build_venv, check_policy_fits, describe_env
-from logger import CycleProgress, EpochLogger, output_is_terminal
+from logger import CycleProgress, EpochLogger, RunLog, output_is_terminal
 from mpi_util import (mpi_average, one_blas_thread, raise_if_any_rank_failed,
                       run_on_every_rank, save_on_every_rank)
 from rollout import RolloutWorker
@@ -114,6 +114,7 @@ class RunPlan:
     checkpoints: dict = None  # --resume: {(epoch, cycle): path} of this rank's checkpoints
     checkpoint: dict = None  # --resume: the arrays of the one every rank loads
     checkpoint_path: str = ""  # --resume: where those came from
+    resume_note: str = None  # --resume: common_position's note, if the ranks' newest differ
     init_policy: dict = None  # --load_path: the policy's arrays
     demos: dict = None  # --demo_file: {key: (num_demo, T or T+1, dim)}
 
@@ -163,8 +164,7 @@ def load_checkpoint(plan, run_dir, comm):
     except BadFileError as e:
         error = str(e)
     raise_if_any_rank_failed(comm, error)
-    if note and comm.Get_rank() == 0:
-        print(note, flush=True)
+    plan.resume_note = note  # printed once log.txt is open
 
 
 def run(cfg, args, comm, tracer):
@@ -183,12 +183,18 @@ def run(cfg, args, comm, tracer):
         load_checkpoint(plan, args.resume, comm)
     make_logdir(cfg, comm, tracer.folders)
     tracer.write_to(os.path.join(cfg.logdir, "trace"))
+    progress = CycleProgress(sys.stdout, cfg.n_cycles, enabled=(rank == 0),
+                             terminal=output_is_terminal(sys.stdout))  # not into log.txt
+    resumed_at = None if plan.checkpoint is None else (int(plan.checkpoint["epoch"]),
+                                                       int(plan.checkpoint["cycle"]))
+    log = RunLog(cfg.logdir, enabled=(rank == 0), argv=["train.py", *args.argv],
+                 resumed_at=resumed_at)
     if rank == 0:
+        if plan.resume_note:
+            print(plan.resume_note, flush=True)
         print_setup(cfg, plan.task, comm.Get_size())
     rng = np.random.default_rng(cfg.seed + 1000000 * rank)  # baselines: each rank its own data
     policy, start = make_policy(cfg, args, plan, rng, comm)
-    progress = CycleProgress(sys.stdout, cfg.n_cycles, enabled=(rank == 0),
-                             terminal=output_is_terminal(sys.stdout))
     venv = tracer.wrap_venv(build_venv(cfg))  # with --trace, its pipes count every message
     try:
         # Training and test rollouts share the envs, as in baselines (eval_env = env).
@@ -209,12 +215,13 @@ def run(cfg, args, comm, tracer):
         best = train(cfg, policy, rollout_worker, evaluator, logger, progress, cfg.logdir, comm,
                      StopFlag(cfg.logdir, announce=(rank == 0)), tracer, **start)
         tracer.finish()  # if the run ended before its traced cycles did
+        if rank == 0:
+            print(f"Done: best test success rate {best:.3f}; {comm.Get_size()} rank(s) in "
+                  f"sync; policies in {cfg.logdir}", flush=True)
     finally:
         progress.close()
         venv.close()
-    if rank == 0:
-        print(f"Done: best test success rate {best:.3f}; {comm.Get_size()} rank(s) in sync; "
-              f"policies in {cfg.logdir}", flush=True)
+        log.close(sys.exc_info()[1])
 
 
 def print_setup(cfg, task, n_ranks):
@@ -261,6 +268,7 @@ def make_parser():
 def parse_args(argv=None):
     p = make_parser()
     args = p.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # for log.txt's header
     if args.trace < 0:
         p.error(f"--trace must be 0 (off) or a number of cycles, got {args.trace}")
     if args.resume and args.load_path:
