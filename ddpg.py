@@ -23,25 +23,22 @@ rank's state (networks, targets, normalisers, replay buffer, Adams) and does the
 Gradients go to MpiAdam (mpi_adam.py), the only place they are combined across MPI ranks; the
 normalisers (normalizer.py) are the only other state built from all ranks' data.
 
-Deviations from baselines here (docs/deviations.md): the critic target is clipped to the range
-the env's own rewards allow ([Q_min, Q_max] from config.target_range; for Fetch and Hand this
-is baselines' [-1/(1 - gamma), 0]); the critic's first layer is split (actor_critic.py); the
-normaliser sums over ranks in float64 and starts its count at 0 (normalizer.py); policies are
-pickle-free .npz files.
+Deviations from baselines here, by their number in docs/deviations.md: 19, the critic target
+is clipped to the range the env's own rewards allow (target_range; for Fetch and Hand this is
+baselines' [-1/(1 - gamma), 0]); 26, the demo episodes reach the normalisers in one batch; 11,
+a policy is the arrays of policy_arrays(), which common/files.py writes as a pickle-free .npz.
 
 Test: `python -m pytest -q test_all.py::TestDDPG`.
 """
+import dataclasses
 import json
 
 import numpy as np
 
 from actor_critic import ActorCritic
-from config import ddpg_params
-from errors import BadFileError
-from files import atomic_savez, load_npz
+from config import Config
 from her import make_sample_her_transitions
 from mpi_adam import MpiAdam
-from mpi_util import world_comm
 from normalizer import Normalizer
 from replay import ReplayBuffer, with_next_steps
 
@@ -115,58 +112,64 @@ def bc_actor_loss_and_grad(ac, x_pi, u, q_u, n_demo, action_l2, prm_loss_weight,
 
 # ---------------------------------------------------------------- the agent
 
+def target_range(r_range, gamma, clip_return):
+    """[Q_min, Q_max] for the critic target y = clip(r + gamma * Q_targ, Q_min, Q_max): a return
+    sum_t gamma^t r_t with every r_t in [r_min, r_max] lies in it (Fetch and Hand: baselines'
+    [-1/(1 - gamma), 0]). clip_return=False drops the r_min end (baselines' clip_return) and
+    keeps the r_max end (baselines' clip_pos_returns, which its flag does not change)."""
+    r_min, r_max = r_range
+    # [Q_min, Q_max] = [r_min, r_max] / (1 - gamma)
+    Q_min, Q_max = r_min / (1. - gamma), r_max / (1. - gamma)
+    return [Q_min if clip_return else -np.inf, Q_max]
+
+
 class DDPG:
     """DDPG + HER agent of one MPI rank: networks, targets, normalisers, replay buffer, Adams.
 
-    params: config.ddpg_params(): dims, T, max_u, gamma, target_range and the Config fields
-    the agent uses (see config.Config for units and defaults). Demonstrations, if any, come in
-    through init_demo_buffer().
+    cfg: config.Config (the fields' comments give units and defaults). task: what is read off
+    the env (common/goal_env.py's GoalTask): dims {'o', 'g', 'u'}, T, max_u, reward_fun(ag_2, g)
+    and r_range (r_min, r_max). Demonstrations, if any, come in through init_demo_buffer().
     """
 
-    def __init__(self, params, sample_transitions=None, rng=None, comm=None):
-        self.params = dict(params)
-        p = self.params
-        self.dims, self.T, self.max_u = dict(p["dims"]), p["T"], float(p["max_u"])
-        self.rng = rng if rng is not None else np.random.default_rng()
-        self.comm = comm if comm is not None else world_comm()
-        self.gamma = p["gamma"]
+    def __init__(self, cfg, task, rng, comm=None):
+        if comm is None:  # imported here: importing mpi4py initialises MPI (train.py's main)
+            from mpi4py import MPI
+            comm = MPI.COMM_WORLD
+        self.cfg, self.rng, self.comm = cfg, rng, comm
+        self.dims, self.T, self.max_u = dict(task.dims), task.T, float(task.max_u)
+        # baselines: the discount matched to the horizon, gamma = 1 - 1/T (0.98 for T = 50)
+        self.gamma = cfg.gamma or 1. - 1. / self.T
         # [Q_min, Q_max]: no discounted sum of rewards in [r_min, r_max] leaves this range, so
-        # a target outside it is an error of Q_targ and is clipped (config.target_range). For
-        # Fetch and Hand, rewards {-1, 0}: [-1/(1 - gamma), 0], as baselines' clip_return with
-        # clip_pos_returns=True.
-        self.Q_min, self.Q_max = p["target_range"]
-        # Demonstrations (Nair et al. 2018)
-        self.bc_loss, self.q_filter = bool(p["bc_loss"]), bool(p["q_filter"])
-        self.demo_batch_size = int(p["demo_batch_size"])
-        self.prm_loss_weight = float(p["prm_loss_weight"])
-        self.aux_loss_weight = float(p["aux_loss_weight"])
+        # a target outside it is an error of Q_targ and is clipped. For Fetch and Hand, rewards
+        # {-1, 0}: [-1/(1 - gamma), 0], as baselines' clip_return with clip_pos_returns=True.
+        self.Q_min, self.Q_max = target_range(task.r_range, self.gamma, cfg.clip_return)
 
-        self.o_stats = Normalizer(self.dims["o"], p["norm_eps"], p["norm_clip"], self.comm)
-        self.g_stats = Normalizer(self.dims["g"], p["norm_eps"], p["norm_clip"], self.comm)
-        self.main = ActorCritic(self.dims, p["hidden"], p["layers"], self.max_u, self.rng)
-        self.target = ActorCritic(self.dims, p["hidden"], p["layers"], self.max_u, self.rng)
+        self.o_stats = Normalizer(self.dims["o"], cfg.norm_eps, cfg.norm_clip, comm)
+        self.g_stats = Normalizer(self.dims["g"], cfg.norm_eps, cfg.norm_clip, comm)
+        self.main = ActorCritic(self.dims, cfg.hidden, cfg.layers, self.max_u, rng)
+        self.target = ActorCritic(self.dims, cfg.hidden, cfg.layers, self.max_u, rng)
         # HER sums the gradients of all ranks (scale_grad_by_procs=False), as baselines.
-        self.Q_adam = MpiAdam([self.main.Q.theta], scale_grad_by_procs=False, comm=self.comm)
-        self.pi_adam = MpiAdam([self.main.pi.theta], scale_grad_by_procs=False, comm=self.comm)
+        self.Q_adam = MpiAdam([self.main.Q.theta], scale_grad_by_procs=False, comm=comm)
+        self.pi_adam = MpiAdam([self.main.pi.theta], scale_grad_by_procs=False, comm=comm)
         # Every rank initialised its own random weights; all take rank 0's, then copy to target.
         self.Q_adam.sync()
         self.pi_adam.sync()
         self.target.copy_from(self.main)
         self.n_updates = 0
 
-        self.buffer = None
+        self.sample_transitions = make_sample_her_transitions(cfg.replay_strategy, cfg.replay_k,
+                                                              task.reward_fun)
+        # Allocated at full size but not touched (np.empty): a policy only played costs nothing.
+        self.buffer = ReplayBuffer(self.dims, cfg.buffer_size, self.T, self.sample_transitions,
+                                   rng)
         self.demo_buffer = None  # filled once by init_demo_buffer(), with --demo_file only
-        if sample_transitions is not None:
-            self.buffer = ReplayBuffer(self.dims, p["buffer_size"], self.T, sample_transitions,
-                                       self.rng)
-            self.sample_transitions = sample_transitions
 
     # -------------------------------------------------- acting
 
     def _clip_obs(self, x):
         """o or g clipped to [-clip_obs, clip_obs], before the normaliser sees it, whether
         to update its statistics or to normalise."""
-        return np.clip(x, -self.params["clip_obs"], self.params["clip_obs"])
+        return np.clip(x, -self.cfg.clip_obs, self.cfg.clip_obs)
 
     def _preprocess_og(self, o, g):
         """Normalised actor input [norm(clip(o)), norm(clip(g))]: (N, dim_o + dim_g) float32."""
@@ -174,17 +177,14 @@ class DDPG:
         g_n = self.g_stats.normalize(self._clip_obs(g))
         return np.concatenate([o_n, g_n], axis=1).astype(np.float32, copy=False)
 
-    def get_actions(self, o, ag, g, noise_eps=0., random_eps=0., use_target_net=False,
-                    compute_Q=False):
+    def get_actions(self, o, g, noise_eps=0., random_eps=0., compute_Q=False):
         """Actions for a batch of (o, g): (N, dim_u), and Q(o, g, pi(o, g)) (N,) if compute_Q.
-
-        ag is accepted for the baselines signature (it matters only with relative goals, off)."""
+        (baselines also takes ag, used only with relative goals, which HER leaves off.)"""
         o = o.reshape(-1, self.dims["o"])  # (N, dim_o)
         g = g.reshape(-1, self.dims["g"])  # (N, dim_g)
-        net = self.target if use_target_net else self.main
         x_pi = self._preprocess_og(o, g)
-        pi, _ = net.pi_forward(x_pi)  # (N, dim_u)
-        Q = net.Q_forward(x_pi, pi)[0] if compute_Q else None
+        pi, _ = self.main.pi_forward(x_pi)  # (N, dim_u)
+        Q = self.main.Q_forward(x_pi, pi)[0] if compute_Q else None
         u = pi.copy()
         # Gaussian exploration: u = clip(pi + noise_eps * max_u * N(0, 1), -max_u, max_u)
         u += noise_eps * self.max_u * self.rng.standard_normal(u.shape).astype(np.float32)
@@ -197,7 +197,7 @@ class DDPG:
 
     # -------------------------------------------------- learning
 
-    def store_episode(self, episode_batch, update_stats=True):
+    def store_episode(self, episode_batch):
         """Store episodes in this rank's buffer and update the normalisers.
 
         Collective: the normalisers' recompute_stats() Allreduces their sums, so every rank must
@@ -206,8 +206,7 @@ class DDPG:
         HER-*relabelled* transitions of the new episodes, so g statistics describe the goals
         the networks will actually be shown."""
         self.buffer.store_episode(episode_batch)
-        if update_stats:
-            self._update_normalizers(episode_batch)
+        self._update_normalizers(episode_batch)
 
     def _update_normalizers(self, episode_batch):
         """Feed the normalisers as many HER transitions as the episodes hold (collective)."""
@@ -226,11 +225,11 @@ class DDPG:
         DDPG.init_demo_buffer). update_stats (collective): the normalisers see the demos too,
         as baselines; a resumed run passes False, its restored normaliser sums hold them.
 
-        Deviation: baselines feeds the normalisers one demo episode at a time (num_demo
+        Deviation 26: baselines feeds the normalisers one demo episode at a time (num_demo
         Allreduces); here all of them at once, the same number of transitions."""
-        if self.demo_batch_size >= self.params["batch_size"]:
-            raise ValueError(f"demo_batch_size {self.demo_batch_size} must be below batch_size "
-                             f"{self.params['batch_size']}")
+        if self.cfg.demo_batch_size >= self.cfg.batch_size:
+            raise ValueError(f"demo_batch_size {self.cfg.demo_batch_size} must be below "
+                             f"batch_size {self.cfg.batch_size}")
         n_episodes = len(episodes["u"])
         self.demo_buffer = ReplayBuffer(self.dims, n_episodes * self.T, self.T,
                                         self.sample_transitions, self.rng)
@@ -242,16 +241,17 @@ class DDPG:
         """batch_size HER transitions {key: (batch_size, dim)}: all from this rank's buffer, or
         with demos, rows [0, batch_size - demo_batch_size) from it and the last demo_batch_size
         rows from the demo buffer (baselines DDPG.sample_batch)."""
-        batch_size = self.params["batch_size"]
+        batch_size, demo_batch_size = self.cfg.batch_size, self.cfg.demo_batch_size
         if self.demo_buffer is None:
             return self.buffer.sample(batch_size)
-        transitions = self.buffer.sample(batch_size - self.demo_batch_size)
-        demo = self.demo_buffer.sample(self.demo_batch_size)
+        transitions = self.buffer.sample(batch_size - demo_batch_size)
+        demo = self.demo_buffer.sample(demo_batch_size)
         return {key: np.concatenate([transitions[key], demo[key]]) for key in transitions}
 
     def train(self):
         """One minibatch update of critic and actor. Returns (critic_loss, actor_loss)."""
-        if self.bc_loss and self.demo_buffer is None:
+        cfg = self.cfg
+        if cfg.bc_loss and self.demo_buffer is None:
             raise RuntimeError("bc_loss clones demonstrations: call init_demo_buffer() first")
         batch = self.sample_batch()  # {key: (batch, dim)}
         x_pi = self._preprocess_og(batch["o"], batch["g"])  # (batch, dim_o + dim_g)
@@ -262,25 +262,23 @@ class DDPG:
 
         # Both gradients are taken at the same (pre-update) parameters, as in baselines.
         critic_loss, q_u = critic_loss_and_grad(self.main, x_pi, batch["u"], y)
-        if self.bc_loss:
+        if cfg.bc_loss:
             actor_loss, _ = bc_actor_loss_and_grad(
-                self.main, x_pi, batch["u"], q_u, self.demo_batch_size,
-                self.params["action_l2"], self.prm_loss_weight, self.aux_loss_weight,
-                self.q_filter)
+                self.main, x_pi, batch["u"], q_u, cfg.demo_batch_size, cfg.action_l2,
+                cfg.prm_loss_weight, cfg.aux_loss_weight, cfg.q_filter)
         else:
-            actor_loss = actor_loss_and_grad(self.main, x_pi, self.params["action_l2"])
-        self.Q_adam.update(self.main.Q.grad, self.params["Q_lr"])
-        self.pi_adam.update(self.main.pi.grad, self.params["pi_lr"])
+            actor_loss = actor_loss_and_grad(self.main, x_pi, cfg.action_l2)
+        self.Q_adam.update(self.main.Q.grad, cfg.Q_lr)
+        self.pi_adam.update(self.main.pi.grad, cfg.pi_lr)
 
         self.n_updates += 1
-        interval = self.params["sync_check_interval"]
-        if interval and self.n_updates % interval == 0:
+        if cfg.sync_check_interval and self.n_updates % cfg.sync_check_interval == 0:
             self.check_synced()
         return critic_loss, actor_loss
 
     def update_target_net(self):
         # theta_targ <- polyak * theta_targ + (1 - polyak) * theta
-        polyak = self.params["polyak"]
+        polyak = self.cfg.polyak
         for targ, main in ((self.target.pi, self.main.pi), (self.target.Q, self.main.Q)):
             targ.theta *= polyak
             targ.theta += (1 - polyak) * main.theta
@@ -293,17 +291,17 @@ class DDPG:
         self.Q_adam.check_synced()
         self.pi_adam.check_synced()
 
-    def logs(self, prefix=""):
-        return {f"{prefix}stats_o/mean": float(np.mean(self.o_stats.mean)),
-                f"{prefix}stats_o/std": float(np.mean(self.o_stats.std)),
-                f"{prefix}stats_g/mean": float(np.mean(self.g_stats.mean)),
-                f"{prefix}stats_g/std": float(np.mean(self.g_stats.std))}
+    def logs(self):
+        return {"stats_o/mean": float(np.mean(self.o_stats.mean)),
+                "stats_o/std": float(np.mean(self.o_stats.std)),
+                "stats_g/mean": float(np.mean(self.g_stats.mean)),
+                "stats_g/std": float(np.mean(self.g_stats.std))}
 
-    # -------------------------------------------------- saving (npz, no pickle)
+    # -------------------------------------------------- a policy: its arrays
 
     def policy_arrays(self):
         """What a policy file holds: the rebuild config, weights, targets, normaliser sums."""
-        arrays = {"config_json": np.array(json.dumps(self.params))}
+        arrays = {"config_json": np.array(json.dumps(self.policy_config()))}
         for name, ac in (("main", self.main), ("target", self.target)):
             arrays[f"{name}/pi"] = ac.pi.theta
             arrays[f"{name}/Q"] = ac.Q.theta
@@ -312,73 +310,33 @@ class DDPG:
                 arrays[f"{name}/{key}"] = value
         return arrays
 
-    def set_policy_arrays(self, arrays, path):
-        """Inverse of policy_arrays(); `path` only names the file in errors."""
+    def set_policy_arrays(self, arrays):
+        """Inverse of policy_arrays(), for arrays of the shapes policy_arrays() gives (common/
+        files.py checks a file's against them first)."""
         for name, ac in (("main", self.main), ("target", self.target)):
-            for net_name, net in (("pi", ac.pi), ("Q", ac.Q)):
-                _copy_checked(net.theta, arrays, f"{name}/{net_name}", path)
+            ac.pi.theta[...] = arrays[f"{name}/pi"]
+            ac.Q.theta[...] = arrays[f"{name}/Q"]
         for name, norm in (("o_stats", self.o_stats), ("g_stats", self.g_stats)):
-            state = {}
-            for key, value in norm.state().items():
-                state[key] = np.empty_like(value)
-                _copy_checked(state[key], arrays, f"{name}/{key}", path)
-            norm.load_state(**state)
+            norm.load_state(**{key: arrays[f"{name}/{key}"] for key in norm.state()})
 
-    def save(self, path):
-        """Write the policy to `path` (.npz), atomically."""
-        atomic_savez(path, self.policy_arrays())
-
-    @classmethod
-    def load(cls, path, comm=None, rng=None):
-        """Rebuild a policy (no replay buffer) from save(); never unpickles anything.
-        Collective under MPI (the constructor broadcasts), so every rank must call it."""
-        return cls.from_arrays(load_npz(path, POLICY_KEYS, "policy"), path, comm, rng)
-
-    @classmethod
-    def from_arrays(cls, arrays, path, comm=None, rng=None):
-        """load() on arrays already read (train.py reads them first, to agree on errors)."""
-        policy = cls(policy_params(arrays, path), sample_transitions=None, rng=rng, comm=comm)
-        policy.set_policy_arrays(arrays, path)
-        return policy
+    def policy_config(self):
+        """What rebuilds this agent (config_from_policy is the inverse): the task's dims, T
+        and max_u, the resolved gamma and target range, and the Config fields the agent uses."""
+        known = dict(dataclasses.asdict(self.cfg), dims=self.dims, T=self.T, max_u=self.max_u,
+                     gamma=self.gamma, target_range=[self.Q_min, self.Q_max])
+        return {key: known[key] for key in POLICY_CONFIG}
 
 
+# The arrays every policy file holds, and the keys of its config_json, in their order.
 POLICY_KEYS = ("config_json", "main/pi", "main/Q", "target/pi", "target/Q")
+POLICY_CONFIG = ("dims", "T", "max_u", "hidden", "layers", "Q_lr", "pi_lr", "polyak",
+                 "batch_size", "action_l2", "clip_obs", "norm_eps", "norm_clip", "gamma",
+                 "target_range", "buffer_size", "sync_check_interval", "env", "bc_loss",
+                 "q_filter", "demo_batch_size", "prm_loss_weight", "aux_loss_weight")
 
 
-def policy_params(arrays, path):
-    try:
-        return json.loads(str(arrays["config_json"]))
-    except ValueError as e:
-        raise BadFileError(f"{path}: its config_json is not valid JSON ({e})") from None
-
-
-def _copy_checked(dst, arrays, key, path):
-    src = arrays.get(key)
-    if src is None:
-        raise BadFileError(f"{path}: not written by train.py (no {key!r} array)")
-    if src.shape != dst.shape:
-        raise BadFileError(f"{path}: {key!r} has shape {src.shape}, expected {dst.shape}; "
-                           "was it saved for another env or network size?")
-    dst[...] = src
-
-
-# ---------------------------------------------------------------- building and running an agent
-
-def make_agent(cfg, task, rng, comm=None):
-    """The agent a run of config.Config `cfg` trains on `task` (goal_env.describe_env): its
-    networks, its HER sampler (--replay_strategy, --replay_k, the task's own reward) and replay
-    buffer. Collective under MPI: the constructor broadcasts rank 0's weights."""
-    sampler = make_sample_her_transitions(cfg.replay_strategy, cfg.replay_k, task.reward_fun)
-    params = ddpg_params(cfg, task.dims, task.T, task.max_u, task.r_range)
-    return DDPG(params, sampler, rng, comm)
-
-
-def run_cycle(policy, rollout_worker, n_batches):
-    """One cycle of Algorithm 1 (Andrychowicz et al. 2017) on this rank: num_env episodes in
-    its own envs, stored in its own buffer, n_batches updates (MpiAdam sums the gradients of
-    all ranks), one target update. Returns the n_batches (critic_loss, actor_loss)."""
-    episode = rollout_worker.generate_rollouts()  # num_env episodes, own envs
-    policy.store_episode(episode)  # this rank's buffer; normaliser over all ranks
-    losses = [policy.train() for _ in range(n_batches)]  # MpiAdam inside
-    policy.update_target_net()
-    return losses
+def config_from_policy(params):
+    """The Config of a policy's config_json (policy_config); the fields it does not hold keep
+    their defaults. Its gamma is the one the agent used."""
+    fields = {f.name for f in dataclasses.fields(Config)}
+    return Config(**{key: value for key, value in params.items() if key in fields})

@@ -22,8 +22,6 @@ Test: `python -m pytest -q test_all.py::TestMpiAdam` (runs `mpirun -np 2` and `-
 """
 import numpy as np
 
-from mpi_util import world_comm
-
 
 class MpiAdam:
     """Adam over a list of float32 parameter arrays, updated in place, with the gradients of
@@ -44,7 +42,10 @@ class MpiAdam:
         self.params = list(params)
         self.beta1, self.beta2, self.epsilon = beta1, beta2, epsilon
         self.scale_grad_by_procs = scale_grad_by_procs
-        self.comm = comm if comm is not None else world_comm()
+        if comm is None:  # imported here: importing mpi4py initialises MPI (train.py's main)
+            from mpi4py import MPI
+            comm = MPI.COMM_WORLD
+        self.comm = comm
         self.size = sum(p.size for p in self.params)  # number of scalars optimised
         self.m = np.zeros(self.size, np.float32)  # (size,) first-moment estimate
         self.v = np.zeros(self.size, np.float32)  # (size,) second-moment estimate

@@ -6,16 +6,14 @@ coordinate is shifted by its running mean and divided by its running std (at lea
 then clipped to [-norm_clip, norm_clip]; the statistics come from all ranks' data, so every
 rank normalises identically.
 
-Deviations from baselines (docs/deviations.md): the sums are float64 (baselines: float32), so
-that mean and std stay exact after millions of samples, while the normalised inputs are
-float32; they are summed over ranks (baselines averages them); the count starts at 0
-(baselines: 1, one phantom zero sample).
+Deviations from baselines, by their number in docs/deviations.md: 4, the sums are float64
+(baselines: float32), so that mean and std stay exact after millions of samples, while the
+normalised inputs are float32; 13, they are summed over ranks (baselines averages them) and
+the count starts at 0 (baselines: 1, one phantom zero sample).
 
 Test: `python -m pytest -q test_all.py::TestNormalizer` (runs `mpirun -np 3` itself).
 """
 import numpy as np
-
-from mpi_util import world_comm
 
 
 class Normalizer:
@@ -26,16 +24,16 @@ class Normalizer:
 
     baselines averages sums and counts over the N ranks instead, and starts its count at 1:
     its mean is S / (N + C) for global sum S and count C, as if N zero samples had been seen.
-    Here the count starts at 0 and the mean is S / C. The phantom zeros matter early: a
-    coordinate with mean c and spread s << |c| gets a std of about |c| sqrt(N C) / (C + N)
-    instead of s. For the table height 0.42 of FetchPush goals that is 0.042 instead of the
-    0.01 floor after the first cycle of 2 episodes per rank (0.058 after 1 episode), whatever
-    N; it fades as 1 / sqrt(C / N).
+    Here the count starts at 0 and the mean is S / C (deviation 13 says what the phantom zeros
+    do to the first cycles' std).
     """
 
     def __init__(self, size, eps=1e-2, default_clip_range=np.inf, comm=None):
         self.size, self.eps, self.default_clip_range = size, eps, default_clip_range
-        self.comm = comm if comm is not None else world_comm()
+        if comm is None:  # imported here: importing mpi4py initialises MPI (train.py's main)
+            from mpi4py import MPI
+            comm = MPI.COMM_WORLD
+        self.comm = comm
         self.local_sum = np.zeros(size, np.float64)  # (size,) since the last recompute_stats
         self.local_sumsq = np.zeros(size, np.float64)
         self.local_count = np.zeros(1, np.float64)
@@ -75,10 +73,10 @@ class Normalizer:
         self.mean[...] = mean
         self.std[...] = np.sqrt(var)
 
-    def normalize(self, v, clip_range=None):
-        """clip((v - mean) / std, -clip_range, clip_range)"""
-        clip_range = self.default_clip_range if clip_range is None else clip_range
-        return np.clip((v - self.mean) / self.std, -clip_range, clip_range)
+    def normalize(self, v):
+        """clip((v - mean) / std, -default_clip_range, default_clip_range)"""
+        return np.clip((v - self.mean) / self.std, -self.default_clip_range,
+                       self.default_clip_range)
 
     def state(self):
         return dict(sum=self.total_sum, sumsq=self.total_sumsq, count=self.total_count)

@@ -64,7 +64,6 @@ class ReplayBuffer:
         self.buffers = {key: np.empty((self.size, *shape), dtype=np.float32)
                         for key, shape in episode_shapes(dims, T).items()}
         self.current_size = 0  # episodes stored so far, capped at self.size
-        self.n_transitions_stored = 0  # transitions ever stored (not capped)
 
     def get_current_size(self):
         """Number of transitions currently held."""
@@ -88,18 +87,16 @@ class ReplayBuffer:
         idxs = self._get_storage_idx(n_episodes)
         for key, buf in self.buffers.items():
             buf[idxs] = episode_batch[key]
-        self.n_transitions_stored += n_episodes * self.T
 
     def state(self):
         """The stored episodes (only the filled slots) and counters, for checkpoints."""
         state = {key: buf[:self.current_size] for key, buf in self.buffers.items()}
         state["current_size"] = np.array(self.current_size)
-        state["n_transitions_stored"] = np.array(self.n_transitions_stored)
         return state
 
-    def load_state(self, current_size, n_transitions_stored, **buffers):
+    def load_state(self, current_size, **buffers):
+        """Inverse of state(); other keys (an older checkpoint's counters) are ignored."""
         self.current_size = int(current_size)
-        self.n_transitions_stored = int(n_transitions_stored)
         for key, buf in self.buffers.items():
             buf[:self.current_size] = buffers[key]
 

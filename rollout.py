@@ -32,13 +32,12 @@ class RolloutWorker:
     the critic's estimate Q(o, g, pi(o, g)).
     """
 
-    def __init__(self, venv, policy, dims, T, rng, exploit=False, compute_Q=False, noise_eps=0.,
+    def __init__(self, venv, policy, rng, exploit=False, compute_Q=False, noise_eps=0.,
                  random_eps=0., success_key="is_success"):
-        """dims: {'o': dim_o, 'g': dim_g, 'u': dim_u}. rng: this rank's np.random.Generator.
-        success_key: the info entry that reports a reached goal (goal_env.GoalTask)."""
-        self.venv, self.policy, self.dims, self.T, self.rng = venv, policy, dims, T, rng
+        """rng: this rank's np.random.Generator. success_key: the info entry that reports a
+        reached goal (common/goal_env.py's GoalTask). The episodes' dims and T are the policy's."""
+        self.venv, self.policy, self.rng = venv, policy, rng
         self.success_key = success_key
-        self.rollout_batch_size = venv.num_envs
         self.compute_Q = compute_Q
         self.noise_eps = 0. if exploit else noise_eps
         self.random_eps = 0. if exploit else random_eps
@@ -48,7 +47,7 @@ class RolloutWorker:
 
     def generate_rollouts(self):
         """Run one episode in each env; return {key: (num_env, T or T+1, dim)} float32."""
-        n, T, dims = self.rollout_batch_size, self.T, self.dims
+        n, T, dims = self.venv.num_envs, self.policy.T, self.policy.dims
         # A fresh reset for every episode (the envs never auto-reset), seeded from this rank's
         # generator (env i gets seed + i): see the module docstring.
         obs = self.venv.reset(seed=int(self.rng.integers(2 ** 31 - n)))
@@ -60,7 +59,7 @@ class RolloutWorker:
         for t in range(T):
             g[:, t] = obs["desired_goal"]
             u[:, t], Q = self.policy.get_actions(
-                o[:, t], ag[:, t], g[:, t], noise_eps=self.noise_eps, random_eps=self.random_eps,
+                o[:, t], g[:, t], noise_eps=self.noise_eps, random_eps=self.random_eps,
                 compute_Q=self.compute_Q)
             obs, _, _, infos = self.venv.step(u[:, t])
             o[:, t + 1], ag[:, t + 1] = obs["observation"], obs["achieved_goal"]

@@ -1,13 +1,13 @@
 """Run num_env environments side by side and stack their dict observations.
 
 Mirrors openai/baselines `common/vec_env/`: vec_env.py (VecEnv), subproc_vec_env.py
-(SubprocVecEnv) and dummy_vec_env.py (DummyVecEnv); shmem_vec_env.py and vec_video_recorder.py
-are in shmem_vecenv.py and play.py. In Plappert et al. (2018), Sec. 2.2, each of the 19 MPI
-workers (here: ranks) runs 2 environments in parallel; this file is that "2". The rank sends one
+(SubprocVecEnv), dummy_vec_env.py (DummyVecEnv) and shmem_vec_env.py (ShmemVecEnv);
+vec_video_recorder.py is in experiment/play.py. In Plappert et al. (2018), Sec. 2.2, each of
+the 19 MPI workers (here: ranks) runs 2 environments in parallel; this file is that "2". The rank sends one
 action per env down a pipe, each env process steps its own env, and the rank stacks what comes
 back into arrays of shape (num_env, dim). Nothing here is MPI, and no gradient passes through.
 
-Deviations from baselines, on purpose:
+Deviations from baselines (docs/deviations.md, 1, 3 and 9):
   * No auto-reset. baselines resets an env inside step() when it reports done, and the HER
     rollout loses each episode's last transition; here rollout.RolloutWorker steps exactly T
     times and then calls reset(), so every episode keeps all T transitions.
@@ -357,3 +357,35 @@ class SubprocVecEnv(VecEnv):
     def __del__(self):
         if not getattr(self, "closed", True):
             self.close("garbage-collected without close()")
+
+
+class ShmemVecEnv(SubprocVecEnv):
+    """SubprocVecEnv with observations through shared memory (baselines' shmem_vec_env.py;
+    --vec_env shmem): the pipe carries only commands, rewards, dones and infos. Worth it for
+    large observations (images), every byte of which a pipe pickles and copies twice; for the
+    tens of floats of the goal tasks the two are within noise (docs/performance.md). The arrays
+    are RawArrays, files unlinked as soon as made, so nothing is ever left in /dev/shm; no
+    lock: an env process writes only while the rank waits for its answer."""
+
+    def __init__(self, env_fns, timeout=0):
+        # The shapes must be known before the env processes start (the arrays are handed to
+        # them at start), so one env is built here to read its observation space, as baselines
+        # does.
+        env = env_fns[0]()
+        self._layout = obs_layout(env.observation_space)
+        env.close()
+        if not self._layout:
+            raise TypeError("ShmemVecEnv needs envs with a dict observation space; "
+                            "use SubprocVecEnv for others")
+        self._buffers, self._views = {}, {}
+        super().__init__(env_fns, timeout)
+
+    def _obs_buffers(self, ctx, i):
+        buffers = {key: (ctx.RawArray("b", int(np.prod(shape)) * dtype.itemsize), dtype, shape)
+                   for key, (dtype, shape) in self._layout.items()}
+        self._buffers[i] = buffers  # the rank keeps them alive as long as this object
+        self._views[i] = shared_views(buffers)
+        return buffers
+
+    def _obs(self, i, sent):
+        return self._views[i]

@@ -5,18 +5,23 @@ in place. Here every file is a plain .npz (or text, or a figure's PNG), written 
 read with allow_pickle=False, so a file from elsewhere can be refused but never runs code. A
 file that cannot be read is a one-line BadFileError, one that cannot be written a SaveError.
 
-Holds the demo file format of Nair et al. (2018) too (demos.py writes it, train.py reads it):
+Policy files are ddpg.DDPG.policy_arrays() (weights, targets, normaliser sums, and the JSON of
+what rebuilds the agent). Holds the demo file format of Nair et al. (2018) too
+(experiment/demos.py writes it, train.py reads it):
 one float32 array per key in the replay buffer's own layout (replay.py), episodes first:
 o, ag (n, T+1, dim); g, u, info_is_success (n, T, dim); plus the env id and T.
 
-Test: `python -m pytest -q test_all.py::TestFiles`.
+Test: `python -m pytest -q tests/test_files.py`.
 """
 import contextlib
+import dataclasses
+import json
 import os
 
 import numpy as np
 
-from errors import BadFileError, SaveError
+from common.errors import BadFileError, SaveError
+from ddpg import DDPG, POLICY_KEYS, config_from_policy
 from replay import EPISODE_KEYS, episode_shapes
 
 
@@ -80,6 +85,53 @@ def atomic_write_text(path, text):
         f.write(text)
 
 
+# ---------------------------------------------------------------- policy files
+
+def save_policy(policy, path):
+    """The agent's policy arrays (ddpg.DDPG.policy_arrays) as an .npz, atomically."""
+    atomic_savez(path, policy.policy_arrays())
+
+
+def load_policy_arrays(path):
+    """The arrays of a policy file and its parsed config_json, or BadFileError."""
+    arrays = load_npz(path, POLICY_KEYS, "policy")
+    try:
+        return arrays, json.loads(str(arrays["config_json"]))
+    except ValueError as e:
+        raise BadFileError(f"{path}: its config_json is not valid JSON ({e})") from None
+
+
+def set_policy_from_file(policy, arrays, path):
+    """policy.set_policy_arrays(arrays) once every array has the shape the agent's has."""
+    for key, own in policy.policy_arrays().items():
+        if key == "config_json":
+            continue
+        if key not in arrays:
+            raise BadFileError(f"{path}: not written by train.py (no {key!r} array)")
+        if arrays[key].shape != own.shape:
+            raise BadFileError(f"{path}: {key!r} has shape {arrays[key].shape}, expected "
+                               f"{own.shape}; was it saved for another env or network size?")
+    policy.set_policy_arrays(arrays)
+
+
+def load_policy(path, task, comm=None, rng=None):
+    """The agent a policy file holds, rebuilt on `task` to be played (no training: the replay
+    buffer stays empty). Collective under MPI: the constructor broadcasts."""
+    arrays, params = load_policy_arrays(path)
+    return policy_on_task(arrays, params, path, task, comm, rng)
+
+
+def policy_on_task(arrays, params, path, task, comm=None, rng=None):
+    """load_policy() of a file read already (load_policy_arrays)."""
+    cfg = config_from_policy(params)
+    # The r_range that gives the saved target range back (the task's may be unmeasured).
+    r_range = tuple(Q * (1. - cfg.gamma) for Q in params["target_range"])
+    policy = DDPG(cfg, dataclasses.replace(task, r_range=r_range),
+                  rng if rng is not None else np.random.default_rng(), comm)
+    set_policy_from_file(policy, arrays, path)
+    return policy
+
+
 # ---------------------------------------------------------------- the demo file (Nair et al. 2018)
 
 FILE_KEYS = EPISODE_KEYS + ("env", "T")
@@ -103,7 +155,8 @@ def is_baselines_file(path):
 def load_demos(path, env_id, dims, T, num_demo):
     """The first num_demo episodes of a demo file, checked against the task:
     {key: (num_demo, T or T+1, dim) float32}; every BadFileError names the fix too."""
-    hint = f"make demos with: python demos.py --env {env_id} --num_demo {num_demo} --out {path}"
+    hint = (f"make demos with: python -m experiment.demos --env {env_id} --num_demo {num_demo} "
+            f"--out {path}")
     try:
         arrays = load_npz(path, FILE_KEYS, "demo file", writer="demos.py")
     except BadFileError as e:

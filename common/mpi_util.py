@@ -8,9 +8,9 @@ Every line that talks to other ranks carries the comment tag `[MPI]`.
 A job that ends in MPI_Abort or is killed by a signal never reaches MPI_Finalize, which unlinks
 its ranks' shared segment /dev/shm/mpich_shm_* (about 1 MB per rank: measured 2.1 MB at 2 ranks,
 20 MB at 19). It stays until the machine reboots, or until this deletes those no process uses:
-    python -c "import mpi_util; print(mpi_util.remove_orphaned_mpich_segments())"
+    python -c "from common import mpi_util; print(mpi_util.remove_orphaned_mpich_segments())"
 
-Test: `python -m pytest -q test_all.py::TestMpiUtil`.
+Test: `python -m pytest -q tests/test_mpi_util.py`.
 """
 import array
 import fcntl
@@ -24,7 +24,7 @@ import traceback
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from errors import SaveError, UsageError
+from common.errors import SaveError, UsageError
 
 
 def one_blas_thread():

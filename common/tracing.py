@@ -10,8 +10,8 @@ rows (the CSVs may be on other machines' disks), prints a table of call sites an
 trace.json in the Chrome trace event format (ui.perfetto.dev, chrome://tracing).
 
 Run:  mpirun -np 2 python train.py --num_env 2 --env FetchPush-v4 --trace 3
-      python plot_trace.py runs/<run>/trace -o cycle.png        # one lane per rank
-Test: `python -m pytest -q test_all.py::TestTracing`.
+      python -m experiment.plot_trace runs/<run>/trace -o cycle.png        # one lane per rank
+Test: `python -m pytest -q tests/test_tracing.py`.
 (Named tracing.py: `trace` is a standard module.)
 """
 import contextlib
@@ -23,8 +23,8 @@ import sys
 import time
 from multiprocessing.reduction import ForkingPickler
 
-from files import atomic_write_text
-from mpi_util import save_on_every_rank
+from common.files import atomic_write_text
+from common.mpi_util import save_on_every_rank
 
 # The columns of rank<r>.csv, each with what it holds (written above the header as # lines).
 COLUMNS = (
@@ -134,7 +134,8 @@ class Tracer:
             summaries = [summary for summary, _ in gathered]
             print(f"Trace of {min(self.cycles_done, self.n_cycles)} cycle(s) on "
                   f"{len(summaries)} rank(s), one CSV per rank in {self.folder} and all ranks in "
-                  f"trace.json (Perfetto, chrome://tracing; picture: python plot_trace.py "
+                  f"trace.json (Perfetto, chrome://tracing; picture: "
+                  f"python -m experiment.plot_trace "
                   f"{self.folder} -o cycle.png)\n{format_table(summaries)}", flush=True)
 
     def csv_text(self, rank):

@@ -11,8 +11,8 @@ Plappert et al. (2018), Sec. 2.2, on one CPU thread per process:
   * a full 1e6-transition buffer: resident memory, and sampling time against buffer size.
 The figures across ranks are bench_mpi.py's; how a figure is taken is timing.py's.
 
-Run: `python bench.py [--quick] [--only SECTION]` (about 3 minutes in all).
-Test: `python -m pytest -q test_all.py::TestPlotBenchDocs`.
+Run: `python -m experiment.bench [--quick] [--only SECTION]` (about 3 minutes in all).
+Test: `python -m pytest -q tests/test_plot_bench.py`.
 """
 import argparse
 import functools
@@ -21,15 +21,15 @@ import time
 
 import numpy as np
 
-import config
-import goal_env
-from ddpg import make_agent, run_cycle
-from logger import EpochLogger
-from mpi_util import one_blas_thread
+from common import goal_env
+from common.logger import EpochLogger
+from common.mpi_util import one_blas_thread
+from config import Config
+from ddpg import DDPG
+from experiment.timing import (ENV, make_policy, one_cycle, random_episodes, row, timed,
+                               timeit)
 from rollout import RolloutWorker
-from shmem_vecenv import ShmemVecEnv
-from timing import ENV, make_policy, random_episodes, row, timed, timeit
-from vecenv import DummyVecEnv, SubprocVecEnv
+from vecenv import DummyVecEnv, ShmemVecEnv, SubprocVecEnv
 
 # ---------------------------------------------------------------- the update vs its GEMM floor
 
@@ -130,7 +130,7 @@ def bench_env_steps(quick):
                                   for n in (1, 2, 4)]
     for make, n in cases:
         venv = make(env_fns * n)
-        worker = RolloutWorker(venv, policy, dims, T, np.random.default_rng(0), noise_eps=0.2,
+        worker = RolloutWorker(venv, policy, np.random.default_rng(0), noise_eps=0.2,
                                random_eps=0.3)
         worker.generate_rollouts()
         n_rollouts = max(1, steps // (T * n))
@@ -195,16 +195,15 @@ def bench_large_observations(quick):
 def bench_epoch(quick):
     """One FetchPush epoch of one rank (train.train's loop) with each phase timed."""
     n_cycles = 10 if quick else 50
-    cfg = config.Config(env=ENV, num_env=2, n_cycles=n_cycles, n_epochs=1)
+    cfg = Config(env=ENV, num_env=2, n_cycles=n_cycles, n_epochs=1)
     task = goal_env.describe_env(ENV)
     rng = np.random.default_rng(0)
-    policy = make_agent(cfg, task, rng)
+    policy = DDPG(cfg, task, rng)
     venv = goal_env.build_venv(cfg)
     seconds = {}
-    worker = RolloutWorker(venv, policy, task.dims, task.T, rng, noise_eps=cfg.noise_eps,
+    worker = RolloutWorker(venv, policy, rng, noise_eps=cfg.noise_eps,
                            random_eps=cfg.random_eps)
-    evaluator = RolloutWorker(venv, policy, task.dims, task.T, rng, exploit=True,
-                              compute_Q=True)
+    evaluator = RolloutWorker(venv, policy, rng, exploit=True, compute_Q=True)
     # Each phase of the cycle, timed where it is called: the instance's own methods wrapped.
     policy.buffer.sample = timed(seconds, "sampling", policy.buffer.sample)
     worker.generate_rollouts = timed(seconds, "rollout", worker.generate_rollouts)
@@ -213,7 +212,7 @@ def bench_epoch(quick):
     policy.update_target_net = timed(seconds, "target update", policy.update_target_net)
     t0 = time.perf_counter()
     for _ in range(cfg.n_cycles):
-        run_cycle(policy, worker, cfg.n_batches)
+        one_cycle(policy, worker, cfg.n_batches)
     for _ in range(cfg.n_test_rollouts):
         timed(seconds, "test rollouts", evaluator.generate_rollouts)()
     logger = EpochLogger("/tmp", enabled=False)

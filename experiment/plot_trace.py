@@ -1,12 +1,14 @@
 """One traced cycle as a picture: a lane per rank, its time in MPI calls and with env processes.
 
 No baselines counterpart (baselines traces nothing). It draws the rank<r>.csv files that
-train.py --trace N wrote (tracing.py) for one cycle that every rank traced whole. This shows who
-waits for whom among the ranks that combine their gradients (Plappert et al. 2018, Sec. 2.2): a
-collective ends on every rank at once, so the rank with the shortest bar in it came last.
+train.py --trace N wrote (common/tracing.py) for one cycle that every rank traced whole. This
+shows who waits for whom among the ranks that combine their gradients (Plappert et al. 2018,
+Sec. 2.2): a collective ends on every rank at once, so the rank with the shortest bar in it
+came last.
 
-Run:  python plot_trace.py runs/<run>/trace -o cycle.png [--cycle K]   # K from 0; default: the last
-Test: `python -m pytest -q test_all.py::TestPlotBenchDocs`.
+Run:  python -m experiment.plot_trace runs/<run>/trace -o cycle.png [--cycle K]
+      (K counts from 0; default: the last cycle every rank traced whole)
+Test: `python -m pytest -q tests/test_plot_bench.py`.
 """
 import argparse
 import csv
@@ -15,7 +17,7 @@ import json
 import os
 import sys
 
-import files
+from common import files
 
 TRACE_INTS = ("rank", "elements", "bytes_sent", "bytes_received", "epoch", "cycle")
 COMPUTING = "computing (none of the below)"

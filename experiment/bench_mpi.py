@@ -2,11 +2,12 @@
 
 No baselines counterpart (baselines has no benchmark). Times the one aggregation of Plappert et
 al. (2018), Sec. 2.2 (the gradient Allreduce of MpiAdam.update) beside the update it belongs to,
-and the cost of recording every message (tracing.py). How a figure is taken is timing.py's.
+and the cost of recording every message (common/tracing.py). How a figure is taken is timing.py's.
 
-Run: `mpirun -np R python bench_mpi.py` (MpiAdam.update and its Allreduce with R ranks) and
-`mpirun -np 2 python bench_mpi.py --trace_cost [--quick]` (a traced cycle against an untraced).
-Test: `python -m pytest -q test_all.py::TestPlotBenchDocs`.
+Run: `mpirun -np R python -m experiment.bench_mpi` (MpiAdam.update and its Allreduce with R
+ranks) and `mpirun -np 2 python -m experiment.bench_mpi --trace_cost [--quick]` (a traced
+cycle against an untraced).
+Test: `python -m pytest -q tests/test_plot_bench.py`.
 """
 import argparse
 import os
@@ -14,12 +15,13 @@ import time
 
 import numpy as np
 
-import config
-import goal_env
-from ddpg import make_agent, run_cycle
-from mpi_util import one_blas_thread
+from common import goal_env
+from common.mpi_util import one_blas_thread
+from common.tracing import Tracer
+from config import Config
+from ddpg import DDPG
+from experiment.timing import ENV, make_policy, one_cycle, row, timeit
 from rollout import RolloutWorker
-from timing import ENV, make_policy, row, timeit
 
 
 def bench_mpi():
@@ -48,18 +50,16 @@ def bench_trace_cost(quick):
     """Per rank, two FetchPush agents as bench_epoch builds them, one under Tracer(0) (train.py
     without --trace: nothing wrapped), one under a Tracer recording every call."""
     from mpi4py import MPI
-    from tracing import Tracer
     comm = MPI.COMM_WORLD
     n_cycles = 3 if quick else 10
-    cfg = config.Config(env=ENV, num_env=2)
+    cfg = Config(env=ENV, num_env=2)
     task = goal_env.describe_env(ENV)
     agents, times = {}, {"untraced": [], "traced": []}  # per cycle; cycle 0 warms up
     for name, tracer in zip(times, (Tracer(0), Tracer(n_cycles + 1))):  # never finish()es
         rng = np.random.default_rng(cfg.seed + 1000000 * comm.Get_rank())  # as train.py
-        policy = make_agent(cfg, task, rng, comm=tracer.wrap_comm(comm))
+        policy = DDPG(cfg, task, rng, comm=tracer.wrap_comm(comm))
         venv = tracer.wrap_venv(goal_env.build_venv(cfg))
-        agents[name] = (tracer, RolloutWorker(venv, policy, task.dims, task.T, rng,
-                                              noise_eps=cfg.noise_eps,
+        agents[name] = (tracer, RolloutWorker(venv, policy, rng, noise_eps=cfg.noise_eps,
                                               random_eps=cfg.random_eps))
     for i in range(n_cycles + 1):
         # Alternate which agent goes first, so that drift falls on both alike.
@@ -68,7 +68,7 @@ def bench_trace_cost(quick):
             tracer, worker = agents[name]
             t = time.perf_counter()
             with tracer.cycle(0, i):  # train.train's cycle; Tracer(0) records nothing
-                run_cycle(worker.policy, worker, cfg.n_batches)
+                one_cycle(worker.policy, worker, cfg.n_batches)
             times[name].append(time.perf_counter() - t)  # the Allreduces keep ranks in step
     for _, worker in agents.values():
         worker.venv.close()

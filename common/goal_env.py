@@ -9,7 +9,7 @@ and AntMaze: {0, 1} and info['success']; the Dense variants: a distance), so des
 reads them all, a GoalTask, off a temporary env. build_venv makes a rank's vec env of num_env
 such envs.
 
-Test: `python -m pytest -q test_all.py::TestGoalEnv`.
+Test: `python -m pytest -q tests/test_goal_env.py`.
 """
 import contextlib
 import dataclasses
@@ -20,9 +20,8 @@ import io
 
 import numpy as np
 
-from errors import UsageError
-from shmem_vecenv import ShmemVecEnv
-from vecenv import DummyVecEnv, SubprocVecEnv
+from common.errors import UsageError
+from vecenv import DummyVecEnv, ShmemVecEnv, SubprocVecEnv
 
 # --vec_env: how env processes send their observations to the rank (vecenv.py).
 VEC_ENVS = {"subproc": SubprocVecEnv, "shmem": ShmemVecEnv}

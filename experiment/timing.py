@@ -4,15 +4,15 @@ No baselines counterpart. A figure is the median over repeats of the mean time o
 calls, taken side by side with the figure it is compared to, so that the ratio holds on a busy
 machine where the absolute times do not (machines here differ 2-3x from one day to the next).
 
-Test: `python -m pytest -q test_all.py::TestPlotBenchDocs`.
+Test: `python -m pytest -q tests/test_plot_bench.py`.
 """
 import time
 
 import numpy as np
 
-import config
-import goal_env
-from ddpg import make_agent
+from common import goal_env
+from config import Config
+from ddpg import DDPG
 from replay import empty_episodes
 
 ENV = "FetchPush-v4"
@@ -38,9 +38,9 @@ def make_policy(buffer_size=1_000_000, n_episodes=200, env=ENV, **overrides):
     """An agent built as train.py builds it, with n_episodes random episodes stored;
     `overrides` are config.Config fields."""
     task = goal_env.describe_env(env)
-    cfg = config.Config(env=env, buffer_size=buffer_size, **overrides)
+    cfg = Config(env=env, buffer_size=buffer_size, **overrides)
     rng = np.random.default_rng(0)
-    policy = make_agent(cfg, task, rng)
+    policy = DDPG(cfg, task, rng)
     for _ in range(n_episodes // 2):
         policy.store_episode(random_episodes(rng, task.dims, task.T, 2))
     return policy, task.dims, task.T
@@ -63,3 +63,11 @@ def timed(seconds, name, fn):
         seconds[name] = seconds.get(name, 0.) + time.perf_counter() - t
         return out
     return wrapper
+
+
+def one_cycle(policy, rollout_worker, n_batches):
+    """One cycle as train.train runs it (rollouts, store, n_batches updates, target update)."""
+    policy.store_episode(rollout_worker.generate_rollouts())
+    for _ in range(n_batches):
+        policy.train()
+    policy.update_target_net()

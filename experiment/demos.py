@@ -1,7 +1,7 @@
 """Demonstrations for HER: a scripted pick-and-place controller, and the demo file it writes.
 
 Mirrors openai/baselines `her/experiment/data_generation/fetch_data_generation.py`; the file's
-format and its reader are in files.py. Provides the demonstrations of Nair et al. (2018),
+format and its reader are in common/files.py. Provides the demonstrations of Nair et al. (2018),
 "Overcoming Exploration in Reinforcement Learning with Demonstrations", Sec. IV, which ddpg.py
 replays next to the agent's own episodes and clones with the behaviour-cloning loss.
 
@@ -15,19 +15,19 @@ the goal after the T-th action) is dropped and another run in its place: the clo
 every action of a demo, and without --q_filter nothing would discard a failed one's. The success
 rate printed counts every episode run.
 
-Run:  python demos.py --env FetchPickAndPlace-v4 --num_demo 100 --out demos/pick100.npz
-Test: `python -m pytest -q test_all.py::TestDemos`.
+Run:  python -m experiment.demos --env FetchPickAndPlace-v4 --num_demo 100 --out demos/pick100.npz
+Test: `python -m pytest -q tests/test_demos.py`.
 """
 import os
 import sys
 
 import numpy as np
 
-from config import ArgumentParser
-from errors import SaveError, UsageError
-from files import save_demos
-from goal_env import describe_env, make_env
-from mpi_util import one_blas_thread
+from common.cli import ArgumentParser
+from common.errors import SaveError, UsageError
+from common.files import save_demos
+from common.goal_env import describe_env, make_env
+from common.mpi_util import one_blas_thread
 from replay import EPISODE_KEYS, empty_episodes
 
 HOVER = 0.05  # m above the object's centre where the descent starts

@@ -1,9 +1,10 @@
 """The errors a user can act on, each reported as one line and an exit code, no traceback.
 
-No baselines counterpart: baselines lets every error end in a traceback. train.py and play.py
-report these through mpi_util.run_on_every_rank; any other exception keeps its traceback.
+No baselines counterpart: baselines lets every error end in a traceback. train.py and
+experiment/play.py report these through mpi_util.run_on_every_rank (EXIT_CODES); any other
+exception keeps its traceback.
 
-Test: `python -m pytest -q test_all.py::TestFiles`.
+Test: `python -m pytest -q tests/test_files.py`.
 """
 
 
@@ -25,3 +26,8 @@ class NonFiniteError(Exception):
 
 class Interrupted(Exception):
     """Ctrl-C (SIGINT) or SIGTERM, after the checkpoint was saved: exit code 130."""
+
+
+# {error: (exit code, prefix of its line)}: what run_on_every_rank does with each
+EXIT_CODES = {UsageError: (2, "error: "), BadFileError: (2, "error: "), SaveError: (1, "error: "),
+              NonFiniteError: (1, ""), Interrupted: (130, "")}

@@ -11,12 +11,13 @@ interquartile band. Three figures, each with its markdown table (--table):
 One traced cycle (train.py --trace N) is drawn by plot_trace.py.
 
 Run:
-    python plot.py runs/* -o results/fetch.png     # the figure
-    python plot.py results/* --table               # the markdown table docs/results.md shows
-    python plot.py results/FetchPush-v4-*x2-seed[0-9] --scaling FetchPush-v4 -o results/scaling.png
-    python plot.py results/*-8x2-seed0 --suite -o results/suite.png
+    python -m experiment.plot runs/* -o results/fetch.png     # the figure
+    python -m experiment.plot results/* --table     # the markdown table docs/results.md shows
+    python -m experiment.plot results/FetchPush-v4-*x2-seed[0-9] --scaling FetchPush-v4 \
+        -o results/scaling.png
+    python -m experiment.plot results/*-8x2-seed0 --suite -o results/suite.png
     (with --table instead of -o, each prints its figure's markdown table)
-Test: `python -m pytest -q test_all.py::TestPlotBenchDocs`.
+Test: `python -m pytest -q tests/test_plot_bench.py`.
 """
 import argparse
 import csv
@@ -26,7 +27,7 @@ import sys
 
 import numpy as np
 
-import files
+from common import files
 
 # Published test success rates to mark beside our curves: (source, ranks, envs, epoch, success),
 # "success after `epoch` epochs", each read off a figure:

@@ -5,16 +5,16 @@ Mirrors openai/baselines `her/experiment/play.py`. Runs the test rollouts of Pla
 train.py wrote, and prints the success rate averaged over ranks, as baselines' play.py does.
 
 Run:
-    python play.py runs/<run>/policy_best.npz                # success over 10 x num_env episodes
-    python play.py runs/<run>/policy_best.npz --render       # in a MuJoCo window
-    python play.py runs/<run>/policy_best.npz --n_test_rollouts 1 --save_video push.gif
-    mpirun -np 2 python play.py POLICY.npz --num_env 2       # more episodes, in parallel
+    python -m experiment.play runs/<run>/policy_best.npz            # success over 10 x num_env
+    python -m experiment.play runs/<run>/policy_best.npz --render   # in a MuJoCo window
+    python -m experiment.play runs/<run>/policy_best.npz --n_test_rollouts 1 --save_video push.gif
+    mpirun -np 2 python -m experiment.play POLICY.npz --num_env 2   # more episodes, in parallel
 
 With --save_video, rank 0 renders env 0 off screen (EGL where there is no display) and writes
 its episodes as an animated GIF through VecVideoRecorder (baselines' vec_video_recorder.py,
 which writes MP4 through ffmpeg; Pillow, which matplotlib already needs, writes the GIF).
 
-Test: `python -m pytest -q test_all.py::TestPlay`.
+Test: `python -m pytest -q tests/test_play.py`.
 """
 import dataclasses
 import os
@@ -22,15 +22,13 @@ import sys
 
 import numpy as np
 
-from config import ArgumentParser, config_flags, make_config, validate_config
-from ddpg import DDPG, POLICY_KEYS, policy_params
-from errors import BadFileError, UsageError
-from files import atomic_file, load_npz
-from goal_env import build_venv, check_policy_fits, describe_env
-from mpi_util import (mpi_average, one_blas_thread, raise_if_any_rank_failed,
-                      run_on_every_rank)
+from common.cli import ArgumentParser, config_flags, make_config, validate_config
+from common.errors import BadFileError, UsageError
+from common.files import atomic_file, load_policy_arrays, policy_on_task
+from common.goal_env import build_venv, check_policy_fits, describe_env
+from common.mpi_util import (mpi_average, one_blas_thread, raise_if_any_rank_failed,
+                             run_on_every_rank)
 from rollout import RolloutWorker
-
 
 class VecVideoRecorder:
     """Wraps a VecEnv for RolloutWorker and keeps a frame of env 0 after every reset and step:
@@ -73,8 +71,7 @@ def play(cfg, args, comm):
     try:
         if args.save_video:
             check_render_backend()
-        arrays, error = load_npz(args.policy, POLICY_KEYS, "policy"), None
-        params = policy_params(arrays, args.policy)
+        (arrays, params), error = load_policy_arrays(args.policy), None
         env_id = args.env or params.get("env") or cfg.env  # the env it was trained on
         task = describe_env(env_id, need_range=False)
         check_policy_fits(params, args.policy, env_id, task.dims)
@@ -83,15 +80,15 @@ def play(cfg, args, comm):
     raise_if_any_rank_failed(comm, error)
     cfg = dataclasses.replace(cfg, env=env_id)
     rng = np.random.default_rng(cfg.seed + 1000000 * comm.Get_rank())
-    policy = DDPG.from_arrays(arrays, args.policy, comm=comm, rng=rng)
+    policy = policy_on_task(arrays, params, args.policy, task, comm, rng)
     record = args.save_video and comm.Get_rank() == 0
     render_mode = "rgb_array" if record else ("human" if args.render else None)
     venv = build_venv(cfg, render_mode=render_mode)
     if record:
         venv = VecVideoRecorder(venv)
     try:
-        evaluator = RolloutWorker(venv, policy, policy.dims, policy.T, rng, exploit=True,
-                                  compute_Q=True, success_key=task.success_key)
+        evaluator = RolloutWorker(venv, policy, rng, exploit=True, compute_Q=True,
+                                  success_key=task.success_key)
         for _ in range(cfg.n_test_rollouts):
             evaluator.generate_rollouts()
     finally:

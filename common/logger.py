@@ -1,12 +1,13 @@
-"""What a run prints and logs: progress.csv, the epoch table, log.txt, the in-epoch progress line.
+"""What a run prints and logs: progress.csv, the epoch table, log.txt, where the progress bar goes.
 
 Mirrors openai/baselines `common/logger.py` (record_tabular, dump_tabular, the CSV output
 format) as far as HER uses it. Rank 0 alone writes (every logged value is already averaged or
 summed over ranks by the caller, train.epoch_logs); the CSV is rewritten atomically each epoch,
 so a reader never sees half a row. log.txt (baselines' logger writes one too) holds what rank 0
-printed, appended to on every --resume, each start headed by the commit the code ran at.
+printed, appended to on every --resume, each start headed by the commit the code ran at. The
+in-epoch progress bar is tqdm's (common/session.py), drawn only where the output is a terminal.
 
-Test: `python -m pytest -q test_all.py::TestLogger`.
+Test: `python -m pytest -q tests/test_logger.py`.
 """
 import csv
 import io
@@ -15,7 +16,7 @@ import subprocess
 import sys
 import time
 
-from files import atomic_write_text
+from common.files import atomic_write_text
 
 
 class EpochLogger:
@@ -28,6 +29,7 @@ class EpochLogger:
                 self.rows = [r for r in csv.DictReader(f) if int(r["epoch"]) < start_epoch]
 
     def dump(self, row):
+        """Print the row as a table and rewrite progress.csv with it appended."""
         if not self.enabled:
             return
         width = max(len(k) for k in row)
@@ -51,6 +53,7 @@ class RunLog:
 
     def __init__(self, logdir, enabled, argv, resumed_at=None):
         self.enabled, self.path, self.file = enabled, os.path.join(logdir, "log.txt"), None
+        self.screen = sys.stdout  # where the progress bar goes: not into the log
         if not enabled:
             return
         header = [f"# {time.strftime('%Y-%m-%d %H:%M:%S')}: {' '.join(argv)}",
@@ -92,7 +95,8 @@ class RunLog:
         if self.enabled and self.file is not None:
             sys.stdout, sys.stderr = self.streams
             if error is not None:
-                self.write(f"# ended: {str(error).splitlines()[0] if str(error) else type(error).__name__}\n")
+                line = str(error).splitlines()[0] if str(error) else type(error).__name__
+                self.write(f"# ended: {line}\n")
             if self.file is not None:
                 self.file.close()
                 self.file = None
@@ -130,68 +134,6 @@ def code_version(folder):
 
 def _fmt(v):
     return f"{v:.4g}" if isinstance(v, float) else str(v)
-
-
-class CycleProgress:
-    """Where the current epoch stands, printed by rank 0 between the epoch tables (at 19 x 2
-    on a small machine an epoch is minutes of silence otherwise). On a terminal: one line,
-    rewritten in place after every cycle. Into a file or pipe: a line every `every` cycles, at
-    most one per `min_interval_s`, so a quick run (FetchReach) gets no extra lines."""
-
-    def __init__(self, stream, n_cycles, enabled, terminal, clock=time.time,
-                 min_interval_s=30.):
-        self.stream, self.n_cycles, self.enabled = stream, n_cycles, enabled
-        self.terminal, self.clock, self.min_interval_s = terminal, clock, min_interval_s
-        self.every = max(1, n_cycles // 5)
-        self.test_s = 0.  # the last epoch's test rollouts, counted into the time left
-        self.width = 0  # of the line on screen, so that a shorter one can blank it out
-
-    def start_epoch(self, epoch, first_cycle):
-        self.epoch, self.first_cycle = epoch, first_cycle
-        self.t_start = self.t_last_line = self.clock()
-
-    def cycle_done(self, cycle):
-        if not self.enabled:
-            return
-        now = self.clock()
-        elapsed, done = now - self.t_start, cycle + 1 - self.first_cycle
-        left = elapsed / done * (self.n_cycles - cycle - 1) + self.test_s
-        line = (f"epoch {self.epoch}: cycle {cycle + 1}/{self.n_cycles}, "
-                f"{_duration(elapsed)} elapsed, about {_duration(left)} left")
-        if self.terminal:
-            # "\r" returns to the start of the line; padding erases what a longer line left.
-            self.stream.write("\r" + line.ljust(self.width))
-            self.stream.flush()
-            self.width = len(line)
-        elif ((cycle + 1) % self.every == 0 and cycle + 1 < self.n_cycles
-              and now - self.t_last_line >= self.min_interval_s):
-            self.stream.write(line + "\n")
-            self.stream.flush()
-            self.t_last_line = now
-
-    def cycles_finished(self):
-        """Test rollouts start now: remember when, to time them for the next estimate."""
-        self.t_test = self.clock()
-
-    def end_epoch(self):
-        """Before the epoch's table: time the test rollouts, and blank the in-place line."""
-        self.test_s = self.clock() - self.t_test
-        self._end_line("\r" + " " * self.width + "\r")
-
-    def close(self):
-        """End an in-place line left open (an interrupt mid-epoch)."""
-        self._end_line("\n")
-
-    def _end_line(self, text):
-        if self.enabled and self.terminal and self.width:
-            self.stream.write(text)
-            self.stream.flush()
-            self.width = 0
-
-
-def _duration(seconds):
-    minutes, s = divmod(int(round(seconds)), 60)
-    return f"{minutes}m{s:02d}s" if minutes else f"{s}s"
 
 
 def output_is_terminal(stream):

@@ -10,7 +10,7 @@ Stopping is collective: once per cycle every rank tells the others (one allgathe
 was interrupted or saw a non-finite loss or weight, so all ranks stop at the same cycle instead
 of one leaving the others waiting in an Allreduce for ever. A second signal ends the run at once.
 
-Test: `python -m pytest -q test_all.py::TestCheckpoint`.
+Test: `python -m pytest -q tests/test_checkpoint.py`.
 """
 import json
 import multiprocessing as mp
@@ -21,9 +21,9 @@ import sys
 import numpy as np
 
 from ddpg import POLICY_KEYS
-from errors import Interrupted, NonFiniteError, UsageError
-from files import atomic_savez, load_npz
-from mpi_util import save_on_every_rank
+from common.errors import Interrupted, NonFiniteError, UsageError
+from common.files import atomic_savez, load_npz, save_policy, set_policy_from_file
+from common.mpi_util import save_on_every_rank
 
 CHECKPOINT_KEYS = POLICY_KEYS + ("epoch", "cycle", "n_ranks", "rng_json", "Q_adam/m",
                                  "log/train_success_history", "log/train_losses")
@@ -68,7 +68,7 @@ def agent_arrays(policy):
 
 def restore_agent(policy, arrays, path):
     """Inverse of agent_arrays() (local: no MPI calls); `path` only names the file in errors."""
-    policy.set_policy_arrays(arrays, path)
+    set_policy_from_file(policy, arrays, path)
     for name, adam in (("Q_adam", policy.Q_adam), ("pi_adam", policy.pi_adam)):
         adam.load_state(**{key: arrays[f"{name}/{key}"] for key in adam.state()})
     policy.buffer.load_state(**{key[len("buffer/"):]: value for key, value in arrays.items()
@@ -161,7 +161,7 @@ def save_interrupted(logdir, epoch, cycle, best, policy, workers, comm, losses):
     """Every rank's checkpoint after `cycle`, then rank 0's policy_latest.npz."""
     save_checkpoint(logdir, epoch, cycle + 1, best, policy, workers, comm, losses)
     if comm.Get_rank() == 0:
-        policy.save(os.path.join(logdir, "policy_latest.npz"))
+        save_policy(policy, os.path.join(logdir, "policy_latest.npz"))
 
 
 def stop_safely_if_needed(losses, stop, epoch, cycle, best, policy, workers, logdir, comm):

@@ -1,0 +1,244 @@
+"""A rank's run around train(): its setup, and the bookkeeping of the epoch/cycle loop.
+
+Mirrors what openai/baselines `her/her.py` (learn) and `her/experiment/train.py` do beside the
+algorithm: check the input, make the log dir, write the policies. Added here (baselines has
+none of it): every rank agrees on bad input before anything collective can hang, resumes
+from its checkpoint (deviation 10 of docs/deviations.md), writes log.txt, draws a progress
+bar, and stops safely once per cycle (common/checkpoint.py).
+
+prepare_run() is the setup before the agent exists; Session is what train() calls: epochs()
+(where a resumed run starts), cycles() (the trace, the bar, the stop check), end_epoch() (the
+epoch's logs averaged over ranks, progress.csv, policies, checkpoints).
+
+Test: `python -m pytest -q tests/test_checkpoint.py tests/test_train_setup.py`.
+"""
+import dataclasses
+import json
+import os
+import time
+
+import numpy as np
+from tqdm import tqdm
+
+from common.checkpoint import (StopFlag, checkpoint_positions, common_position,
+                               read_checkpoint, restore_agent, restore_epoch_so_far,
+                               save_checkpoint, stop_safely_if_needed)
+from common.cli import parse_reward_range
+from common.errors import BadFileError, UsageError
+from common.files import (atomic_write_text, load_demos, load_policy_arrays, save_policy,
+                          set_policy_from_file)
+from common.goal_env import GoalTask, check_policy_fits, describe_env
+from common.logger import EpochLogger, RunLog, output_is_terminal
+from common.mpi_util import mpi_average, raise_if_any_rank_failed, save_on_every_rank
+
+
+@dataclasses.dataclass
+class RunPlan:
+    """What a rank reads before it trains: the task, and the files the flags name. Used as a
+    context manager: leaving it closes log.txt, noting the exception that ended the run."""
+    task: GoalTask  # what describe_env read off the env
+    checkpoints: dict = None  # --resume: {(epoch, cycle): path} of this rank's checkpoints
+    checkpoint: dict = None  # --resume: the arrays of the one every rank loads
+    checkpoint_path: str = ""  # --resume: where those came from
+    resume_note: str = None  # --resume: common_position's note, if the ranks' newest differ
+    load_path: str = ""  # --load_path: the policy file
+    init_policy: dict = None  # --load_path: its arrays
+    demos: dict = None  # --demo_file: {key: (num_demo, T or T+1, dim)}
+    log: RunLog = None  # rank 0's log.txt, once the log dir exists
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, error, traceback):
+        self.log.close(error)
+
+
+def read_inputs(cfg, args, rank, n_ranks):
+    """Local checks and file reads of a run, no MPI calls."""
+    plan = RunPlan(task=describe_env(cfg.env, parse_reward_range(cfg.reward_range)))
+    if args.resume:  # which of them is loaded, every rank decides together (load_checkpoint)
+        plan.checkpoints = checkpoint_positions(args.resume, rank, n_ranks)
+    if args.load_path:
+        plan.load_path = args.load_path
+        plan.init_policy, params = load_policy_arrays(args.load_path)
+        check_policy_fits(params, args.load_path, cfg.env, plan.task.dims)
+    if cfg.demo_file:  # every rank reads the whole file, as in baselines
+        plan.demos = load_demos(cfg.demo_file, cfg.env, plan.task.dims, plan.task.T,
+                                cfg.num_demo)
+    return plan
+
+
+def prepare_run(cfg, args, comm, tracer):
+    """Collective: every rank checks its input and reads its files, all agree that they are
+    good (or all raise the first error), then the log dir and, on rank 0, log.txt."""
+    rank = comm.Get_rank()
+    if tracer.n_cycles > cfg.n_epochs * cfg.n_cycles:  # the same on every rank: all raise
+        raise UsageError(f"--trace {tracer.n_cycles} is more cycles than the run has "
+                         f"({cfg.n_epochs} epochs x {cfg.n_cycles} cycles); give at most "
+                         f"{cfg.n_epochs * cfg.n_cycles}")
+    try:
+        plan, error = read_inputs(cfg, args, rank, comm.Get_size()), None
+    except (UsageError, BadFileError) as e:
+        plan, error = None, str(e)
+    raise_if_any_rank_failed(comm, error)
+    if args.resume:
+        load_checkpoint(plan, args.resume, comm)
+    make_logdir(cfg, comm, tracer.folders)
+    tracer.write_to(os.path.join(cfg.logdir, "trace"))
+    resumed_at = None if plan.checkpoint is None else (int(plan.checkpoint["epoch"]),
+                                                       int(plan.checkpoint["cycle"]))
+    plan.log = RunLog(cfg.logdir, enabled=(rank == 0), argv=["train.py", *args.argv],
+                      resumed_at=resumed_at)
+    if rank == 0:
+        if plan.resume_note:
+            print(plan.resume_note, flush=True)
+        print_setup(cfg, plan.task, comm.Get_size())
+    return plan
+
+
+def make_logdir(cfg, comm, folders=()):
+    """Each rank creates the folders it writes to (`checkpoint/` and `folders`), so ranks on
+    machines without a shared file system save into the same path on their own disk; rank 0
+    writes config.json. Every rank learns if any of them could not."""
+    error = None
+    try:
+        for folder in ("checkpoint", *folders):
+            os.makedirs(os.path.join(cfg.logdir, folder), exist_ok=True)
+    except OSError as e:
+        error = (f"cannot write to log dir {cfg.logdir!r} on rank {comm.Get_rank()} "
+                 f"({e.strerror}); pass a --logdir that every rank can write")
+    raise_if_any_rank_failed(comm, error)
+    save_on_every_rank(comm, write_config, cfg, comm.Get_rank())
+
+
+def write_config(cfg, rank):
+    if rank == 0:
+        atomic_write_text(os.path.join(cfg.logdir, "config.json"),
+                          json.dumps(dataclasses.asdict(cfg), indent=1))
+
+
+def load_checkpoint(plan, run_dir, comm):
+    """Collective: every rank loads its checkpoint of the newest (epoch, cycle) all ranks have."""
+    position, plan.resume_note = common_position(run_dir, plan.checkpoints, comm)
+    plan.checkpoint_path = plan.checkpoints[position]
+    try:
+        plan.checkpoint, error = read_checkpoint(plan.checkpoint_path), None
+    except BadFileError as e:
+        error = str(e)
+    raise_if_any_rank_failed(comm, error)
+
+
+def print_setup(cfg, task, n_ranks):
+    print(f"Logging to {cfg.logdir}\n{cfg}\ndims={task.dims} T={task.T} max_u={task.max_u} "
+          f"ranks={n_ranks}", flush=True)
+    if n_ranks == 1:
+        print("*** Warning: one MPI rank. This works (FetchReach learns), but Plappert et al. "
+              "(2018) used 19 ranks x 2 envs, and the harder tasks learn far worse with one; "
+              "to reproduce them run: mpirun -np 19 python train.py --num_env 2 ...",
+              flush=True)
+
+
+def restore_run(plan, policy, workers, logdir, comm):
+    """The agent from --load_path or its checkpoint, then the demos; returns where the loop
+    starts: (epoch, cycle, best test success so far, the epoch's losses so far). A new run
+    first saves a checkpoint of the state before any training, so a failure always has one."""
+    if plan.init_policy is not None:
+        set_policy_from_file(policy, plan.init_policy, plan.load_path)
+    ckpt = plan.checkpoint
+    if ckpt is not None:
+        restore_agent(policy, ckpt, plan.checkpoint_path)
+    if plan.demos is not None:  # after the restore: a resumed run's normaliser sums hold them
+        policy.init_demo_buffer(plan.demos, update_stats=ckpt is None)
+    if ckpt is None:
+        save_on_every_rank(comm, save_checkpoint, logdir, 0, 0, -1., policy, workers, comm)
+        return 0, 0, -1., []
+    for worker, n_episodes in zip(workers, ckpt["n_episodes"]):
+        worker.n_episodes = int(n_episodes)
+    losses = restore_epoch_so_far(ckpt, workers[0])
+    return int(ckpt["epoch"]), int(ckpt["cycle"]), float(ckpt["best"]), losses
+
+
+class Session:
+    """The bookkeeping of train()'s loop on one rank; restores a resumed run when made.
+    workers: (rollout_worker, evaluator)."""
+
+    def __init__(self, cfg, plan, policy, workers, comm, tracer):
+        self.cfg, self.policy, self.workers, self.comm, self.tracer = (cfg, policy, workers,
+                                                                       comm, tracer)
+        self.rank0 = comm.Get_rank() == 0
+        (self.start_epoch, self.start_cycle, self.best_success_rate,
+         self.start_losses) = restore_run(plan, policy, workers, cfg.logdir, comm)
+        self.logger = EpochLogger(cfg.logdir, enabled=self.rank0, start_epoch=self.start_epoch)
+        self.stop = StopFlag(cfg.logdir, announce=self.rank0)
+        self.screen = plan.log.screen
+        self.draw_bar = self.rank0 and output_is_terminal(self.screen)
+        self.losses, self.bar = [], None
+
+    def epochs(self):
+        """(epoch, its first cycle) of every epoch left: a resumed run starts mid-way."""
+        for epoch in range(self.start_epoch, self.cfg.n_epochs):
+            first_cycle = self.start_cycle if epoch == self.start_epoch else 0
+            self.losses = list(self.start_losses) if first_cycle > 0 else []
+            self.t_start = time.time()
+            yield epoch, first_cycle
+
+    def cycles(self, epoch, first_cycle):
+        """Yields the epoch's list of (critic, actor) losses once per cycle left; after each
+        cycle, every rank checks with the others whether to stop (stop_safely_if_needed)."""
+        self.bar = tqdm(total=self.cfg.n_cycles, initial=first_cycle, desc=f"epoch {epoch}",
+                        unit="cycle", leave=False, file=self.screen, disable=not self.draw_bar)
+        for cycle in range(first_cycle, self.cfg.n_cycles):
+            with self.tracer.cycle(epoch, cycle):
+                yield self.losses
+                stop_safely_if_needed(self.losses, self.stop, epoch, cycle,
+                                      self.best_success_rate, self.policy, self.workers,
+                                      self.cfg.logdir, self.comm)
+            self.bar.update()
+        self.close()
+
+    def end_epoch(self, epoch):
+        """The epoch's progress.csv row, then the policies and every rank's checkpoint."""
+        rollout_worker, evaluator = self.workers
+        success_rate = mpi_average(evaluator.current_success_rate(), self.comm)
+        row = epoch_logs(epoch, success_rate, self.losses, self.policy, rollout_worker,
+                         evaluator, time.time() - self.t_start, self.comm)
+        is_best = success_rate >= self.best_success_rate
+        self.best_success_rate = max(self.best_success_rate, success_rate)
+        save_on_every_rank(self.comm, save_epoch, self.cfg, epoch, row, is_best,
+                           self.best_success_rate, self.logger, self.policy, self.workers,
+                           self.comm)
+
+    def close(self):
+        """Take the progress bar off the screen (also when a cycle raised)."""
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+
+def epoch_logs(epoch, success_rate, losses, policy, rollout_worker, evaluator, epoch_s, comm):
+    """One progress.csv row: test figures averaged over ranks, totals over all ranks."""
+    n_ranks = comm.Get_size()
+    critic_loss, actor_loss = np.mean(losses, axis=0) if losses else (np.nan, np.nan)
+    return {"epoch": epoch,
+            "test/success_rate": success_rate,
+            "test/mean_Q": mpi_average(evaluator.current_mean_Q(), comm),
+            "train/success_rate": mpi_average(rollout_worker.current_success_rate(), comm),
+            "train/critic_loss": mpi_average(critic_loss, comm),
+            "train/actor_loss": mpi_average(actor_loss, comm),
+            **policy.logs(),
+            "total/episodes": rollout_worker.n_episodes * n_ranks,
+            "total/timesteps": rollout_worker.n_episodes * n_ranks * policy.T,
+            "time/epoch_s": epoch_s}
+
+
+def save_epoch(cfg, epoch, row, is_best, best, logger, policy, workers, comm):
+    """The epoch's progress.csv row, the policies, then every rank's checkpoint: if anything
+    before it fails, the run resumes at this epoch's start and logs its row again."""
+    logger.dump(row)
+    if comm.Get_rank() == 0:  # ranks hold identical weights, so rank 0 alone writes them
+        if is_best:
+            save_policy(policy, os.path.join(cfg.logdir, "policy_best.npz"))
+        save_policy(policy, os.path.join(cfg.logdir, "policy_latest.npz"))
+        if cfg.policy_save_interval > 0 and epoch % cfg.policy_save_interval == 0:
+            save_policy(policy, os.path.join(cfg.logdir, f"policy_{epoch}.npz"))
+    save_checkpoint(cfg.logdir, epoch + 1, 0, best, policy, workers, comm)
