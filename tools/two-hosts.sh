@@ -25,7 +25,7 @@
 # runs/two-hosts-<time>, since the hosts' disks go with them. Exit code: the job's; 2 for bad
 # input. The namespaces, the veth, the mounts and the script's /tmp folder are gone when it
 # exits, also after an error, Ctrl-C or kill (kill -9 leaves the /tmp/two-hosts.* folder).
-# Test: python -m pytest -q test_all.py::TestTwoHosts
+# Test: python -m pytest -q tests/test_two_hosts.py
 set -u
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 QUICK=(--env FetchReach-v4 --num_env 2 --n_cycles 2 --n_batches 5 --n_test_rollouts 1)
