@@ -15,7 +15,7 @@ Layout: each network keeps all its parameters in ONE flat float32 array `theta`,
 are reshaped views into it (likewise `grad`). That is baselines' getflat/setfromflat with the
 copies removed: MpiAdam updates `theta` in place and the layers see the new values.
 
-Deviation from baselines (docs/deviations.md): the critic's first layer is split into the rows
+Deviation from baselines (7 in docs/deviations.md): the critic's first layer is split into the rows
 for [o, g] and the rows for u, so that Q([x_pi | u]) is computed without concatenating; the
 function computed is the same.
 

@@ -5,7 +5,8 @@ Implements the hyperparameters of Plappert et al. (2018), Sec. 2.2 and Appendix 
 default is baselines'. Each field is a command-line flag `--<name>` whose help text is the
 field's trailing comment (common/cli.py makes the flags and checks their ranges); what is read
 off the env (dims, T, max_u, the reward and its range: baselines' configure_dims) is
-common/goal_env.py's GoalTask.
+common/goal_env.py's GoalTask. Deviations from baselines (16 and 17 in docs/deviations.md):
+n_epochs defaults to 50, and the FetchReach override matches every id with that prefix.
 
 Test: `python -m pytest -q tests/test_cli.py`.
 """

@@ -9,7 +9,9 @@ goal it did reach, so when we replay a transition we sometimes pretend its goal 
 goal from later in the same episode (or, with the other strategies, from its end, from anywhere
 in it, or from any stored episode), and recompute the reward for that goal.
 
-Everything here is local to one rank: it samples from that rank's own buffer.
+Everything here is local to one rank: it samples from that rank's own buffer. Deviations from
+baselines (29 in docs/deviations.md): the paper's other strategies; `future` draws exactly
+baselines' random numbers.
 
 Test: `python -m pytest -q test_all.py::TestHer`.
 """

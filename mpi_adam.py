@@ -13,10 +13,12 @@ baselines uses.
 "Bitwise equal" rests on two assumptions: Allreduce hands every rank the same bits of the sum
 (the MPI standard recommends it; the tests and runs here, 2 to 19 ranks with MPICH, found it
 so), and every rank runs the same binaries (NumPy, BLAS), so the same inputs give the same
-outputs. If either fails, for example
-on a cluster with mixed NumPy builds, check_synced() says so instead of letting ranks drift.
+outputs. If either fails, for example on a cluster with mixed NumPy builds, check_synced()
+says so instead of letting ranks drift.
 
-Every line that talks to other ranks carries the comment tag `[MPI]`.
+Deviations from baselines (8 and 28 in docs/deviations.md): check_synced's verdict reaches
+every rank; grad_clip and mpi_rank_weight are not ported. Every line that talks to other ranks
+carries the comment tag `[MPI]`.
 
 Test: `python -m pytest -q test_all.py::TestMpiAdam` (runs `mpirun -np 2` and `-np 3` itself).
 """

@@ -16,7 +16,8 @@ one float32 array per key, shape (n_episodes, steps, dim), with
 (baselines: float64, twice the memory, though its rollouts already round o, ag, u and info to
 float32 and only g arrives in float64, where rounding moves a goal by less than 1e-7 m.)
 Eviction once full (as baselines): each new episode overwrites a uniformly random stored
-episode. Before that, episodes fill slots 0, 1, 2, ... in order.
+episode. Before that, episodes fill slots 0, 1, 2, ... in order. Deviations from baselines (5
+and 14 in docs/deviations.md): float32, and one batch's episodes never evict the same slot.
 
 Test: `python -m pytest -q test_all.py::TestReplay`.
 """

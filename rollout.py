@@ -9,7 +9,7 @@ This is where a rank's episodes are built, one step of num_env envs at a time: t
 to the vec env (vecenv.py), whose env processes step them, and what comes back is written into
 the episode arrays, (num_env, T or T+1, dim). Nothing here crosses MPI ranks.
 
-Deviations from baselines: RolloutWorker stores all T transitions of an episode (baselines' vec
+Deviations from baselines (1, 2 and 12 in docs/deviations.md): RolloutWorker stores all T transitions of an episode (baselines' vec
 env auto-reset drops the last one) and resets its envs itself after exactly T steps; so its
 success is read after the T-th action, where baselines reads it after action T-1, the last one
 its rollout keeps. Each episode's reset seed is drawn from the rank's generator (baselines seeds

@@ -6,7 +6,9 @@ ranks at once: each epoch is n_cycles x (collect num_env episodes per rank, stor
 n_batches updates, a target update), then test rollouts. Every rank runs this same file;
 there is no master. The settings are config.Config, one --flag each (--help); with
 --demo_file, the demonstrations of Nair et al. (2018) are loaded into every rank's agent first.
-What is not learning (checks, files, resume, logs, the stop check) is common/session.py's.
+What is not learning (checks, files, resume, logs, the stop check) is common/session.py's;
+the loop itself deviates from baselines' in nothing (its bookkeeping does: 10 and 15 in
+docs/deviations.md, resumable runs and policy_latest.npz every epoch).
 
 Run:
     python train.py                                                # FetchReach-v4, one process

@@ -7,7 +7,7 @@ the 19 MPI workers (here: ranks) runs 2 environments in parallel; this file is t
 action per env down a pipe, each env process steps its own env, and the rank stacks what comes
 back into arrays of shape (num_env, dim). Nothing here is MPI, and no gradient passes through.
 
-Deviations from baselines (docs/deviations.md, 1, 3 and 9):
+Deviations from baselines (1, 3, 31 and 32 in docs/deviations.md):
   * No auto-reset. baselines resets an env inside step() when it reports done, and the HER
     rollout loses each episode's last transition; here rollout.RolloutWorker steps exactly T
     times and then calls reset(), so every episode keeps all T transitions.

@@ -6,8 +6,8 @@ together and clean up after itself. mpi4py is imported on first use (train.py's 
 Every line that talks to other ranks carries the comment tag `[MPI]`.
 
 A job that ends in MPI_Abort or is killed by a signal never reaches MPI_Finalize, which unlinks
-its ranks' shared segment /dev/shm/mpich_shm_* (about 1 MB per rank: measured 2.1 MB at 2 ranks,
-20 MB at 19). It stays until the machine reboots, or until this deletes those no process uses:
+its ranks' shared segment /dev/shm/mpich_shm_* (about 1 MB per rank; docs/faults.md). It stays
+until the machine reboots, or until this deletes those no process uses:
     python -c "from common import mpi_util; print(mpi_util.remove_orphaned_mpich_segments())"
 
 Test: `python -m pytest -q tests/test_mpi_util.py`.
@@ -103,9 +103,8 @@ def abort_job(comm):
         stream.flush()
     # Easy to miss: flushing puts the traceback into the pipe to mpirun's proxy process, not on
     # the screen. MPI_Abort ends the job at once, and what the proxy has not read by then is
-    # lost: the whole traceback was, in 7 of 67 runs of the test of a hung env at 2 ranks on 2
-    # cores (0 of 60 with this wait). So first wait until the proxy has read the pipes dry, or
-    # until 5 s have passed (a reader that has stopped reading).
+    # lost (docs/faults.md says how often). So first wait until the proxy has read the pipes
+    # dry, or until 5 s have passed (a reader that has stopped reading).
     wait_until_pipes_read([sys.stdout, sys.stderr], patience_s=5.0)
     comm.Abort(1)  # [MPI]
 
