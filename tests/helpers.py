@@ -1,0 +1,363 @@
+"""What several test files share: running commands, the run they compare against, small agents.
+
+Not a test file: test_all.py and tests/test_*.py import it (nothing outside the tests does).
+  * running: run_cmd (with a hang guard; an MPI job's orphaned /dev/shm segments removed),
+    train_cmd and play_cmd (train.py, `python -m experiment.play`, under mpirun with n_ranks),
+    hang_guard, small_disk (a tmpfs that fills up);
+  * checking: assert_one_line_error, assert_main_refuses, assert_same_arrays/progress;
+  * runs shared by many tests (each made once per session): straight_run, the reference that
+    resumed runs must equal bitwise, and traced_and_untraced_runs;
+  * goal tasks without physics (StubGoalEnv) and FetchReach with injected faults (FaultyReach,
+    registered as tests.helpers:*Reach-v0), for env processes and whole runs;
+  * the docs' tables the tests hold the code against (doc_section, mpi_table_rows).
+
+Every command runs with cwd = the repository's root (ROOT), where `python -m experiment.play`
+and the like find their modules.
+"""
+import contextlib
+import csv
+import dataclasses
+import functools
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+from common import files, goal_env, mpi_util
+from config import Config
+from ddpg import DDPG
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository's root
+mpi_util.one_blas_thread()  # as in a run: the suite's processes and those it starts
+
+
+# ---------------------------------------------------------------- running commands
+
+def mpirun_exe():
+    """mpirun installed next to this Python (the `mpich` wheel), else the one on PATH."""
+    local = os.path.join(os.path.dirname(sys.executable), "mpirun")
+    return local if os.path.exists(local) else shutil.which("mpirun")
+
+
+def run_cmd(cmd, timeout):
+    """Run a command with a hang guard; return (returncode, combined output). An MPI job that
+    ended in MPI_Abort leaves MPICH's segment in /dev/shm (common/mpi_util.py says why): once
+    the job is over, the segments it orphaned are removed."""
+    is_mpi = os.path.basename(cmd[0]).startswith(("mpirun", "mpiexec"))
+    before = shm_entries()
+    try:
+        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    finally:  # a job that timed out is cleaned up too, so its failure is reported once
+        if is_mpi:
+            remove_orphans_of_job(before)
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+def shm_entries():
+    return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+
+
+def remove_orphans_of_job(entries_before, patience_s=30.):
+    """After an MPI job has ended: remove the segments it made that no process holds any
+    more. mpirun can return while the ranks of an aborted job are still exiting, so a new
+    segment is waited for until it is an orphan; one still held after patience_s belongs to
+    another job running beside the tests and is left alone. Returns the names removed."""
+    new = {e for e in shm_entries() - entries_before if e.startswith("mpich_shm_")}
+    removed, deadline = set(), time.time() + patience_s
+    while new and time.time() < deadline:
+        for path in mpi_util.orphaned_mpich_segments():
+            if os.path.basename(path) in new:
+                with contextlib.suppress(FileNotFoundError):  # its job's MPI_Finalize was first
+                    os.unlink(path)
+                removed.add(os.path.basename(path))
+        new = {e for e in new if e in shm_entries()} - removed
+        if new:
+            time.sleep(0.2)
+    return removed
+
+
+@contextlib.contextmanager
+def small_disk(folder, size):
+    """A tmpfs of `size` (mount's units: 4k, 16m) mounted on a new `folder` for the block: a disk
+    that fills up. Skips the test where mounting is not allowed (not root)."""
+    folder.mkdir()
+    rc, out = run_cmd(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)], 30)
+    if rc != 0:
+        pytest.skip(f"cannot mount a tmpfs here (needs root): {out.strip()[-200:]}")
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", str(folder)], check=True)
+
+
+@contextlib.contextmanager
+def hang_guard(seconds):
+    """Fail (instead of hanging the suite) if the block does not finish in `seconds`."""
+    def on_alarm(signum, frame):
+        raise TimeoutError(f"block did not finish within {seconds}s")
+    old = signal.signal(signal.SIGALRM, on_alarm)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+
+
+TINY_RUN = ["--n_cycles", "5", "--n_batches", "20", "--n_test_rollouts", "1", "--seed", "3"]
+
+
+def train_cmd(*args, n_ranks=1, module=None):
+    """train.py with `args` (or, given `module`, `python -m module`: experiment.play, ...), under
+    `mpirun -np n_ranks` where n_ranks > 1. Run it with cwd=ROOT, as run_cmd does."""
+    mpi = [mpirun_exe(), "-np", str(n_ranks)] if n_ranks > 1 else []
+    program = ["-m", module] if module else [os.path.join(ROOT, "train.py")]
+    return mpi + [sys.executable, *program, *args]
+
+
+def play_cmd(*args, n_ranks=1):
+    return train_cmd(*args, n_ranks=n_ranks, module="experiment.play")
+
+
+def read_progress(logdir):
+    with open(os.path.join(logdir, "progress.csv")) as f:
+        return list(csv.DictReader(f))
+
+
+# ---------------------------------------------------------------- checking
+
+def assert_one_line_error(rc, out, expected_rc, *phrases):
+    lines = [line for line in out.splitlines() if line.strip()]
+    assert rc == expected_rc, out[-3000:]
+    assert "Traceback" not in out, out[-3000:]
+    error_lines = [line for line in lines if "error" in line]
+    assert len(error_lines) == 1, out[-3000:]
+    for phrase in phrases:
+        assert phrase in error_lines[0], error_lines[0]
+
+
+def assert_main_refuses(argv, capsys, *phrases):
+    """train.main(argv) in this process: exit code 2 and one line on stderr with the phrases."""
+    import train  # here: env processes import this file, and need none of train.py
+    try:
+        rc = train.main(argv)
+    except SystemExit as e:  # argparse's own errors
+        rc = e.code
+    err = capsys.readouterr().err
+    assert rc == 2, (argv, err)
+    assert len(err.strip().splitlines()) == 1, (argv, err)
+    assert all(phrase in err for phrase in phrases), (argv, err)
+
+
+def arrays_of(path):
+    with np.load(path, allow_pickle=False) as data:
+        return {k: data[k] for k in data.files}
+
+
+def assert_same_arrays(path_a, path_b, skip=()):
+    a, b = arrays_of(path_a), arrays_of(path_b)
+    assert set(a) == set(b)
+    for key in a:
+        if key not in skip:
+            assert a[key].tobytes() == b[key].tobytes(), f"{key} differs"
+
+
+def assert_same_progress(logdir_a, logdir_b):
+    """Every progress.csv column, as written, except the wall-clock time/epoch_s."""
+    rows_a, rows_b = read_progress(logdir_a), read_progress(logdir_b)
+    assert [r["epoch"] for r in rows_a] == [r["epoch"] for r in rows_b]
+    for row_a, row_b in zip(rows_a, rows_b):
+        assert set(row_a) == set(row_b)
+        differ = {k: (row_a[k], row_b[k]) for k in row_a
+                  if k != "time/epoch_s" and row_a[k] != row_b[k]}
+        assert not differ, f"epoch {row_a['epoch']}: {differ}"
+
+
+# ---------------------------------------------------------------- runs shared by many tests
+
+@functools.lru_cache(maxsize=None)
+def straight_run(root, n_epochs=4):
+    """n_epochs of FetchReach in one go: the reference that resumed runs must equal bitwise."""
+    logdir = os.path.join(root, f"straight{n_epochs}")
+    rc, out = run_cmd(train_cmd("--n_epochs", str(n_epochs), "--logdir", logdir, *TINY_RUN), 600)
+    assert rc == 0, out[-3000:]
+    return logdir
+
+
+TRACED_RUN = ("--num_env", "2", "--n_epochs", "1", "--n_cycles", "1", "--n_batches", "3",
+              "--n_test_rollouts", "1", "--seed", "9")
+
+
+@functools.lru_cache(maxsize=None)
+def traced_and_untraced_runs(root):
+    """The same 2-rank FetchReach run of one cycle, with --trace 1 and without."""
+    runs = {}
+    for name, extra in (("traced", ("--trace", "1")), ("untraced", ())):
+        runs[name] = os.path.join(root, f"{name}_run")
+        rc, out = run_cmd(train_cmd(*TRACED_RUN, *extra, "--logdir", runs[name], n_ranks=2), 300)
+        assert rc == 0, out[-3000:]
+        runs[f"{name}_out"] = out
+    return runs
+
+
+def read_trace_rows(folder):
+    """Every row of every rank<r>.csv in a trace folder, as dicts (the # lines skipped)."""
+    rows = []
+    for name in sorted(n for n in os.listdir(folder) if n.endswith(".csv")):
+        with open(os.path.join(folder, name), newline="") as f:
+            rows += csv.DictReader(line for line in f if not line.startswith("#"))
+    return rows
+
+
+# ---------------------------------------------------------------- agents and tasks
+
+def reach_task():
+    """FetchReach-v4 as train.py reads it (its reward range is not needed here)."""
+    return goal_env.describe_env("FetchReach-v4", need_range=False)
+
+
+def fetch_reach_policy(rng, buffer_size=10_000, hidden=64):
+    """A FetchReach agent of one process (no mpirun): (policy, dims, T)."""
+    task = dataclasses.replace(reach_task(), r_range=(-1., 0.))
+    cfg = Config(hidden=hidden, buffer_size=buffer_size, batch_size=32)
+    return DDPG(cfg, task, rng), task.dims, task.T
+
+
+def random_demo_file(path, env_id, dims, T, n, seed=0):
+    rng = np.random.default_rng(seed)
+    episodes = {"o": rng.normal(size=(n, T + 1, dims["o"])),
+                "ag": rng.normal(size=(n, T + 1, dims["g"])),
+                "g": rng.normal(size=(n, T, dims["g"])),
+                "u": rng.uniform(-1, 1, size=(n, T, dims["u"])),
+                "info_is_success": np.zeros((n, T, 1))}
+    files.save_demos(path, episodes, env_id, T)
+    return path
+
+
+# ---------------------------------------------------------------- envs for env processes and runs
+
+class StubGoalEnv:
+    """A goal env without physics (picklable, for env processes): observations are the step
+    count; it raises at step `fail_at`, and is_success is 1 exactly at the steps in success_at.
+    Each step takes `delay_s` seconds; from step `hang_at` on, a step never returns."""
+
+    def __init__(self, fail_at=None, success_at=(), delay_s=0., hang_at=None):
+        self.fail_at, self.success_at, self.t = fail_at, success_at, 0
+        self.delay_s, self.hang_at = delay_s, hang_at
+        box = gym.spaces.Box(-1, 1, (2,), np.float32)
+        self.observation_space = gym.spaces.Dict(
+            observation=box, achieved_goal=box, desired_goal=box)
+        self.action_space = box
+
+    def _obs(self):
+        z = np.full(2, self.t, np.float32)
+        return dict(observation=z, achieved_goal=z, desired_goal=z)
+
+    def reset(self, seed=None):
+        self.t = 0
+        return self._obs(), {}
+
+    def step(self, u):
+        self.t += 1
+        if self.t == self.fail_at:
+            raise ValueError(f"injected failure at step {self.t}")
+        time.sleep(3600 if self.hang_at is not None and self.t >= self.hang_at else self.delay_s)
+        return self._obs(), -1.0, False, False, {"is_success": float(self.t in self.success_at),
+                                                 "mpi_imported": "mpi4py.MPI" in sys.modules}
+
+    def close(self):
+        pass
+
+
+class FaultyReach(gym.Wrapper):
+    """FetchReach-v4 that, from its `at_step`-th step on, raises, returns NaN observations,
+    hangs (a step that never returns: a simulator deadlock) or sleeps 0-40 ms a step, so that
+    env processes answer out of step ("slow"); only on MPI rank `rank` (None: every rank).
+    With $FAULT_PID_DIR set, each env writes its pid there, for a test to check that no env
+    process outlives its run. Registered below as tests.helpers:*Reach-v0."""
+
+    def __init__(self, fault, rank, at_step):
+        super().__init__(goal_env.make_env("FetchReach-v4"))
+        self.fault, self.rank, self.at_step, self.n_steps = fault, rank, at_step, 0
+        self.rng = np.random.default_rng(os.getpid())
+        if os.environ.get("FAULT_PID_DIR"):
+            open(os.path.join(os.environ["FAULT_PID_DIR"], str(os.getpid())), "w").close()
+
+    def step(self, u):
+        self.n_steps += 1
+        obs, r, terminated, truncated, info = self.env.step(u)
+        my_rank = int(os.environ.get("PMI_RANK", 0))  # set by mpirun; MPI itself is not needed
+        if self.n_steps >= self.at_step and self.rank in (None, my_rank):
+            if self.fault == "raise":
+                raise RuntimeError(f"injected env failure on rank {my_rank}")
+            if self.fault == "hang":
+                time.sleep(3600)
+            if self.fault == "slow":
+                time.sleep(self.rng.uniform(0, 0.04))
+            if self.fault == "nan":
+                obs = dict(obs, observation=np.full_like(obs["observation"], np.nan))
+        return obs, r, terminated, truncated, info
+
+
+gym.register("RaiseOnRank1Reach-v0", entry_point="tests.helpers:FaultyReach",
+             max_episode_steps=50, kwargs=dict(fault="raise", rank=1, at_step=120))
+# step 800 = the last step of cycle 1 of epoch 1 (epoch 0: 4 cycles + 10 test episodes of 50)
+gym.register("NaNReach-v0", entry_point="tests.helpers:FaultyReach", max_episode_steps=50,
+             kwargs=dict(fault="nan", rank=None, at_step=800))
+gym.register("HangReach-v0", entry_point="tests.helpers:FaultyReach", max_episode_steps=50,
+             kwargs=dict(fault="hang", rank=None, at_step=30))
+gym.register("SlowReach-v0", entry_point="tests.helpers:FaultyReach", max_episode_steps=50,
+             kwargs=dict(fault="slow", rank=None, at_step=1))
+
+
+def gone(pid):
+    """The process has ended (reaped, or a zombie waiting for whoever adopted it)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def env_processes_left(pid_dir):
+    """The pids written to pid_dir (FaultyReach) of processes that still exist."""
+    return [pid for pid in map(int, os.listdir(pid_dir)) if not gone(pid)]
+
+
+# ---------------------------------------------------------------- the docs' tables
+
+MPI_TABLE = ("mpi.md", "## Every call that crosses ranks")  # docs/<page>, its heading
+FAULTS_TABLE = ("faults.md", "## When things go wrong")
+
+
+def doc_section(page, heading):
+    """The text of docs/<page> from the line `heading` to the next heading."""
+    with open(os.path.join(ROOT, "docs", page)) as f:
+        text = f.read()
+    start = text.index(heading + "\n")
+    end = text.find("\n#", start + 1)
+    return text[start:end if end >= 0 else len(text)]
+
+
+def table_rows(section):
+    """The cells of each row of the markdown table in `section` (header and rule included)."""
+    return [[c.strip() for c in line.strip().strip("|").split("|")]
+            for line in section.splitlines() if line.startswith("|")]
+
+
+def mpi_table_rows():
+    """{'file.py:function': (when, how often)} from docs/mpi.md's table of every cross-rank
+    call (a first cell `file.py: function`, or `folder/file.py: function`)."""
+    rows = {}
+    for cells in table_rows(doc_section(*MPI_TABLE)):
+        match = re.match(r"`(?:[\w/]+/)?(\w+\.py): ([\w.]+)`", cells[0])
+        if match and len(cells) >= 3:
+            rows[f"{match[1]}:{match[2]}"] = (cells[1], cells[2])
+    return rows

@@ -1,0 +1,96 @@
+"""The command line (common/cli.py) made from config.Config: one flag a field, one line an error.
+
+Mirrors the argument handling of openai/baselines `her/experiment/train.py` and prepare_params of
+its config.py: every Config field a flag whose help is the field's comment, baselines' defaults
+and env overrides, baselines' gamma = 1 - 1/T and its bc_loss rule; every bad input one line and
+exit code 2, in this process (train.main) and once through a real one.
+
+Run: `python -m pytest -q tests/test_cli.py` (from the repository's root).
+"""
+import dataclasses
+
+import numpy as np
+import pytest
+
+from common import cli
+from common.goal_env import GoalTask
+from config import Config
+from ddpg import DDPG
+from tests.helpers import assert_main_refuses, assert_one_line_error, run_cmd, train_cmd
+
+
+# ---------------------------------------------------------------- cli.py: settings, command line
+
+
+class TestConfig:
+    """common/cli.py and config.py: settings, command line."""
+
+    def test_config_defaults_env_overrides_and_cli(self):
+        cfg = cli.make_config(cli.parse_train_args([]))
+        assert (cfg.env, cfg.n_cycles, cfg.n_batches, cfg.batch_size) == ("FetchReach-v4", 10, 40, 256)
+        cfg = cli.make_config(cli.parse_train_args(["--env", "FetchPush-v4", "--num_env", "2",
+                                                  "--n_batches", "7"]))
+        assert (cfg.n_cycles, cfg.num_env, cfg.n_batches, cfg.replay_k) == (50, 2, 7, 4)
+
+    def test_every_config_field_is_a_flag_with_its_comment_as_help(self):
+        comments = cli.config_comments()
+        actions = {a.dest: a for a in cli.train_parser()._actions}
+        argv, expected = [], {}
+        for f in dataclasses.fields(Config):
+            action = actions[f.name]
+            assert action.option_strings == [f"--{f.name}"] and action.default is None
+            assert action.help.startswith(comments[f.name]) and len(comments[f.name]) > 10
+            # a value other than the default, of the field's type, through the command line
+            if f.type is bool:
+                value, text = not f.default, str(int(not f.default))
+            elif f.name in cli.CHOICES:
+                value = next(c for c in cli.CHOICES[f.name] if c != f.default)
+                text = value
+            elif f.type is str:
+                value = text = f"x{f.name}"
+            else:
+                value = f.type(f.default) + f.type(3)
+                text = repr(value)
+            argv += [f"--{f.name}", text]
+            expected[f.name] = value
+        cfg = cli.make_config(cli.parse_train_args(argv))
+        assert dataclasses.asdict(cfg) == expected
+
+    @pytest.mark.slow
+    def test_bad_command_lines_get_one_line_errors(self, tmp_path, capsys):
+        a_file = tmp_path / "a_file"
+        a_file.write_text("")
+        cases = [(["--env", "FetchPush-v9"], "did you mean FetchPush-v4"),
+                 (["--env", "CartPole-v1"], "dict observation"),
+                 (["--num_env", "0"], "--num_env must be at least 1"),
+                 (["--num_env", "-2"], "--num_env must be at least 1"),
+                 (["--n_epochs", "-1"], "--n_epochs must be 0 or more"),
+                 (["--batch_size", "-5"], "--batch_size must be at least 1"),
+                 (["--n_batches", "0"], "--n_batches must be at least 1"),
+                 (["--replay_k", "-1"], "--replay_k must be 0 or more"),
+                 (["--vec_env", "fast"], "--vec_env"),
+                 (["--logdir", str(a_file / "sub")], "cannot write to log dir")]
+        for argv, phrase in cases:
+            assert_main_refuses(argv, capsys, phrase)
+        # and once through a real process: exit code 2, one line, no traceback
+        rc, out = run_cmd(train_cmd("--num_env", "0"), 120)
+        assert_one_line_error(rc, out, 2, "--num_env")
+
+    def test_gamma_flag_replaces_one_minus_one_over_T_and_its_target_range(self):
+        task = GoalTask(dims={"o": 4, "g": 2, "u": 2}, T=300, max_u=1.0, reward_fun=None,
+                        success_key="is_success", r_range=(0., 1.))
+        default = DDPG(Config(hidden=8, buffer_size=3000), task, np.random.default_rng(0))
+        assert default.gamma == 1. - 1. / 300  # --gamma 0, the default: baselines' rule
+        given = DDPG(Config(hidden=8, buffer_size=3000, gamma=0.98), task, np.random.default_rng(0))
+        assert given.gamma == 0.98
+        assert np.allclose([given.Q_min, given.Q_max], [0., 1. / (1. - 0.98)])  # [0, 50], not [0, 300]
+        assert given.policy_config()["gamma"] == 0.98  # what its policy file holds
+
+    def test_a_demo_file_turns_the_cloning_loss_on_unless_bc_loss_0_is_given(self):
+        """As baselines' her.py, which sets bc_loss = 1 whenever a demo file is given."""
+        def bc_loss(*argv):
+            return cli.make_config(cli.parse_train_args(list(argv))).bc_loss
+        assert bc_loss("--demo_file", "d.npz") is True
+        assert bc_loss("--demo_file", "d.npz", "--bc_loss", "0") is False
+        assert bc_loss("--demo_file", "d.npz", "--bc_loss", "1") is True
+        assert bc_loss() is False

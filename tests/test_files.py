@@ -1,0 +1,126 @@
+"""Files (common/files.py, common/errors.py): atomic saves, and one line for every bad file.
+
+No baselines counterpart (it pickles its files and writes them in place): a save killed midway
+or a full disk never leaves half a file, and a truncated, foreign or pickled policy, checkpoint
+or demo file, or demo flags that do not fit it, are one line naming the file and the fix (in
+this process and through train.py and `python -m experiment.play`).
+
+Run: `python -m pytest -q tests/test_files.py` (from the repository's root).
+"""
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+from common import checkpoint, errors, files, goal_env
+from tests.helpers import (arrays_of, assert_main_refuses, assert_one_line_error, play_cmd,
+                           random_demo_file, reach_task, run_cmd, straight_run, train_cmd)
+
+
+# ---------------------------------------------------------------- files.py: saving, bad files
+
+
+class TestFiles:
+    """common/files.py, common/errors.py: saving, bad files."""
+
+    def test_atomic_save_never_leaves_a_half_written_file(self, tmp_path, monkeypatch):
+        path = str(tmp_path / "policy.npz")
+        files.atomic_savez(path, {"a": np.arange(3)})
+
+        def crash_midway(f, **arrays):
+            f.write(b"PK\x03\x04 half a zip")
+            raise KeyboardInterrupt  # killed while saving
+        monkeypatch.setattr(np, "savez", crash_midway)
+        try:
+            files.atomic_savez(path, {"a": np.arange(5)})
+        except KeyboardInterrupt:
+            pass
+        monkeypatch.undo()
+        np.testing.assert_array_equal(arrays_of(path)["a"], np.arange(3))
+        assert os.listdir(tmp_path) == ["policy.npz"]
+
+    def test_a_failed_write_is_one_line_and_the_newest_complete_version_stays(self, tmp_path, monkeypatch):
+        """keep_previous (checkpoints): after a full disk mid-write, the newest complete version is
+        on disk (as the previous one), no temporary file is left, and the error is one line."""
+        path, prev = str(tmp_path / "rank0.npz"), str(tmp_path / "rank0.prev.npz")
+        for n in (2, 3):
+            files.atomic_savez(path, {"a": np.arange(n)}, keep_previous=prev)
+        assert (len(arrays_of(path)["a"]), len(arrays_of(prev)["a"])) == (3, 2)
+
+        def disk_full(f, **arrays):
+            f.write(b"PK\x03\x04 half a zip")
+            raise OSError(28, "No space left on device")
+        monkeypatch.setattr(np, "savez", disk_full)
+        with pytest.raises(errors.SaveError) as e:
+            files.atomic_savez(path, {"a": np.arange(4)}, keep_previous=prev)
+        assert str(e.value) == f"cannot write {path}: No space left on device"
+        monkeypatch.undo()
+        assert os.listdir(tmp_path) == ["rank0.prev.npz"]
+        np.testing.assert_array_equal(arrays_of(prev)["a"], np.arange(3))
+
+    @pytest.mark.slow
+    def test_bad_policy_and_checkpoint_files_get_one_line_errors(self, tmp_path):
+        reference = straight_run(str(tmp_path.parent))
+        good = os.path.join(reference, "policy_best.npz")
+        truncated = str(tmp_path / "truncated.npz")
+        with open(good, "rb") as f, open(truncated, "wb") as g:
+            g.write(f.read()[:5000])
+        foreign = str(tmp_path / "foreign.npz")
+        np.savez(foreign, weights=np.ones(3))
+        pickled = str(tmp_path / "pickled.npz")  # a complete policy whose config needs unpickling
+        np.savez(pickled, **dict(arrays_of(good), config_json=np.array([{"evil": 1}], dtype=object)))
+        for path, phrase in ((truncated, "truncated"), (foreign, "no 'config_json'"),
+                             (pickled, "cannot read"), (str(tmp_path / "missing.npz"), "no such")):
+            rc, out = run_cmd(play_cmd(path), 120)
+            assert_one_line_error(rc, out, 2, path, phrase)
+        bad_run = str(tmp_path / "bad_run")
+        shutil.copytree(reference, bad_run)
+        shutil.copy(truncated, checkpoint.checkpoint_path(bad_run, 0))
+        rc, out = run_cmd(train_cmd("--resume", bad_run), 120)
+        assert_one_line_error(rc, out, 2, "rank0.npz", "truncated")
+        # a policy of another env: dimension mismatch, named
+        rc, out = run_cmd(play_cmd(good, "--env", "FetchPush-v4"), 120)
+        assert_one_line_error(rc, out, 2, "FetchReach-v4", "FetchPush-v4")
+
+    @pytest.mark.slow
+    def test_bad_demo_input_gets_one_line_errors(self, tmp_path, capsys):
+        dims, T = reach_task().dims, reach_task().T
+        good = random_demo_file(str(tmp_path / "reach.npz"), "FetchReach-v4", dims, T, n=3)
+        truncated = str(tmp_path / "truncated.npz")
+        with open(good, "rb") as f, open(truncated, "wb") as g:
+            g.write(f.read()[:3000])
+        pickled = str(tmp_path / "pickled.npz")  # our arrays, one of them needing pickle
+        np.savez(pickled, **dict(arrays_of(good), u=np.array([{"u": 1}], dtype=object)))
+        baselines_format = str(tmp_path / "data_fetch_random_100.npz")
+        np.savez(baselines_format, acs=np.zeros((1, T, 4)), obs=np.array([[{}]], dtype=object),
+                 info=np.array([[{}]], dtype=object))
+        foreign = str(tmp_path / "foreign.npz")
+        np.savez(foreign, weights=np.ones(3))
+        push_dims = goal_env.describe_env("FetchPush-v4", need_range=False).dims
+        push = random_demo_file(str(tmp_path / "push.npz"), "FetchPush-v4", push_dims, T, n=3)
+        fix = "make demos with: python -m experiment.demos"
+        cases = [(["--demo_file", str(tmp_path / "none.npz")], ["no such file", fix]),
+                 (["--demo_file", truncated], ["truncated", fix]),
+                 (["--demo_file", pickled], ["cannot read it", fix]),
+                 (["--demo_file", baselines_format], ["baselines' format", fix]),
+                 (["--demo_file", foreign], ["no 'o' array", fix]),
+                 (["--demo_file", push], ["do not fit FetchReach-v4", "--env FetchPush-v4"]),
+                 (["--demo_file", good, "--num_demo", "5"],
+                  ["holds 3 episodes, fewer than --num_demo 5", "--num_demo 3"]),
+                 (["--demo_file", good, "--num_demo", "3", "--batch_size", "64"],
+                  ["--demo_batch_size 128 must be below --batch_size 64"]),
+                 (["--bc_loss", "1"], ["--bc_loss 1 clones demonstrations: give --demo_file"]),
+                 (["--demo_file", good, "--num_demo", "3", "--bc_loss", "0", "--q_filter", "1"],
+                  ["--q_filter 1 filters the cloning loss of --bc_loss 1"]),
+                 (["--random_eps", "2"], ["--random_eps must be between 0 and 1"]),
+                 (["--gamma", "1"], ["--gamma must be at least 0 and below 1"]),
+                 (["--gamma", "-0.5"], ["--gamma must be at least 0 and below 1"]),
+                 (["--norm_eps", "0"], ["--norm_eps must be above 0"]),
+                 (["--Q_lr", "nan"], ["--Q_lr must be 0 or more"])]
+        for argv, phrases in cases:
+            assert_main_refuses(argv + ["--logdir", str(tmp_path / "never_made")], capsys, *phrases)
+        assert not os.path.exists(tmp_path / "never_made")
+        # and once through a real process: exit code 2, one line, no traceback
+        rc, out = run_cmd(train_cmd("--demo_file", push, "--logdir", str(tmp_path / "x")), 120)
+        assert_one_line_error(rc, out, 2, push, "do not fit")

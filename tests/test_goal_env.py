@@ -1,0 +1,184 @@
+"""Goal tasks (common/goal_env.py): every family's conventions read off the env, not assumed.
+
+Mirrors the env half of openai/baselines `her/experiment/config.py` (configure_dims): dims, T,
+the reward and its range, and the success key come from the env, checked on every Fetch, Hand
+and maze family (one rollout, store and update each), against baselines' target range for
+Fetch and Hand, and on goal tasks without physics defined here (PointGoal, FixedGoal:
+registered as tests.test_goal_env:*-v0, which train.py imports by that name).
+
+Run: `python -m pytest -q tests/test_goal_env.py` (from the repository's root).
+"""
+import dataclasses
+import functools
+import json
+import os
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+import ddpg
+from common import errors, goal_env
+from config import Config
+from ddpg import DDPG
+from rollout import RolloutWorker
+from tests.helpers import arrays_of, assert_main_refuses, read_progress, run_cmd, train_cmd
+from vecenv import DummyVecEnv
+
+
+# ---------------------------------------------------------------- goal_env.py: goal tasks, rewards
+
+FETCH_AND_HAND = ("FetchPush-v4", "FetchSlide-v4", "FetchPickAndPlace-v4", "HandReach-v3",
+                  "HandManipulateBlockRotateZ-v1", "HandManipulateEgg-v1", "HandManipulatePen-v1")
+MAZES = ("PointMaze_UMaze-v3", "AntMaze_UMaze-v5")  # T = 300 and 700; rewards {0, 1}
+
+
+class PointGoal(gym.Env):
+    """A maze-like goal task without physics: a point in [-0.5, 0.5]^2 moves by 0.2 u per step;
+    reward 1 within 0.15 of the goal, else 0, and success reported as info['success'] (the
+    conventions of PointMaze and AntMaze, not Fetch's). Registered as tests.test_goal_env:PointGoal-v0."""
+
+    def __init__(self):
+        box = gym.spaces.Box(-.5, .5, (2,), np.float64)
+        self.observation_space = gym.spaces.Dict(
+            observation=box, achieved_goal=box, desired_goal=box)
+        self.action_space = gym.spaces.Box(-1., 1., (2,), np.float32)
+
+    def compute_reward(self, achieved_goal, desired_goal, info):
+        return (np.linalg.norm(achieved_goal - desired_goal, axis=-1) <= .15).astype(np.float64)
+
+    def _obs(self):
+        return {"observation": self.x.copy(), "achieved_goal": self.x.copy(),
+                "desired_goal": self.g.copy()}
+
+    def reset(self, seed=None, options=None):
+        super().reset(seed=seed)
+        self.x, self.g = self.np_random.uniform(-.5, .5, size=(2, 2))
+        return self._obs(), {}
+
+    def step(self, u):
+        self.x = np.clip(self.x + 0.2 * np.clip(u, -1, 1), -.5, .5)
+        r = float(self.compute_reward(self.x, self.g, None))
+        return self._obs(), r, False, False, {"success": r == 1.}
+
+
+gym.register("PointGoal-v0", entry_point="tests.test_goal_env:PointGoal", max_episode_steps=10)
+gym.register("FixedGoal-v0", entry_point="tests.test_goal_env:FixedGoal", max_episode_steps=10)
+gym.register("StartAtGoal-v0", entry_point="tests.test_goal_env:FixedGoal", max_episode_steps=10,
+             kwargs=dict(start_at_goal=True))
+
+
+class FixedGoal(PointGoal):
+    """PointGoal whose goal is always the same point: a maze with one goal cell. With
+    start_at_goal the point also starts on it, so no reset ever shows a missed goal."""
+
+    def __init__(self, start_at_goal=False):
+        super().__init__()
+        self.start_at_goal = start_at_goal
+
+    def reset(self, seed=None, options=None):
+        obs, info = super().reset(seed=seed, options=options)
+        self.g = np.array([.3, .3])
+        if self.start_at_goal:
+            self.x = self.g.copy()
+        return self._obs(), info
+
+
+class TestGoalEnv:
+    """common/goal_env.py: goal tasks, rewards."""
+
+    @pytest.mark.slow  # a training cycle on each of 11 tasks
+    def test_every_goal_task_family_runs_one_cycle(self):
+        """Dims, T, the reward, its range and the success key come from the env: one rollout,
+        store and update on each family."""
+        for env_id in FETCH_AND_HAND + MAZES:
+            task = goal_env.describe_env(env_id)
+            dims, T = task.dims, task.T
+            cfg = Config(env=env_id, hidden=32, buffer_size=10 * T, batch_size=16)
+            rng = np.random.default_rng(0)
+            policy = DDPG(cfg, task, rng)
+            venv = DummyVecEnv([functools.partial(goal_env.make_env, env_id)])
+            ep = RolloutWorker(venv, policy, rng, noise_eps=0.2, random_eps=0.3,
+                               success_key=task.success_key).generate_rollouts()
+            policy.store_episode(ep)
+            critic_loss, actor_loss = policy.train()
+            assert np.isfinite(critic_loss) and np.isfinite(actor_loss), env_id
+            assert ep["o"].shape == (1, T + 1, dims["o"]), env_id
+            venv.close()
+            expected = ("success", (0., 1.)) if env_id in MAZES else ("is_success", (-1., 0.))
+            assert (task.success_key, task.r_range) == expected, env_id
+
+    def test_fetch_and_hand_keep_baselines_target_range(self):
+        """rewards {-1, 0}: y is clipped to [-1/(1 - gamma), 0] = [-50, 0] at T = 50, as baselines."""
+        for env_id in ("FetchPush-v4", "HandReach-v3"):
+            task = goal_env.describe_env(env_id)
+            policy = DDPG(Config(hidden=8), dataclasses.replace(task, T=50, max_u=1.0),
+                          np.random.default_rng(0))
+            gamma = 1. - 1. / 50
+            assert (policy.Q_min, policy.Q_max) == (-1. / (1. - gamma), 0.), env_id  # bit for bit
+        assert ddpg.target_range((-1., 0.), 0.98, clip_return=False) == [-np.inf, 0.]
+        # PointMaze's {0, 1} at T = 300; a dense reward has no lower end
+        assert np.allclose(ddpg.target_range((0., 1.), 1 - 1 / 300, True), [0., 300.])
+        assert ddpg.target_range((-np.inf, 0.), 0.98, True) == [-np.inf, 0.]
+
+    def test_reward_range_tells_sparse_from_dense(self):
+        goals = np.random.default_rng(4).uniform(-1, 1, size=(5, 3))
+
+        def distance(ag, g):
+            return np.linalg.norm(ag - g, axis=-1)
+        for reward_fun, expected in (
+                (lambda ag, g: -(distance(ag, g) > 0.05).astype(np.float32), (-1., 0.)),  # Fetch
+                (lambda ag, g: (distance(ag, g) <= 0.45).astype(np.float64), (0., 1.)),  # maze
+                (lambda ag, g: -distance(ag, g), (-np.inf, 0.)),  # FetchReachDense
+                (lambda ag, g: np.exp(-distance(ag, g)), (-np.inf, 1.)),  # PointMazeDense
+                (lambda ag, g: distance(ag, g), (0., np.inf))):  # a reward that grows with distance
+            assert goal_env.reward_range(reward_fun, goals) == expected, expected
+            assert all(not (np.signbit(v) and v == 0) for v in goal_env.reward_range(reward_fun, goals))
+
+    def test_success_key_is_read_from_the_env_or_refused(self):
+        assert goal_env.success_key("x", {"is_success": 0.}) == "is_success"
+        assert goal_env.success_key("x", {"success": False}) == "success"
+        try:
+            goal_env.success_key("NoSuccess-v0", {"distance": 1.})
+            raise AssertionError("an env reporting no success was accepted")
+        except errors.UsageError as e:
+            assert "NoSuccess-v0" in str(e) and "info['success']" in str(e)
+
+    @pytest.mark.slow
+    def test_reward_range_of_a_task_with_one_fixed_goal_is_measured_or_refused(self, tmp_path, capsys):
+        """Desired goals alone (all equal here) show only the reached reward: a range [1, 1] would
+        clip every critic target to one constant. Achieved goals show the missed one; where even
+        they cannot, the run stops with one line, and --reward_range gives the range."""
+        assert goal_env.describe_env("tests.test_goal_env:FixedGoal-v0").r_range == (0., 1.)
+        assert_main_refuses(["--env", "tests.test_goal_env:StartAtGoal-v0", "--logdir", str(tmp_path / "no")],
+                            capsys, "StartAtGoal-v0", "--reward_range R_MIN,R_MAX")
+        for text in ("1,0", "0", "a,b", "nan,1"):
+            assert_main_refuses(["--reward_range", text], capsys, f"--reward_range {text}")
+        logdir = str(tmp_path / "given")
+        rc, out = run_cmd(train_cmd("--env", "tests.test_goal_env:StartAtGoal-v0", "--reward_range", "0,1",
+                                    "--n_epochs", "1", "--n_cycles", "1", "--n_batches", "1",
+                                    "--n_test_rollouts", "1", "--logdir", logdir), 300)
+        assert rc == 0, out[-3000:]
+        params = json.loads(str(arrays_of(os.path.join(logdir, "policy_latest.npz"))["config_json"]))
+        assert params["target_range"] == [0., 1. / (1. - params["gamma"])]
+
+    @pytest.mark.slow
+    def test_goal_task_with_rewards_0_1_and_info_success_learns(self, tmp_path):
+        """Before rewards set the target's range, {0, 1} rewards were clipped to 0 and never
+        learned, and info['success'] was never read: success stayed 0."""
+        task = goal_env.describe_env("tests.test_goal_env:PointGoal-v0")
+        assert (task.success_key, task.r_range) == ("success", (0., 1.))
+        logdir = str(tmp_path / "point")
+        rc, out = run_cmd(train_cmd("--env", "tests.test_goal_env:PointGoal-v0", "--n_epochs", "4",
+                                    "--n_cycles", "10", "--logdir", logdir), 600)
+        assert rc == 0, out[-3000:]
+        success = [float(r["test/success_rate"]) for r in read_progress(logdir)]
+        assert max(success) >= 0.8, f"test success per epoch: {success}"
+
+    def test_unknown_or_non_goal_env_is_rejected_clearly(self):
+        for env_id, message in (("FetchPush-v9", "did you mean"), ("CartPole-v1", "dict observation")):
+            try:
+                goal_env.describe_env(env_id, need_range=False)
+                raise AssertionError(f"{env_id} was accepted")
+            except errors.UsageError as e:
+                assert message in str(e)

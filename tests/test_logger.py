@@ -1,0 +1,108 @@
+"""What a run prints and logs (common/logger.py): log.txt, where the progress bar goes.
+
+Mirrors openai/baselines `common/logger.py` (its log.txt) as HER uses it: RunLog copies both of
+rank 0's streams into log.txt and puts them back, each start headed by the commit the code ran
+at; output_is_terminal sees through mpirun (a rank's stdout is a pipe) to mpirun's own; and the
+in-epoch tqdm bar (common/session.py) is drawn where the output is a terminal, and nowhere else.
+
+Run: `python -m pytest -q tests/test_logger.py` (from the repository's root).
+"""
+import io
+import os
+import subprocess
+import sys
+
+import pytest
+
+import train
+from common import errors, logger, session
+from tests.helpers import ROOT, hang_guard, mpirun_exe, run_cmd
+
+
+# ---------------------------------------------------------------- logger.py: log.txt, the progress bar
+
+class FakeTerminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+class NeverStop:
+    """common.session's StopFlag stand-in: installs no signal handlers in pytest's process."""
+    requested = False
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+
+def run_on_screen(screen, logdir, monkeypatch):
+    """A run of one epoch of 2 cycles, by train.main in this process, whose stdout is `screen`;
+    returns what the screen got."""
+    with monkeypatch.context() as m:
+        m.setattr(session, "StopFlag", NeverStop)
+        m.setattr(sys, "stdout", screen)
+        assert train.main(["--n_epochs", "1", "--n_cycles", "2", "--n_batches", "1",
+                           "--n_test_rollouts", "1", "--logdir", logdir]) == 0
+    return screen.getvalue()
+
+
+class TestLogger:
+    """common/logger.py: log.txt and the progress bar."""
+
+    def test_code_version_outside_a_checkout(self, tmp_path):
+        assert logger.code_version(str(tmp_path)) == "not a git checkout"
+
+    def test_run_log_copies_both_streams_and_restores_them(self, tmp_path, capsys):
+        log = logger.RunLog(str(tmp_path), enabled=True, argv=["train.py", "--x", "1"],
+                            resumed_at=(3, 7))
+        print("to stdout")
+        print("to stderr", file=sys.stderr)
+        log.close(errors.Interrupted("interrupted in epoch 3 after cycle 9: saved"))
+        print("after close")
+        lines = (tmp_path / "log.txt").read_text().splitlines()
+        assert lines[0].endswith(": train.py --x 1") and lines[1].startswith("# code: ")
+        assert lines[2:] == ["# resumed from the checkpoint at epoch 3, cycle 7", "to stdout",
+                             "to stderr", "# ended: interrupted in epoch 3 after cycle 9: saved"]
+        out, err = capsys.readouterr()
+        assert out == "to stdout\nafter close\n" and err == "to stderr\n"
+
+    @pytest.mark.slow
+    def test_output_is_terminal_sees_through_mpirun(self):
+        """Under mpirun a rank's stdout is a pipe; mpirun's own stdout decides."""
+        cmd = [mpirun_exe(), "-np", "1", sys.executable, "-c",
+               "import sys; from common import logger; "
+               "print('TERMINAL', logger.output_is_terminal(sys.stdout))"]
+        rc, out = run_cmd(cmd, 120)
+        assert rc == 0 and "TERMINAL False" in out, out[-3000:]
+        main_fd, child_fd = os.openpty()
+        try:
+            proc = subprocess.Popen(cmd, cwd=ROOT, stdout=child_fd, stderr=subprocess.DEVNULL)
+            os.close(child_fd)
+            out = b""
+            with hang_guard(120):
+                while True:
+                    try:
+                        chunk = os.read(main_fd, 4096)
+                    except OSError:  # the terminal's other side closed: the command has ended
+                        break
+                    if not chunk:
+                        break
+                    out += chunk
+                proc.wait()
+        finally:
+            os.close(main_fd)
+        assert proc.returncode == 0 and b"TERMINAL True" in out, out[-3000:]
+
+    @pytest.mark.slow  # two (short) training runs
+    def test_a_progress_bar_is_drawn_on_a_terminal_and_nowhere_else(self, tmp_path, monkeypatch):
+        """Rank 0's tqdm bar (common/session.py): on a terminal, the epoch's cycles redrawn in
+        place ('\\r'), never into log.txt; into a file or a pipe, no bar at all, only the lines
+        that a run prints there too."""
+        shown = run_on_screen(FakeTerminal(), str(tmp_path / "terminal"), monkeypatch)
+        assert "epoch 0: " in shown and "0/2" in shown and "\r" in shown, shown[-3000:]
+        piped = run_on_screen(io.StringIO(), str(tmp_path / "piped"), monkeypatch)
+        assert "epoch 0: " not in piped and "\r" not in piped, piped[-3000:]
+        assert "Done: best test success rate" in piped and "Done: best" in shown
+        for run in ("terminal", "piped"):
+            log = (tmp_path / run / "log.txt").read_text()
+            assert "Done: best test success rate" in log
+            assert "epoch 0: " not in log and "\r" not in log, log[-3000:]

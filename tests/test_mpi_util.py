@@ -1,0 +1,118 @@
+"""MPI jobs (common/mpi_util.py): one rank's failure ends the job, and what MPICH leaves behind.
+
+Mirrors openai/baselines `common/mpi_util.py`'s role: under real mpirun, a rank that raises
+ends every rank with one traceback (abort_job waits until the traceback has been read), and
+the /dev/shm segment an aborted job orphans is found and removed while a running job's is kept.
+
+Run: `python -m pytest -q tests/test_mpi_util.py` (from the repository's root).
+"""
+import io
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from common import mpi_util
+from tests.helpers import (ROOT, TINY_RUN, hang_guard, mpirun_exe, remove_orphans_of_job,
+                           run_cmd, shm_entries, train_cmd)
+
+
+# ---------------------------------------------------------------- mpi_util.py: MPI jobs, /dev/shm
+
+
+def orphan_of_an_aborted_job(before):
+    """Run a 2-rank job whose rank 1 aborts; return the one segment it left behind."""
+    code = ("from mpi4py import MPI; c = MPI.COMM_WORLD; c.Barrier(); "
+            "c.Abort(1) if c.Get_rank() == 1 else c.Barrier()")
+    subprocess.run([mpirun_exe(), "-np", "2", sys.executable, "-c", code], cwd=ROOT,
+                   capture_output=True, timeout=120)  # not run_cmd: it would clean up
+    with hang_guard(30):  # the aborted ranks may still be exiting when mpirun returns
+        while not [p for p in mpi_util.orphaned_mpich_segments()
+                   if os.path.basename(p) not in before]:
+            time.sleep(0.2)
+    orphans = {p for p in mpi_util.orphaned_mpich_segments() if os.path.basename(p) not in before}
+    assert len(orphans) == 1 and os.path.basename(min(orphans)).startswith("mpich_shm_")
+    return orphans
+
+
+def running_job_keeps_its_segment(tmp_path, orphans):
+    """A running job: two ranks that say they are up, wait for a file to appear, then finish.
+
+    Each rank says so with a file of its own, not a line on stdout: mpirun forwards the ranks'
+    output on its own schedule, so two ranks' "UP\\n" can arrive as "UPUP\\n"."""
+    go = tmp_path / "go"
+    waiting = ("import os, time; from mpi4py import MPI; c = MPI.COMM_WORLD; c.Barrier(); "
+               f"open(os.path.join({str(tmp_path)!r}, f'up{{c.Get_rank()}}'), 'w').close()\n"
+               f"while not os.path.exists({str(go)!r}): time.sleep(0.1)")
+    entries_before = shm_entries()
+    job = subprocess.Popen([mpirun_exe(), "-np", "2", sys.executable, "-c", waiting], cwd=ROOT,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        with hang_guard(120):
+            while not all((tmp_path / f"up{rank}").exists() for rank in (0, 1)):
+                assert job.poll() is None, f"the waiting job ended early (exit {job.returncode})"
+                time.sleep(0.1)
+            running = {e for e in shm_entries() - entries_before if e.startswith("mpich_shm_")}
+            assert len(running) == 1
+            assert orphans <= set(mpi_util.remove_orphaned_mpich_segments())
+            assert not mpi_util.orphaned_mpich_segments()
+            assert running <= shm_entries(), "the running job's segment was removed"
+            go.touch()
+            assert job.wait() == 0
+    finally:
+        go.touch()  # a job left waiting would hold its segment forever
+        if job.poll() is None:
+            try:
+                job.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                job.kill()
+                job.wait()
+    assert not running & shm_entries()  # a job that finalises removes its own segment
+
+
+class TestMpiUtil:
+    """common/mpi_util.py: MPI jobs, /dev/shm."""
+
+    @pytest.mark.slow
+    def test_orphaned_mpich_segments_are_found_and_removed_but_live_ones_kept(self, tmp_path):
+        """A job that aborts leaves its segment; it is an orphan once the job is over, while the
+        segment of a job still running (held open by its ranks) never is."""
+        before = shm_entries()
+        try:
+            orphans = orphan_of_an_aborted_job(before)
+            running_job_keeps_its_segment(tmp_path, orphans)
+        finally:  # whatever failed, this test's jobs leave nothing behind to fail another test
+            remove_orphans_of_job(before, patience_s=2.)
+
+    @pytest.mark.slow
+    def test_rank_failure_ends_whole_mpi_job_with_one_traceback(self, tmp_path):
+        for n_ranks in (2, 3):
+            rc, out = run_cmd(train_cmd("--env", "tests.helpers:RaiseOnRank1Reach-v0", "--n_epochs", "3",
+                                        "--logdir", str(tmp_path / f"np{n_ranks}"), *TINY_RUN,
+                                        n_ranks=n_ranks), timeout=120)
+            assert rc != 0, out[-3000:]
+            assert out.count("injected env failure on rank 1") == 1 and out.count("Traceback") == 1, \
+                out[-3000:]
+
+    def test_abort_waits_until_the_reader_has_taken_the_traceback(self):
+        """abort_job's wait before MPI_Abort: it returns only once a slow reader has read every
+        byte written into the pipe; with no reader it gives up after its patience, the bytes
+        still there; a stream without a descriptor (as pytest may put in sys.stderr) is skipped."""
+        r, w = os.pipe()
+        with os.fdopen(r, "rb") as reader, os.fdopen(w, "w") as writer:
+            writer.write("x" * 5000)
+            writer.flush()
+            got = []
+            slow = threading.Timer(0.3, lambda: got.append(reader.read(5000)))
+            slow.start()
+            mpi_util.wait_until_pipes_read([writer], patience_s=60.)
+            left = mpi_util.unread_bytes(writer.fileno())
+            slow.join()
+            assert left == 0 and got == [b"x" * 5000]
+            writer.write("y" * 100)
+            writer.flush()
+            mpi_util.wait_until_pipes_read([io.StringIO(), writer], patience_s=0.1)
+            assert mpi_util.unread_bytes(writer.fileno()) == 100

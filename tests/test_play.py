@@ -1,0 +1,64 @@
+"""Playing a saved policy (experiment/play.py): --save_video, and its bad input.
+
+Mirrors openai/baselines `her/experiment/play.py` and its vec_video_recorder.py: a saved
+FetchReach policy played through `python -m experiment.play` writes every frame of an episode
+as an animated GIF (off screen, EGL where there is no display), and every bad input is one
+line and exit code 2 with nothing written.
+
+Run: `python -m pytest -q tests/test_play.py` (from the repository's root).
+"""
+import os
+import subprocess
+
+import numpy as np
+import pytest
+
+from common import files
+from tests.helpers import ROOT, assert_one_line_error, fetch_reach_policy, play_cmd
+
+
+# ---------------------------------------------------------------- play.py: playing, --save_video
+
+def saved_reach_policy(tmp_path):
+    policy, _, _ = fetch_reach_policy(np.random.default_rng(8), hidden=16)
+    path = str(tmp_path / "reach.npz")
+    files.save_policy(policy, path)
+    return path
+
+
+class TestPlay:
+    """experiment/play.py: playing, --save_video."""
+
+    @pytest.mark.slow
+    def test_play_save_video_writes_every_frame_of_an_episode(self, tmp_path):
+        path, gif = saved_reach_policy(tmp_path), str(tmp_path / "reach.gif")
+        env = {k: v for k, v in os.environ.items() if k not in ("MUJOCO_GL", "DISPLAY")}
+        proc = subprocess.run(play_cmd(path, "--n_test_rollouts", "1", "--save_video", gif),
+                              cwd=ROOT, capture_output=True, text=True, timeout=300,
+                              env=env)  # no screen: play.py picks EGL
+        assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+        from PIL import Image
+        with Image.open(gif) as im:
+            assert im.size == (240, 240)  # 480 x 480 renders, halved
+            total_ms = 0
+            for i in range(im.n_frames):
+                im.seek(i)
+                total_ms += im.info["duration"]
+        # T + 1 = 51 frames of 40 ms (Pillow merges identical neighbours, adding their durations)
+        assert total_ms == 51 * 40 and im.n_frames > 10
+        assert not [f for f in os.listdir(tmp_path) if ".tmp" in f]
+
+    @pytest.mark.slow
+    def test_save_video_bad_input_gets_one_line_and_writes_nothing(self, tmp_path):
+        path = saved_reach_policy(tmp_path)
+        args = [path, "--n_test_rollouts", "1"]
+        cases = [(args + ["--save_video", str(tmp_path / "no" / "dir.gif")], {}, "not writable"),
+                 (args + ["--save_video", str(tmp_path / "out.avi")], {}, "only animated GIFs"),
+                 (["--save_video", str(tmp_path / "x.gif")], {}, "POLICY.npz"),
+                 (args + ["--save_video", str(tmp_path / "x.gif")], {"MUJOCO_GL": "nonsense"},
+                  "cannot render off screen")]
+        for argv, env, phrase in cases:
+            proc = subprocess.run(play_cmd(*argv), cwd=ROOT, capture_output=True, text=True,
+                                  timeout=120, env={**os.environ, **env})
+            assert_one_line_error(proc.returncode, proc.stdout + proc.stderr, 2, phrase)
+        assert sorted(os.listdir(tmp_path)) == ["reach.npz"]

@@ -1,0 +1,217 @@
+"""Plots and benchmarks (experiment/plot.py, plot_trace.py, bench.py, timing.py).
+
+No baselines counterpart as such (baselines' her/experiment/plot.py draws curves only): plot.py's
+figures and tables from synthetic runs written here (medians over seeds, variants never taken
+for another seed, the scaling and suite tables with the published anchors), plot_trace.py's
+drawing of a traced cycle, and bench.py's update section (run, not timed: no timing asserts).
+
+Run: `python -m pytest -q tests/test_plot_bench.py` (from the repository's root).
+"""
+import csv
+import json
+import os
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from config import Config
+from tests.helpers import (ROOT, assert_one_line_error, read_trace_rows, run_cmd,
+                           traced_and_untraced_runs, train_cmd)
+
+
+# ---------------------------------------------------------------- plot*.py, bench*.py
+
+def write_synthetic_run(run_dir, seed, success, n_ranks=2, epoch_s=20.0, env="FetchPush-v4",
+                        **settings):
+    os.makedirs(run_dir)
+    cfg = dict(vars(Config(env=env, num_env=2, n_cycles=50, seed=seed, **settings)))
+    with open(os.path.join(run_dir, "config.json"), "w") as f:
+        json.dump(cfg, f)
+    with open(os.path.join(run_dir, "progress.csv"), "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["epoch", "test/success_rate", "total/episodes", "total/timesteps",
+                    "time/epoch_s"])
+        per_epoch = n_ranks * 2 * 50  # ranks x 2 envs x 50 cycles episodes per epoch
+        for e, s in enumerate(success):
+            w.writerow([e, s, per_epoch * (e + 1), per_epoch * (e + 1) * 50, epoch_s])
+
+
+def write_suite_runs(root):
+    """Three tasks at 8 x 2: FetchSlide, two seeds that ended (n_epochs 6); HandReach, still
+    going (3 of its 50 epochs); FetchPickAndPlace, ended (n_epochs 4) without reaching 0.9."""
+    runs = {"FetchSlide-v4": {0: [0.0, 0.2, 0.5, 0.6, 0.9, 1.0],
+                              1: [0.1, 0.3, 0.4, 0.7, 0.8, 0.95]},
+            "HandReach-v3": {0: [0.0, 0.1, 0.3]},
+            "FetchPickAndPlace-v4": {0: [0.1, 0.5, 0.6, 0.7]}}
+    n_epochs = {"FetchSlide-v4": 6, "HandReach-v3": 50, "FetchPickAndPlace-v4": 4}
+    dirs = []
+    for env, seeds in runs.items():
+        for seed, success in seeds.items():
+            dirs.append(os.path.join(root, f"{env}-8x2-seed{seed}"))
+            write_synthetic_run(dirs[-1], seed, success, n_ranks=8, env=env,
+                                n_epochs=n_epochs[env])
+    return dirs, runs
+
+
+class TestPlotBench:
+    """experiment/plot*.py, bench*.py, timing.py."""
+
+    def test_plot_writes_a_png_and_the_table_reads_the_csvs(self, tmp_path):
+        from experiment import plot
+        runs = [str(tmp_path / f"seed{i}") for i in range(3)]
+        for i, run in enumerate(runs):
+            write_synthetic_run(run, i, [0.0, 0.1 * (i + 1), 0.5, 0.95, 1.0][: 3 + i])
+        out = str(tmp_path / "curves.png")
+        assert plot.main(runs + ["-o", out]) == 0
+        with open(out, "rb") as f:
+            assert f.read(8) == b"\x89PNG\r\n\x1a\n" and os.path.getsize(out) > 10_000
+        table = plot.results_table(runs, at_epochs=(0, 1, 3))
+        # median over the 3 seeds at epoch 1 is 0.2; only seeds 1 and 2 reach epoch 3 (0.95)
+        assert "| FetchPush-v4 | 2 x 2 | 3 | 0.00 | 0.20 | 0.95 | -, 3, 3 | 20.0 |" in table
+
+    def test_plot_never_takes_a_run_with_demos_or_its_own_gamma_for_another_seed(self, tmp_path):
+        from experiment import plot
+        plain, demo, gamma = (str(tmp_path / name) for name in ("nodemo", "demo100", "gamma"))
+        write_synthetic_run(plain, 0, [0.0, 0.1], n_ranks=1)
+        write_synthetic_run(demo, 0, [0.3, 0.7], n_ranks=1, demo_file="pick.npz", bc_loss=True)
+        write_synthetic_run(gamma, 0, [0.2, 0.4], n_ranks=1, gamma=0.9)
+        table = plot.results_table([plain, demo, gamma], at_epochs=(0, 1))
+        assert "| FetchPush-v4 | 1 x 2 | 1 | 0.00 | 0.10 | - | 20.0 |" in table
+        assert "| FetchPush-v4, 100 demos | 1 x 2 | 1 | 0.30 | 0.70 | - | 20.0 |" in table
+        assert "| FetchPush-v4, gamma 0.9 | 1 x 2 | 1 | 0.20 | 0.40 | - | 20.0 |" in table
+        assert plot.main([plain, demo, gamma, "-o", str(tmp_path / "curves.png")]) == 0
+
+    def test_plot_never_takes_a_run_with_its_own_replay_strategy_or_k_for_another_seed(self, tmp_path):
+        from experiment import plot
+        runs = {"plain": ([0.0, 0.1], {}), "final": ([0.3, 0.5], dict(replay_strategy="final")),
+                "k8": ([0.2, 0.4], dict(replay_k=8)),
+                "final_k2": ([0.1, 0.2], dict(replay_strategy="final", replay_k=2)),
+                "none": ([0.0, 0.0], dict(replay_strategy="none", replay_k=8)),
+                "random_gamma": ([0.0, 0.3], dict(replay_strategy="random", gamma=0.9)),
+                "old": ([0.2, 0.3], {})}  # a version without the two keys: future, k = 4
+        dirs = {name: str(tmp_path / name) for name in runs}
+        for name, (success, settings) in runs.items():
+            write_synthetic_run(dirs[name], int(name == "old"), success, n_ranks=1, **settings)
+        with open(os.path.join(dirs["old"], "config.json")) as f:
+            cfg = json.load(f)
+        del cfg["replay_strategy"], cfg["replay_k"]
+        with open(os.path.join(dirs["old"], "config.json"), "w") as f:
+            json.dump(cfg, f)
+        assert [plot.read_run(dirs[name])["variant"] for name in runs] == \
+            ["", "final", "future k=8", "final k=2", "none", "gamma 0.9, random", ""]
+        table = plot.results_table(list(dirs.values()), at_epochs=(0, 1))
+        # the old run is the plain run's second seed: medians of (0.0, 0.2) and (0.1, 0.3)
+        assert "| FetchPush-v4 | 1 x 2 | 2 | 0.10 | 0.20 | -, - | 20.0 |" in table
+        assert "| FetchPush-v4, final | 1 x 2 | 1 | 0.30 | 0.50 | - | 20.0 |" in table
+        assert "| FetchPush-v4, future k=8 | 1 x 2 | 1 | 0.20 | 0.40 | - | 20.0 |" in table
+        assert "| FetchPush-v4, final k=2 | 1 x 2 | 1 | 0.10 | 0.20 | - | 20.0 |" in table
+        assert "| FetchPush-v4, none | 1 x 2 | 1 | 0.00 | 0.00 | - | 20.0 |" in table
+        assert "| FetchPush-v4, gamma 0.9, random | 1 x 2 | 1 | 0.00 | 0.30 | - | 20.0 |" in table
+        assert len(table.splitlines()) == 2 + 6
+        assert plot.main(list(dirs.values()) + ["-o", str(tmp_path / "curves.png")]) == 0
+
+    def test_scaling_figure_and_table_one_row_per_rank_count(self, tmp_path):
+        from experiment import plot
+        runs = {2: [0.0, 0.1, 0.2, 0.6, 0.7, 0.8], 19: [0.1, 0.5, 0.95, 1.0, 1.0, 1.0]}
+        dirs = []
+        for n_ranks, success in runs.items():
+            dirs.append(str(tmp_path / f"{n_ranks}x2"))
+            write_synthetic_run(dirs[-1], 0, success, n_ranks=n_ranks, epoch_s=25.0 * n_ranks)
+        out = str(tmp_path / "scaling.png")
+        assert plot.main(dirs + ["--scaling", "FetchPush-v4", "-o", out]) == 0
+        assert os.path.getsize(out) > 10_000
+        table = plot.scaling_table(dirs, "FetchPush-v4", after_epochs=(1, 5)).splitlines()
+        # 19 ranks: 19 x 2 x 50 episodes of 50 steps an epoch; 50 x 40 x 19 updates in 475 s
+        assert table[2] == "| 2 x 2 | 1 | 6 | 10,000 | 50 | 80 | 0.00 | 0.70 | 3 | - |"
+        assert table[3] == "| 19 x 2 | 1 | 6 | 95,000 | 475 | 80 | 0.10 | 1.00 | 1 | 2 |"
+        run = plot.read_run(dirs[1])
+        assert np.allclose(run["hours"], 475. * np.arange(1, 7) / 3600.)
+
+    def test_plot_suite_table_tells_not_yet_from_never_and_shows_the_anchors(self, tmp_path, capsys):
+        from experiment import plot
+        dirs, runs = write_suite_runs(str(tmp_path))
+        table = plot.suite_table(dirs, after_epochs=(2, 5, 10)).splitlines()
+        assert table[0] == ("| task | ranks x envs | seeds | epochs run (of n_epochs) | success after "
+                            "2 epochs | success after 5 epochs | success after 10 epochs | first epoch "
+                            ">= 0.5 | first epoch >= 0.9 | published (success after epochs) |")
+        slide = runs["FetchSlide-v4"]
+        # "after n epochs" is row n - 1; the median over the two seeds; 10 epochs: past n_epochs
+        after_2 = np.median([slide[0][1], slide[1][1]])
+        after_5 = np.median([slide[0][4], slide[1][4]])
+        # PickAndPlace ended at 4 epochs: 0.5 first at epoch 1, 0.9 never; 5 and 10 epochs never run
+        assert table[2] == ("| FetchPickAndPlace-v4 | 8 x 2 | 1 | 4 of 4 | 0.50 | - | - | 1 | never | "
+                            "port 16x2: 0.50 after 12, 0.76 after 20, 0.92 after 48; baselines, "
+                            "100 demos: 0.70 after 50 |")
+        # Slide: seed 0 reaches 0.5 at epoch 2 and 0.9 at 4, seed 1 at 3 and 5
+        assert table[3] == (f"| FetchSlide-v4 | 8 x 2 | 2 | 6 of 6 | {after_2:.2f} | {after_5:.2f} | "
+                            "- | 2, 3 | 4, 5 | port 8x2: 0.50 after 35, 0.57 after 50, 0.70 after "
+                            "125 |")
+        # HandReach is still going (3 of 50 epochs): epochs 5 and 10 blank, both levels not yet
+        assert table[4] == ("| HandReach-v3 | 8 x 2 | 1 | 3 of 50 | 0.10 |  |  | not yet | not yet | "
+                            "none |")
+        assert len(table) == 5
+        # a run before its first epoch (progress.csv: the header only) is left out until it has one
+        started = str(tmp_path / "HandManipulateBlockRotateZ-v1-8x2-seed0")
+        write_synthetic_run(started, 0, [], n_ranks=8, env="HandManipulateBlockRotateZ-v1")
+        assert plot.main(dirs + [started, "--suite", "--table"]) == 0
+        assert capsys.readouterr().out == plot.suite_table(dirs) + "\n"
+
+    def test_plot_suite_figure_has_a_panel_per_task_with_its_anchors(self, tmp_path, monkeypatch):
+        from experiment import plot
+        dirs, runs = write_suite_runs(str(tmp_path))
+        out = str(tmp_path / "suite.png")
+        assert plot.main(dirs + ["--suite", "-o", out]) == 0 and os.path.getsize(out) > 10_000
+        figures = []
+        monkeypatch.setattr(plot, "save_figure", lambda fig, out_path: figures.append(fig))
+        plot.plot_suite(dirs, out)
+        axes = figures[0].axes
+        assert [ax.get_title() for ax in axes] == ["FetchPickAndPlace-v4", "FetchSlide-v4",
+                                                   "HandReach-v3"]
+        slide_lines = axes[1].get_lines()
+        assert slide_lines[0].get_label() == "ours 8x2, 2 seed(s), 6 of 6 epochs"
+        slide = runs["FetchSlide-v4"]
+        assert np.allclose(slide_lines[0].get_ydata(), np.median([slide[0], slide[1]], axis=0))
+        marks = [(line.get_label(), line.get_xdata()[0], line.get_ydata()[0])
+                 for line in slide_lines[1:]]
+        assert marks == [("port 8x2 (published)", 35, 0.5), ("port 8x2 (published)", 50, 0.57),
+                         ("port 8x2 (published)", 125, 0.7)]
+        hand_lines = axes[2].get_lines()
+        assert [line.get_label() for line in hand_lines] == ["ours 8x2, 1 seed(s), 3 of 50 epochs"]
+        assert list(hand_lines[0].get_ydata()) == runs["HandReach-v3"][0]
+        plot.pyplot().close(figures[0])
+
+    @pytest.mark.slow
+    def test_plot_trace_draws_the_traced_cycle_and_refuses_what_it_cannot(self, tmp_path):
+        from experiment import plot_trace
+        runs = traced_and_untraced_runs(str(tmp_path.parent))
+        folder = os.path.join(runs["traced"], "trace")
+        k, n_cycles, shown = plot_trace.traced_cycle(plot_trace.read_trace(folder))
+        assert (k, n_cycles) == (0, 1) and {r["rank"] for r in shown} == {0, 1}
+        assert len(shown) == len([r for r in read_trace_rows(folder) if r["phase"] == "cycle"])
+        out = str(tmp_path / "cycle.png")
+        assert plot_trace.main([folder, "-o", out]) == 0 and os.path.getsize(out) > 10_000
+        for argv, phrase in (([str(tmp_path)], "no rank<r>.csv"), ([folder, "--cycle", "1"],
+                                                                      "no cycle 1")):
+            proc = subprocess.run([sys.executable, "-m", "experiment.plot_trace", *argv, "-o", out],
+                                  cwd=ROOT, capture_output=True, text=True, timeout=120)
+            assert_one_line_error(proc.returncode, proc.stdout + proc.stderr, 2, phrase)
+
+    @pytest.mark.slow
+    def test_bench_update_section_runs_and_prints_its_ratios(self):
+        """experiment/bench.py is not timed here (no timing asserts); this only proves its update section
+        still builds an agent from Config and prints every row with a finite number."""
+        rc, out = run_cmd(train_cmd("--only", "update", "--quick", module="experiment.bench"), timeout=300)
+        assert rc == 0, out
+        rows = {}
+        for line in out.splitlines():
+            m = re.match(r"(\S.*?)\s{2,}(-?[0-9.]+) (ms|x)\b", line)
+            if m:
+                rows[m.group(1)] = float(m.group(2))
+        for name in ("GEMM floor of one update", "DDPG.train() update", "HER sampling of a batch",
+                     "normalising it", "MpiAdam.update, critic"):
+            assert any(k.startswith(name) and np.isfinite(v) and v > 0 for k, v in rows.items()), \
+                (name, out)
+        assert "ratio to floor" in out, out
