@@ -2,12 +2,14 @@
 
 Mirrors baselines `her/experiment/plot.py` (test/success_rate per epoch, median and a
 percentile band over seeds); shows the quantity Plappert et al. (2018), Sec. 3, report.
-A run folder is what train.py writes: progress.csv and config.json. Runs are grouped into one
-curve per (env, MPI ranks, num_env, run_variant); a group's seeds give the median and the
-interquartile band. Three figures, each with its markdown table (--table):
+A run folder is what train.py writes: progress.csv and config.json. The seeds of one (env, MPI
+ranks, num_env, run_variant) make one curve. Epochs are progress.csv's, from 0: row e is written
+after e + 1 epochs, so a published "after n epochs" is drawn at x = n - 1 on the epoch axis.
+Three figures, each with its markdown table (--table):
   * the curves: a panel column per env, against epoch (top) and total env steps (bottom);
   * --scaling ENV: one env, a curve per (ranks, num_env), against epoch, env steps and hours;
-  * --suite: a panel per env against epoch; its table tells a run still going from one ended.
+  * --suite: a panel per env against epoch, the seeds' range shaded and each seed faint; its
+    table gives "median (lowest-highest)" over seeds (suite_table: runs going, levels not met).
 One traced cycle (train.py --trace N) is drawn by plot_trace.py.
 
 Run:
@@ -15,7 +17,7 @@ Run:
     python -m experiment.plot results/* --table     # the markdown table docs/results.md shows
     python -m experiment.plot results/FetchPush-v4-*x2-seed[0-9] --scaling FetchPush-v4 \
         -o results/scaling.png
-    python -m experiment.plot results/*-8x2-seed0 --suite -o results/suite.png
+    python -m experiment.plot results/*-8x2-seed[0-9] --suite -o results/suite.png
     (with --table instead of -o, each prints its figure's markdown table)
 Test: `python -m pytest -q tests/test_plot_bench.py`.
 """
@@ -29,39 +31,49 @@ import numpy as np
 
 from common import files
 
-# Published test success rates to mark beside our curves: (source, ranks, envs, epoch, success),
-# "success after `epoch` epochs", each read off a figure:
-#   "port": TianhongDai/hindsight-experience-replay, a PyTorch port of baselines HER, the figure
-#     in its README (median over 5 seeds); its commands run FetchPush and FetchSlide at 8
-#     ranks, FetchPickAndPlace at 16, each with 2 envs a rank;
-#   "baselines 19x2": baselines issue #591 (a maintainer: FetchPush solved after 20 epochs);
-#   "baselines, 100 demos": baselines her/README.md, figure fetchPickAndPlaceContrast (median;
-#     its ranks x envs are not stated, so that mark goes on the epoch axis only).
-# Plappert et al. (2018) give curves only, no success value in numbers: the Fetch tasks in
-# Fig. 3, HandReach in Fig. 4, BlockRotateZ among the variants of Appendix C (19 ranks x 2 envs,
-# 5 seeds); so HandReach and HandManipulateBlockRotateZ have no mark here.
+# Published test success rates, (source, ranks, envs, variant, n, success): "success after n
+# epochs" of that ranks x envs, marked only beside our runs of that run_variant. The sources:
+#   "port": TianhongDai/hindsight-experience-replay, a PyTorch port of baselines HER, read off
+#     its README's figure (figures/results.png; median over 5 seeds; x read as epochs run); its
+#     commands run FetchPush and FetchSlide at 8 ranks, FetchPickAndPlace at 16, 2 envs a rank;
+#   "issue 591": baselines issue #591, a maintainer's one run (`--num_cpu 19`, 2 envs a rank):
+#     its log's test/success_rate 0.687 in epoch 8 and 0.895 in epoch 9 (from 0, as ours), and
+#     its words "gets to test success rate of 1.0 after 20 epochs";
+#   "demos": baselines her/README.md, figure fetchPickAndPlaceContrast (median; no ranks x envs).
+# Plappert et al. (2018) give curves only, no value in numbers (Fetch: Fig. 3, HandReach: Fig. 4,
+# BlockRotateZ: Appendix C; 19 x 2, 5 seeds), so HandReach and BlockRotateZ have no mark here.
+SOURCES = {"port": ("PyTorch port", "5 seeds, median", "x"), "issue 591": ("baselines issue 591",
+           "one run", "*"), "demos": ("baselines her/README", "median", "D")}  # name, what, marker
 ANCHORS = {
-    "FetchPush-v4": [("port 8x2", 8, 2, 10, 0.3), ("port 8x2", 8, 2, 20, 0.97),
-                     ("baselines 19x2", 19, 2, 20, 1.0)],
-    "FetchPickAndPlace-v4": [("port 16x2", 16, 2, 12, 0.5), ("port 16x2", 16, 2, 20, 0.76),
-                             ("port 16x2", 16, 2, 48, 0.92),
-                             ("baselines, 100 demos", None, None, 50, 0.7)],
-    "FetchSlide-v4": [("port 8x2", 8, 2, 35, 0.5), ("port 8x2", 8, 2, 50, 0.57),
-                      ("port 8x2", 8, 2, 125, 0.7)],
+    "FetchPush-v4": [("port", 8, 2, "", 10, 0.3), ("port", 8, 2, "", 20, 0.97),
+                     ("issue 591", 19, 2, "", 9, 0.69), ("issue 591", 19, 2, "", 10, 0.89),
+                     ("issue 591", 19, 2, "", 20, 1.0)],
+    "FetchPickAndPlace-v4": [("port", 16, 2, "", 12, 0.5), ("port", 16, 2, "", 20, 0.76),
+                             ("port", 16, 2, "", 48, 0.92),
+                             ("demos", None, None, "100 demos", 50, 0.7)],
+    "FetchSlide-v4": [("port", 8, 2, "", n, s) for n, s in
+                      ((10, 0.1), (20, 0.28), (30, 0.45), (35, 0.5), (50, 0.57), (125, 0.7))],
 }
 N_CYCLES, T_FETCH = 50, 50  # of the anchors with known ranks x envs: 50 cycles, 50-step episodes
-X_LABELS = {"epoch": "epoch", "steps": "total env steps (all ranks)",
+X_LABELS = {"epoch": "epoch (row e: after e + 1 epochs)", "steps": "total env steps (all ranks)",
             "hours": "hours of training (sum of time/epoch_s)"}
 
 
 def anchor_x(n_ranks, num_env, epoch, x_key):
-    """Where an anchor goes on the axis of x_key; None where it cannot be placed: env steps
-    need its ranks x envs, and no source states hours."""
+    """Where a mark "after `epoch` epochs" goes on x_key's axis: epoch - 1 on the epoch axis (our
+    row after that many); None where env steps lack its ranks x envs, and for hours (unstated)."""
     if x_key == "epoch":
-        return epoch
+        return epoch - 1
     if x_key == "steps" and n_ranks is not None:
         return epoch * N_CYCLES * n_ranks * num_env * T_FETCH
     return None
+
+
+def anchor_label(source, n_ranks, num_env, variant):
+    """A mark's legend label: its source, its scale and variant where known, what it is."""
+    name, what, _ = SOURCES[source]
+    scale = [f"{n_ranks}x{num_env}"] if n_ranks else []
+    return f"{', '.join([name] + scale + ([variant] if variant else []))} ({what})"
 
 
 def read_run(run_dir):
@@ -76,17 +88,15 @@ def read_run(run_dir):
     episodes_per_rank = (int(rows[0]["epoch"]) + 1) * cfg["n_cycles"] * cfg["num_env"]
     n_ranks = int(rows[0]["total/episodes"]) // episodes_per_rank
     T = int(rows[0]["total/timesteps"]) // int(rows[0]["total/episodes"])
-    epoch_s = column(rows, "time/epoch_s")
+    def column(key, kind=float):
+        return np.array([kind(row[key]) for row in rows])
+    epoch_s = column("time/epoch_s")
     return dict(env=cfg["env"], n_ranks=n_ranks, num_env=cfg["num_env"],
                 variant=run_variant(cfg), seed=cfg["seed"], n_epochs=cfg["n_epochs"],
                 n_cycles=cfg["n_cycles"], n_batches=cfg["n_batches"], T=T,
-                epoch=column(rows, "epoch", int), success=column(rows, "test/success_rate"),
-                steps=column(rows, "total/timesteps"), epoch_s=epoch_s,
+                epoch=column("epoch", int), success=column("test/success_rate"),
+                steps=column("total/timesteps"), epoch_s=epoch_s,
                 hours=np.cumsum(epoch_s) / 3600.)  # training time only: not the pauses between
-
-
-def column(rows, key, kind=float):
-    return np.array([kind(row[key]) for row in rows])
 
 
 def run_variant(cfg):
@@ -119,40 +129,31 @@ def group_runs(run_dirs):
 def groups_of_env(run_dirs, env):
     """group_runs() of the runs of one env, in order of (ranks, envs, variant)."""
     groups = group_runs(run_dirs)
-    ordered = sorted(groups, key=lambda group_key: group_key[1:])
-    return {key: groups[key] for key in ordered if key[0] == env}
+    return {key: groups[key] for key in sorted(groups, key=lambda k: k[1:]) if key[0] == env}
 
 
 def with_variant(text, variant):
     return f"{text}, {variant}" if variant else text
 
 
-def median_and_quartiles(runs, key="success"):
-    """Per epoch, over the runs that reached it: epochs, median, 25th and 75th percentile."""
-    n = max(len(r["epoch"]) for r in runs)
-    med, lo, hi = [], [], []
-    for i in range(n):
-        values = [r[key][i] for r in runs if len(r[key]) > i]
-        med.append(np.median(values))
-        lo.append(np.percentile(values, 25))
-        hi.append(np.percentile(values, 75))
-    return np.arange(n), np.array(med), np.array(lo), np.array(hi)
+def median_and_band(runs, key="success", band=(25, 75)):
+    """Per epoch, over the runs that reached it: epochs, median and the band's percentiles
+    ((0, 100): the range, lowest to highest)."""
+    values = np.full((len(runs), max(len(r[key]) for r in runs)), np.nan)  # nan: not reached
+    for row, run in zip(values, runs):
+        row[:len(run[key])] = run[key]
+    lo, hi = (np.nanpercentile(values, q, axis=0) for q in band)
+    return np.arange(values.shape[1]), np.nanmedian(values, axis=0), lo, hi
 
 
-def first_epochs(runs, level, say_why=False):
-    """Per seed, the first (0-based) epoch whose test success reaches `level`; for a seed that
-    has not, "-", or with say_why "not yet" while its run is still going (progress.csv has
-    fewer epochs than its config.json's n_epochs) and "never" once it has ended."""
-    cells = []
-    for run in runs:
-        reached = [str(e) for e, success in zip(run["epoch"], run["success"]) if success >= level]
-        if reached:
-            cells.append(reached[0])
-        elif say_why:
-            cells.append("not yet" if len(run["epoch"]) < run["n_epochs"] else "never")
-        else:
-            cells.append("-")
-    return ", ".join(cells)
+def first_epoch(run, level):
+    """The first (0-based) epoch whose test success reaches `level`; np.inf if none has."""
+    return next((int(e) for e, s in zip(run["epoch"], run["success"]) if s >= level), np.inf)
+
+
+def first_epochs(runs, level):
+    """Per seed, first_epoch() as text, "-" for a seed that has not reached `level`."""
+    return ", ".join("-" if np.isinf(e) else str(e) for e in (first_epoch(r, level) for r in runs))
 
 
 def pyplot():
@@ -162,23 +163,31 @@ def pyplot():
     return plt
 
 
-def draw_curves(axes, x_keys, curves, env, marker=None):
-    """On axes[i], against x_keys[i]: each (label, runs) of `curves` as the median over its
-    seeds, with the interquartile band where there are several, and env's published ANCHORS."""
+def draw_curves(axes, x_keys, curves, env, marker=None, band=(25, 75), faint=False):
+    """On axes[i], against x_keys[i]: each (label, runs) of `curves` as the median over its seeds,
+    where several the band's percentiles (and with faint each seed); then draw_anchors()."""
     for label, runs in curves:
-        epochs, med, lo, hi = median_and_quartiles(runs)
+        epochs, med, lo, hi = median_and_band(runs, band=band)
         for ax, x_key in zip(axes, x_keys):
-            x = epochs if x_key == "epoch" else median_and_quartiles(runs, x_key)[1]
+            x = epochs if x_key == "epoch" else median_and_band(runs, x_key)[1]
             line, = ax.plot(x, med, marker=marker, label=label)
             if len(runs) > 1:
                 ax.fill_between(x, lo, hi, alpha=0.2, color=line.get_color())
-    for source, n_ranks, num_env, epoch, success in ANCHORS.get(env, []):
-        style = "x" if source.startswith("port") else "*"
+            for run in runs if faint and len(runs) > 1 else []:
+                ax.plot(run[x_key], run["success"], lw=0.8, alpha=0.3, color=line.get_color())
+    draw_anchors(axes, x_keys, env, {runs[0]["variant"] for _, runs in curves})
+
+
+def draw_anchors(axes, x_keys, env, variants):
+    """env's ANCHORS for runs of those variants, a marker per source; the axes' labels, legends."""
+    for source, n_ranks, num_env, variant, epoch, success in ANCHORS.get(env, []):
+        if variant not in variants:
+            continue
         for ax, x_key in zip(axes, x_keys):
             x = anchor_x(n_ranks, num_env, epoch, x_key)
             if x is not None:
-                ax.plot([x], [success], style, color="k", markersize=10,
-                        label=f"{source} (published)")
+                ax.plot([x], [success], SOURCES[source][2], color="k", markersize=8,
+                        label="published: " + anchor_label(source, n_ranks, num_env, variant))
     for ax, x_key in zip(axes, x_keys):
         ax.set_xlabel(X_LABELS[x_key])
         ax.set_ylabel("test success rate")
@@ -186,7 +195,7 @@ def draw_curves(axes, x_keys, curves, env, marker=None):
         ax.grid(alpha=0.3)
         handles, labels = ax.get_legend_handles_labels()
         unique = dict(zip(labels, handles))  # one entry per anchor source, not one per mark
-        ax.legend(unique.values(), unique.keys(), fontsize=8)
+        ax.legend(unique.values(), unique.keys(), fontsize=7)
 
 
 def plot(run_dirs, out_path):
@@ -194,11 +203,9 @@ def plot(run_dirs, out_path):
     envs = sorted({key[0] for key in groups})
     fig, axes = pyplot().subplots(2, len(envs), figsize=(4.5 * len(envs), 7), squeeze=False)
     for col, env in enumerate(envs):
-        curves = []
-        for (g_env, n_ranks, num_env, variant), runs in groups.items():
-            if g_env == env:
-                label = f"{n_ranks} rank(s) x {num_env} env(s), {len(runs)} seed(s)"
-                curves.append((with_variant(label, variant), runs))
+        curves = [(with_variant(f"{n_ranks} rank(s) x {num_env} env(s), {len(runs)} seed(s)",
+                                variant), runs)
+                  for (g_env, n_ranks, num_env, variant), runs in groups.items() if g_env == env]
         draw_curves(axes[:, col], ("epoch", "steps"), curves, env)
         axes[0, col].set_title(env)
         axes[1, col].set_xscale("log")  # 1 x 2 runs and 16 x 2 anchors: decades apart
@@ -230,13 +237,16 @@ def plot_suite(run_dirs, out_path):
         curves = []
         for (g_env, n_ranks, num_env, variant), runs in groups.items():
             if g_env == env:
-                done = max(len(run["epoch"]) for run in runs)
-                label = f"ours {n_ranks}x{num_env}, {len(runs)} seed(s), {done} of " \
-                        f"{runs[0]['n_epochs']} epochs"
+                seeds, epochs = seeds_and_epochs(runs)
+                how = ", median and range" if len(runs) > 1 else ""
+                label = f"ours {n_ranks}x{num_env}, {seeds}{how}; {epochs} epochs"
                 curves.append((with_variant(label, variant), runs))
-        draw_curves([ax], ("epoch",), curves, env)
+        # one seed: one plain line; several: the median over the seeds that reached each
+        # epoch, their range (lowest to highest) shaded, each seed thin and faint
+        draw_curves([ax], ("epoch",), curves, env, band=(0, 100), faint=True)
         ax.set_title(env)
-    fig.suptitle("The paper's tasks: DDPG + HER (NumPy), median test success over seeds")
+    fig.suptitle("The paper's tasks: DDPG + HER (NumPy), test success: the median over seeds, "
+                 "their range shaded, each seed faint")
     save_figure(fig, out_path)
 
 
@@ -265,10 +275,10 @@ def scaling_table(run_dirs, env, after_epochs=(5, 10, 15, 20, 25)):
         secs = float(np.median(np.concatenate([r["epoch_s"] for r in runs])))
         # every rank makes n_cycles * n_batches updates of its own batch per epoch
         updates_per_s = run["n_cycles"] * run["n_batches"] * n_ranks / secs
-        _, med, _, _ = median_and_quartiles(runs)
+        _, med, _, _ = median_and_band(runs)
         at = [f"{med[e - 1]:.2f}" if e <= len(med) else "" for e in after_epochs]
-        n_epochs = max(len(r["epoch"]) for r in runs)
-        cells = [with_variant(f"{n_ranks} x {num_env}", variant), str(len(runs)), str(n_epochs),
+        n_epochs = str(max(len(r["epoch"]) for r in runs))
+        cells = [with_variant(f"{n_ranks} x {num_env}", variant), str(len(runs)), n_epochs,
                  f"{steps:,}", f"{secs:.0f}", f"{updates_per_s:.0f}"]
         rows.append(cells + at + [first_epochs(runs, 0.5), first_epochs(runs, 0.9)])
     return markdown_table(header, rows)
@@ -280,7 +290,7 @@ def results_table(run_dirs, at_epochs=(0, 4, 9, 19, 29, 39, 49)):
     header += ["first epoch >= 0.9 (per seed)", "s / epoch"]
     rows = []
     for (env, n_ranks, num_env, variant), runs in sorted(group_runs(run_dirs).items()):
-        _, med, _, _ = median_and_quartiles(runs)
+        _, med, _, _ = median_and_band(runs)
         cells = [with_variant(env, variant), f"{n_ranks} x {num_env}", str(len(runs))]
         cells += [f"{med[e]:.2f}" if e < len(med) else "" for e in at_epochs]
         secs = np.median(np.concatenate([r["epoch_s"] for r in runs]))
@@ -288,49 +298,78 @@ def results_table(run_dirs, at_epochs=(0, 4, 9, 19, 29, 39, 49)):
     return markdown_table(header, rows)
 
 
-def anchors_cell(env):
-    """env's ANCHORS as text, one clause per source: "port 8x2: 0.50 after 35, 0.57 after 50"."""
-    by_source = {}
-    for source, _, _, epoch, success in ANCHORS.get(env, []):
-        by_source.setdefault(source, []).append(f"{success:.2f} after {epoch}")
-    text = "; ".join(f"{source}: {', '.join(marks)}" for source, marks in by_source.items())
-    return text or "none"
+def anchors_cell(env, variant):
+    """env's ANCHORS for runs of variant, a clause per source: "PyTorch port, 8x2 (...): ..."."""
+    by_label = {}
+    for source, n_ranks, num_env, a_variant, epoch, success in ANCHORS.get(env, []):
+        if a_variant != variant:
+            continue
+        label = anchor_label(source, n_ranks, num_env, variant)
+        by_label.setdefault(label, []).append(f"{success:.2f} after {epoch}")
+    return "; ".join(f"{label}: {', '.join(marks)}" for label, marks in by_label.items()) or "none"
+
+
+def seeds_and_epochs(runs):
+    """A group's seeds ("1 seed (0)", "3 seeds (0, 1, 2)"), each one's epochs ("25, 3 of 25")."""
+    seeds = ", ".join(str(run["seed"]) for run in runs)
+    epochs = ", ".join(str(len(run["epoch"])) for run in runs)
+    return (f"{len(runs)} seed{'s' if len(runs) > 1 else ''} ({seeds})",
+            f"{epochs} of {max(run['n_epochs'] for run in runs)}")
+
+
+def spread(values, text):
+    """values as "median (lowest-highest)", each through text(); alone where all read alike."""
+    alike = len({text(v) for v in values}) == 1
+    return text(values[0]) if alike else \
+        f"{text(np.median(values))} ({text(min(values))}-{text(max(values))})"
+
+
+def success_cell(runs, n):
+    """Success after n epochs (row n - 1), spread() over the seeds that have run n epochs, with
+    "k of m seeds" where not all have; "" while none has, "-" for n past n_epochs."""
+    values = [run["success"][n - 1] for run in runs if len(run["success"]) >= n]
+    if not values:
+        return "" if n <= max(run["n_epochs"] for run in runs) else "-"
+    cell = spread(values, lambda v: f"{v:.2f}")
+    return cell if len(values) == len(runs) else f"{cell}, {len(values)} of {len(runs)} seeds"
+
+
+def level_cell(runs, level):
+    """The first epoch at `level`, spread() over the seeds. A seed that has not reached it
+    counts as later than every seed that has; a median or highest that falls on such a seed
+    reads "not yet" while any seed short of the level is still going, "never" once none is."""
+    firsts = [first_epoch(run, level) for run in runs]
+    short = [run for run, e in zip(runs, firsts) if np.isinf(e)]
+    word = "not yet" if any(len(run["epoch"]) < run["n_epochs"] for run in short) else "never"
+    return spread(firsts, lambda e: word if np.isinf(e) else f"{e:g}")
 
 
 def suite_table(run_dirs, after_epochs=(10, 20, 30, 50)):
-    """One row per group: median success after each of after_epochs epochs, the first epoch at
-    0.5 and at 0.9 (with say_why), and the env's published anchors."""
+    """One row per group: success after each of after_epochs epochs (success_cell), the first
+    epoch at 0.5 and at 0.9 (level_cell), and the published anchors for the group's runs."""
     header = ["task", "ranks x envs", "seeds", "epochs run (of n_epochs)"]
     header += [f"success after {e} epochs" for e in after_epochs]
-    header += ["first epoch >= 0.5", "first epoch >= 0.9", "published (success after epochs)"]
+    header += ["first epoch >= 0.5", "first epoch >= 0.9", "published (success after n epochs)"]
     rows = []
     for (env, n_ranks, num_env, variant), runs in sorted(group_runs(run_dirs).items()):
-        _, med, _, _ = median_and_quartiles(runs)
-        n_epochs = max(run["n_epochs"] for run in runs)
-        cells = [with_variant(env, variant), f"{n_ranks} x {num_env}", str(len(runs)),
-                 f"{len(med)} of {n_epochs}"]
-        for e in after_epochs:
-            not_reached = "" if e <= n_epochs else "-"  # "": not yet; "-": past n_epochs
-            cells.append(f"{med[e - 1]:.2f}" if e <= len(med) else not_reached)
-        cells += [first_epochs(runs, 0.5, say_why=True), first_epochs(runs, 0.9, say_why=True)]
-        rows.append(cells + [anchors_cell(env)])
+        cells = [with_variant(env, variant), f"{n_ranks} x {num_env}", *seeds_and_epochs(runs)]
+        cells += [success_cell(runs, e) for e in after_epochs]
+        cells += [level_cell(runs, 0.5), level_cell(runs, 0.9)]
+        rows.append(cells + [anchors_cell(env, variant)])
     return markdown_table(header, rows)
 
 
 def has_epochs(run_dir):
     """Whether run_dir's progress.csv holds an epoch (a run just started has only its header)."""
     path = os.path.join(run_dir, "progress.csv")
-    if not os.path.exists(path):
-        return False
-    with open(path) as f:
+    with open(path if os.path.exists(path) else os.devnull) as f:  # none: no epoch either
         return sum(1 for _ in f) > 1
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description="Plot test success of train.py runs")
     p.add_argument("run_dirs", nargs="+", help="folders holding progress.csv and config.json")
-    p.add_argument("-o", "--out", help="PNG to write (results/curves.png; with --scaling "
-                   "results/scaling.png, with --suite results/suite.png)")
+    p.add_argument("-o", "--out", help="PNG to write (default: results/<figure>.png)")
     p.add_argument("--table", action="store_true", help="print the figure's markdown table")
     figure_kind = p.add_mutually_exclusive_group()
     figure_kind.add_argument("--scaling", metavar="ENV", help="one env, a curve per rank count "
@@ -345,20 +384,15 @@ def main(argv=None):
         p.error("none of the given folders holds a progress.csv with an epoch in it")
     if args.scaling and not any(read_run(d)["env"] == args.scaling for d in run_dirs):
         p.error(f"none of the given runs is of {args.scaling}")
-    if args.table and args.scaling:
-        print(scaling_table(run_dirs, args.scaling))
-    elif args.table and args.suite:
-        print(suite_table(run_dirs))
-    elif args.table:
-        print(results_table(run_dirs))
-    elif args.scaling:
+    if args.table:
+        print(scaling_table(run_dirs, args.scaling) if args.scaling else
+              suite_table(run_dirs) if args.suite else results_table(run_dirs))
+        return 0
+    if args.scaling:
         plot_scaling(run_dirs, args.scaling, args.out)
-    elif args.suite:
-        plot_suite(run_dirs, args.out)
     else:
-        plot(run_dirs, args.out)
-    if not args.table:
-        print(f"wrote {args.out} from {len(run_dirs)} run(s)")
+        (plot_suite if args.suite else plot)(run_dirs, args.out)
+    print(f"wrote {args.out} from {len(run_dirs)} run(s)")
     return 0
 
 
