@@ -61,7 +61,7 @@ def update_and_floor(policy, repeats, number, setting):
     """(ms of the GEMM floor, ms of one policy.train()) at the policy's batch size, interleaved
     so that both see the same machine; prints the floor's row. The floor runs exactly the
     update's float32 products into preallocated outputs."""
-    shapes = update_gemm_shapes(policy, policy.params["batch_size"])
+    shapes = update_gemm_shapes(policy, policy.cfg.batch_size)
     rng = np.random.default_rng(1)
     operands = [(rng.standard_normal((m, k), dtype=np.float32),
                  rng.standard_normal((k, n), dtype=np.float32),
@@ -82,7 +82,7 @@ def update_and_floor(policy, repeats, number, setting):
 
 def bench_update(quick):
     policy, _, _ = make_policy(n_episodes=200)
-    N = policy.params["batch_size"]
+    N = policy.cfg.batch_size
     repeats, number = (5, 20) if quick else (15, 40)
     t_floor, t_update = update_and_floor(policy, repeats, number, "batch 256, 3x256, FetchPush")
     row("DDPG.train() update", t_update, "ms", f"ratio to floor {t_update / t_floor:.2f}x")
