@@ -88,7 +88,8 @@ class TestCheckpoint:
                                          logdir)
         assert rc == 130, f"expected exit code 130 (interrupted), got {rc}:\n{out[-3000:]}"
         assert out.count("interrupted in epoch") == 1
-        files.load_policy(os.path.join(logdir, "policy_latest.npz"), reach_task())  # complete, loadable
+        # complete and loadable
+        files.load_policy(os.path.join(logdir, "policy_latest.npz"), reach_task())
         ckpt = arrays_of(checkpoint.checkpoint_path(logdir, 0))
         assert int(ckpt["cycle"]) > 0, "the interrupt was expected mid-epoch"
         assert not [f for f in os.listdir(logdir) if ".tmp" in f]
@@ -181,7 +182,7 @@ class TestCheckpoint:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
-            # exiting at once skips MPI_Finalize, so MPICH's segment stays (docs/faults.md, last row)
+            # exiting at once skips MPI_Finalize, so MPICH's segment stays (docs/faults.md)
             remove_orphans_of_job(before)
         assert proc.returncode == 130 and "Traceback" not in out, out[-3000:]
         assert [line for line in out.splitlines() if "again" in line] == [

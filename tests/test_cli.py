@@ -83,7 +83,8 @@ class TestConfig:
         assert default.gamma == 1. - 1. / 300  # --gamma 0, the default: baselines' rule
         given = DDPG(Config(hidden=8, buffer_size=3000, gamma=0.98), task, np.random.default_rng(0))
         assert given.gamma == 0.98
-        assert np.allclose([given.Q_min, given.Q_max], [0., 1. / (1. - 0.98)])  # [0, 50], not [0, 300]
+        # [0, 50], not [0, 300]
+        assert np.allclose([given.Q_min, given.Q_max], [0., 1. / (1. - 0.98)])
         assert given.policy_config()["gamma"] == 0.98  # what its policy file holds
 
     def test_a_demo_file_turns_the_cloning_loss_on_unless_bc_loss_0_is_given(self):

@@ -87,8 +87,8 @@ class TestDocs:
     """README.md and docs/*.md."""
 
     def test_plot_tables_in_docs_results_match_committed_csvs(self):
-        """docs/results.md shows the results, scaling and strategies tables that experiment/plot.py makes of
-        results/, and the suite table where the page holds one."""
+        """docs/results.md shows the results, scaling and strategies tables that experiment/plot.py
+        makes of results/, and the suite table where the page holds one."""
         from experiment import plot
         results = os.path.join(ROOT, "results")
         run_dirs = sorted(os.path.join(results, d) for d in os.listdir(results)
@@ -97,16 +97,17 @@ class TestDocs:
         with open(os.path.join(ROOT, "docs", "results.md")) as f:
             page = f.read()
         assert plot.results_table(run_dirs) in page, \
-            "docs/results.md's results table differs from `python -m experiment.plot results/* --table`"
+            "docs/results.md's results table differs from " \
+            "`python -m experiment.plot results/* --table`"
         push = [d for d in run_dirs if fnmatch.fnmatch(os.path.basename(d),
                                                        "FetchPush-v4-*x2-seed[0-9]")]
-        assert plot.scaling_table(push, "FetchPush-v4") in page, "docs/results.md's scaling table " \
-            "differs from `python -m experiment.plot results/FetchPush-v4-*x2-seed[0-9] --scaling FetchPush-v4" \
-            " --table`"
+        assert plot.scaling_table(push, "FetchPush-v4") in page, "docs/results.md's scaling " \
+            "table differs from `python -m experiment.plot results/FetchPush-v4-*x2-seed[0-9] " \
+            "--scaling FetchPush-v4 --table`"
         strategies = [d for d in run_dirs if os.path.basename(d).startswith("FetchPush-v4-4x2-")]
         assert plot.scaling_table(strategies, "FetchPush-v4") in page, "docs/results.md's table " \
-            "of HER strategies differs from `python -m experiment.plot results/FetchPush-v4-4x2-* --scaling " \
-            "FetchPush-v4 --table`"
+            "of HER strategies differs from `python -m experiment.plot results/FetchPush-v4-4x2-* " \
+            "--scaling FetchPush-v4 --table`"
         suite = [d for d in run_dirs if fnmatch.fnmatch(os.path.basename(d), "*-8x2-seed0")]
         if "<!-- suite table" in page:  # the page shows it once the suite's runs are in results/
             assert plot.suite_table(suite) in page, "docs/results.md's suite table differs from " \

@@ -36,7 +36,8 @@ MAZES = ("PointMaze_UMaze-v3", "AntMaze_UMaze-v5")  # T = 300 and 700; rewards {
 class PointGoal(gym.Env):
     """A maze-like goal task without physics: a point in [-0.5, 0.5]^2 moves by 0.2 u per step;
     reward 1 within 0.15 of the goal, else 0, and success reported as info['success'] (the
-    conventions of PointMaze and AntMaze, not Fetch's). Registered as tests.test_goal_env:PointGoal-v0."""
+    conventions of PointMaze and AntMaze, not Fetch's). Registered as
+    tests.test_goal_env:PointGoal-v0."""
 
     def __init__(self):
         box = gym.spaces.Box(-.5, .5, (2,), np.float64)

@@ -19,7 +19,7 @@ from common import errors, logger, session
 from tests.helpers import ROOT, hang_guard, mpirun_exe, run_cmd
 
 
-# ---------------------------------------------------------------- logger.py: log.txt, the progress bar
+# ---------------------------------------------------------------- logger.py: log.txt, the bar
 
 class FakeTerminal(io.StringIO):
     def isatty(self):

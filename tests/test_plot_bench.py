@@ -201,9 +201,10 @@ class TestPlotBench:
 
     @pytest.mark.slow
     def test_bench_update_section_runs_and_prints_its_ratios(self):
-        """experiment/bench.py is not timed here (no timing asserts); this only proves its update section
-        still builds an agent from Config and prints every row with a finite number."""
-        rc, out = run_cmd(train_cmd("--only", "update", "--quick", module="experiment.bench"), timeout=300)
+        """experiment/bench.py is not timed here (no timing asserts); this only proves its update
+        section still builds an agent from Config and prints every row with a finite number."""
+        rc, out = run_cmd(train_cmd("--only", "update", "--quick", module="experiment.bench"),
+                          timeout=300)
         assert rc == 0, out
         rows = {}
         for line in out.splitlines():

@@ -24,8 +24,8 @@ from vecenv import SubprocVecEnv
 # ---------------------------------------------------------------- tracing.py: --trace
 
 def expected_calls(how_often, n_batches):
-    """(calls per cycle, calls outside cycles) that docs/mpi.md's 'how often' cell states, for a run
-    of one epoch of one cycle with n_batches updates and no demos."""
+    """(calls per cycle, calls outside cycles) that docs/mpi.md's 'how often' cell states, for a
+    run of one epoch of one cycle with n_batches updates and no demos."""
     def number(pattern):
         match = re.search(pattern, how_often)
         return int(match[1]) if match else None
@@ -42,8 +42,8 @@ class TestTracing:
 
     @pytest.mark.slow
     def test_trace_finds_exactly_the_calls_and_counts_of_the_docs_table(self, tmp_path):
-        """docs/mpi.md's table of cross-rank calls, measured: the call sites a traced run recorded are
-        the rows of the table (but those only for --resume, errors, benchmarks, tests and --trace
+        """docs/mpi.md's table of cross-rank calls, measured: the call sites a traced run recorded
+        are the rows of the table (but those only for --resume, errors, benchmarks, tests and --trace
         itself), and each made as many calls per cycle and outside cycles as its row says."""
         runs = traced_and_untraced_runs(str(tmp_path.parent))
         rows = read_trace_rows(os.path.join(runs["traced"], "trace"))
