@@ -177,8 +177,11 @@ run_job() {
   if kill -0 $JOB 2>/dev/null; then wait $JOB; RC=$?; fi  # a signal ended the first wait
   JOB=""
   [ -n "$cutter" ] && kill $cutter 2>/dev/null  # the job ended before the wire was cut
-  # What a lost host's ranks need to end by their own time limit: up to 60 s more.
-  for _ in $(seq 120); do LEFT=$(processes_left); [ -z "$LEFT" ] && break; sleep 0.5; done
+  # A lost host's ranks end by their own time limit, which mpiexec cannot wait for: give them
+  # up to 60 s more, and say how long the last one took.
+  local tick
+  for tick in $(seq 0 120); do LEFT=$(processes_left); [ -z "$LEFT" ] && break; sleep 0.5; done
+  LEFT_S=$(awk -v t="$tick" 'BEGIN {printf "%.1f", t / 2}')
   SECONDS_TAKEN=$(awk -v a="$start" -v b="$(date +%s.%N)" 'BEGIN {printf "%.1f", b - a}')
   read -r RX1 TX1 < <(wire_bytes)
   exec {LOG}>&-
@@ -192,8 +195,12 @@ report() {
   [ -n "$ended" ] || ended="without the line that says the ranks are in sync (see above)"
   sent=$((TX1 - TX0)) received=$((RX1 - RX0))
   echo "two-hosts: ended: $ended; exit code $RC after $SECONDS_TAKEN s"
-  echo "two-hosts: left: in the hosts' namespaces once the job ended (waited up to 60 s):" \
-       "${LEFT:-nothing}"
+  if [ -n "$LEFT" ]; then
+    echo "two-hosts: left: in the hosts' namespaces 60 s after the job ended: $LEFT"
+  else
+    echo "two-hosts: left: nothing in the hosts' namespaces (the last process ended" \
+         "$LEFT_S s after the job)"
+  fi
   echo "two-hosts: the wire: host0 sent $sent bytes to host1 and received $received bytes" \
        "from it ($(awk -v n=$((sent + received)) 'BEGIN {printf "%.1f", n / 1e6}') MB in all)"
   if [ -n "$RATE" ]; then
