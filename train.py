@@ -30,6 +30,8 @@ from common.goal_env import build_venv
 from common.mpi_util import one_blas_thread, run_on_every_rank
 from common.session import Session, prepare_run
 from common.tracing import Tracer
+from common.watchdog import Watchdog
+from config import Config
 from ddpg import DDPG
 from rollout import RolloutWorker
 
@@ -55,7 +57,7 @@ def train(cfg, policy, rollout_worker, evaluator, run):
     return run.best_success_rate
 
 
-def learn(cfg, plan, comm, tracer):
+def learn(cfg, plan, comm, tracer, watchdog):
     """baselines' learn(): this rank's agent and its two rollout workers, then train()."""
     rng = np.random.default_rng(cfg.seed + 1000000 * comm.Get_rank())  # each rank its own data
     policy = DDPG(cfg, plan.task, rng, comm)  # collective: every rank takes rank 0's weights
@@ -68,7 +70,7 @@ def learn(cfg, plan, comm, tracer):
                                        success_key=plan.task.success_key)
         evaluator = RolloutWorker(venv, policy, rng, exploit=True, compute_Q=True,
                                   success_key=plan.task.success_key)
-        run = Session(cfg, plan, policy, (rollout_worker, evaluator), comm, tracer)
+        run = Session(cfg, plan, policy, (rollout_worker, evaluator), comm, tracer, watchdog)
         best = train(cfg, policy, rollout_worker, evaluator, run)
         tracer.finish()  # if the run ended before its traced cycles did
     finally:
@@ -87,14 +89,22 @@ def main(argv=None):
     # process re-imports this file (`spawn` runs it as __mp_main__), where a top-level import
     # would initialise MPI as a second copy of its rank, which hangs the job.
     from mpi4py import MPI
+    # A time limit on every collective call, and signals that work while a rank waits in one
+    # (the limit until rank 0's configuration has come: the flag's or the default).
+    watchdog = Watchdog(Config.mpi_timeout if args.mpi_timeout is None else args.mpi_timeout)
     tracer = Tracer(args.trace)
-    comm = tracer.wrap_comm(MPI.COMM_WORLD)  # with --trace, it records every MPI call
+    comm = tracer.wrap_comm(watchdog.wrap_comm(MPI.COMM_WORLD))  # --trace records every call
 
     def job():
         cfg = shared_config(args, comm)  # rank 0's, on every rank
+        watchdog.limit_s, watchdog.logdir = cfg.mpi_timeout, cfg.logdir
         with prepare_run(cfg, args, comm, tracer) as plan:  # checks, files, log dir, log.txt
-            learn(cfg, plan, comm, tracer)
-    return run_on_every_rank(comm, "train.py", job, EXIT_CODES)
+            learn(cfg, plan, comm, tracer, watchdog)
+    watchdog.start()
+    try:
+        return run_on_every_rank(comm, "train.py", job, EXIT_CODES)
+    finally:
+        watchdog.close()
 
 
 if __name__ == "__main__":

@@ -8,15 +8,13 @@ never stopped, byte for byte.
 
 Stopping is collective: once per cycle every rank tells the others (one allgather) whether it
 was interrupted or saw a non-finite loss or weight, so all ranks stop at the same cycle instead
-of one leaving the others waiting in an Allreduce for ever. A second signal ends the run at once.
+of one leaving the others waiting in an Allreduce for ever. The signals themselves are taken by
+common/watchdog.py, which also ends the run at once on a second one.
 
 Test: `python -m pytest -q tests/test_checkpoint.py`.
 """
 import json
-import multiprocessing as mp
 import os
-import signal
-import sys
 
 import numpy as np
 
@@ -127,35 +125,6 @@ def read_checkpoint(path):
 
 
 # ---------------------------------------------------------------- stopping safely
-
-class StopFlag:
-    """SIGINT/SIGTERM only raise a flag; the loop stops at the next cycle boundary, where all
-    ranks agree and save. A second signal means "now, not saved"."""
-
-    def __init__(self, logdir, announce):
-        self.requested = False
-        self.logdir, self.announce = logdir, announce  # announce: print the one line (rank 0)
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, self._handle)
-
-    def _handle(self, signum, frame):
-        if not self.requested:
-            self.requested = True
-            return
-        # A second signal: kill this rank's env processes and exit 130 here, in the handler.
-        # Easy to miss: raising KeyboardInterrupt instead would unwind through whatever was
-        # running (a half-read step, an Allreduce the other ranks never join, a close() that
-        # waits on an env process), which can hang. Env processes ignore SIGINT, so they are
-        # killed. Under mpirun a second Ctrl-C makes mpirun kill every rank; a second SIGTERM
-        # comes here on every rank.
-        for child in mp.active_children():  # this rank's env processes
-            child.kill()
-        if self.announce:
-            print(f"train.py: {signal.Signals(signum).name} again: stopped at once, without "
-                  f"saving; --resume {self.logdir} continues from the last checkpoint",
-                  file=sys.stderr, flush=True)
-        os._exit(130)
-
 
 def save_interrupted(logdir, epoch, cycle, best, policy, workers, comm, losses):
     """Every rank's checkpoint after `cycle`, then rank 0's policy_latest.npz."""

@@ -50,7 +50,7 @@ def given_config_args(args):
 # The ranges that argparse's types cannot express: {what a value must be: the fields}
 RANGES = {"at least 1": ("num_env", "n_cycles", "n_batches", "batch_size", "buffer_size",
                          "hidden", "layers"),
-          "0 or more": ("env_timeout", "n_epochs", "n_test_rollouts", "replay_k",
+          "0 or more": ("env_timeout", "mpi_timeout", "n_epochs", "n_test_rollouts", "replay_k",
                         "policy_save_interval", "sync_check_interval", "Q_lr", "pi_lr",
                         "action_l2", "noise_eps", "prm_loss_weight", "aux_loss_weight"),
           "above 0": ("clip_obs", "norm_eps", "norm_clip"),
@@ -184,6 +184,11 @@ def shared_config(args, comm):
 
 # ---------------------------------------------------------------- train.py's command line
 
+# The flags a resumed run may change: how long it goes on, and how long a call may wait on
+# this machine; neither changes what is computed.
+RESUME_FLAGS = {"n_epochs", "mpi_timeout"}
+
+
 def train_parser():
     p = ArgumentParser(prog="train.py",
                        description="DDPG + HER (NumPy) on gymnasium-robotics goal tasks")
@@ -204,6 +209,7 @@ def parse_train_args(argv=None):
         p.error(f"--trace must be 0 (off) or a number of cycles, got {args.trace}")
     if args.resume and args.load_path:
         p.error("--resume cannot be combined with --load_path")
-    if args.resume and set(given_config_args(args)) - {"n_epochs"}:
-        p.error("--resume continues the saved configuration; only --n_epochs may be given")
+    if args.resume and set(given_config_args(args)) - RESUME_FLAGS:
+        p.error("--resume continues the saved configuration; only --n_epochs and "
+                "--mpi_timeout may be given")
     return args

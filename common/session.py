@@ -20,9 +20,9 @@ import time
 import numpy as np
 from tqdm import tqdm
 
-from common.checkpoint import (StopFlag, checkpoint_positions, common_position,
-                               read_checkpoint, restore_agent, restore_epoch_so_far,
-                               save_checkpoint, stop_safely_if_needed)
+from common.checkpoint import (checkpoint_positions, common_position, read_checkpoint,
+                               restore_agent, restore_epoch_so_far, save_checkpoint,
+                               stop_safely_if_needed)
 from common.cli import parse_reward_range
 from common.errors import BadFileError, UsageError
 from common.files import (atomic_write_text, load_demos, load_policy_arrays, save_policy,
@@ -160,16 +160,17 @@ def restore_run(plan, policy, workers, logdir, comm):
 
 class Session:
     """The bookkeeping of train()'s loop on one rank; restores a resumed run when made.
-    workers: (rollout_worker, evaluator)."""
+    workers: (rollout_worker, evaluator); stop: what a first SIGINT/SIGTERM sets `requested`
+    of (common/watchdog.py's Watchdog)."""
 
-    def __init__(self, cfg, plan, policy, workers, comm, tracer):
+    def __init__(self, cfg, plan, policy, workers, comm, tracer, stop):
         self.cfg, self.policy, self.workers, self.comm, self.tracer = (cfg, policy, workers,
                                                                        comm, tracer)
         self.rank0 = comm.Get_rank() == 0
         (self.start_epoch, self.start_cycle, self.best_success_rate,
          self.start_losses) = restore_run(plan, policy, workers, cfg.logdir, comm)
         self.logger = EpochLogger(cfg.logdir, enabled=self.rank0, start_epoch=self.start_epoch)
-        self.stop = StopFlag(cfg.logdir, announce=self.rank0)
+        self.stop = stop
         self.screen = plan.log.screen
         self.draw_bar = self.rank0 and output_is_terminal(self.screen)
         self.losses, self.bar = [], None

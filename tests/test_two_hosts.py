@@ -92,3 +92,38 @@ class TestTwoHosts:
         after["net_namespaces"] -= before["net_namespaces"]  # others' processes may have ended
         before["net_namespaces"] = set()
         assert after == before
+
+    @pytest.mark.slow
+    def test_a_host_that_loses_its_wire_ends_on_both_sides_and_leaves_nothing(self, tmp_path):
+        """tools/two-hosts.sh --cut_wire: host1's end of the wire goes down mid-run; the ranks of
+        both hosts, each waiting in a collective call, end by their own --mpi_timeout (host1's
+        cannot be reached by host0's mpiexec), and nothing is left in any namespace, without
+        anyone having to SIGKILL a process."""
+        reason = why_no_simulated_hosts()
+        if reason:
+            pytest.skip(reason)
+        limit, cut = 20, 45
+        before = what_hosts_leave()
+        proc = subprocess.run(
+            ["bash", os.path.join(ROOT, "tools", "two-hosts.sh"), "1", "100", "--out",
+             str(tmp_path / "out"), "--cut_wire", str(cut), "--",
+             "--n_cycles", "10", "--n_batches", "20", "--mpi_timeout", str(limit)],
+            capture_output=True, text=True, timeout=600, env=dict(os.environ, PYTHON=sys.executable))
+        out = proc.stdout + proc.stderr
+        assert proc.returncode != 0, out[-4000:]
+        assert "two-hosts: host1's wire went down" in out, out[-4000:]
+        report = {line.split(":")[1].split(" ")[1]: line for line in out.splitlines()
+                  if line.startswith("two-hosts: ")}
+        assert f"(--mpi_timeout {limit})" in report["ended"], out[-4000:]
+        took = float(re.search(r"after ([\d.]+) s", report["ended"]).group(1))
+        assert took < cut + limit + 30, report["ended"]
+        # host1's rank prints its line too, but the cut wire cannot carry it to mpiexec: that
+        # it ended by its own limit shows in how soon after the job its host was empty
+        left = re.search(r"left: nothing in the hosts' namespaces \(the last process ended "
+                         r"([\d.]+) s after the job\)", report["left"])
+        assert left and float(left.group(1)) < 30, out[-4000:]
+        assert "ignored SIGTERM" not in out, out[-4000:]
+        after = what_hosts_leave()
+        after["net_namespaces"] -= before["net_namespaces"]
+        before["net_namespaces"] = set()
+        assert after == before

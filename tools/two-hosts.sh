@@ -10,16 +10,19 @@
 #
 # Run as root (namespaces need it), with the project's venv first on PATH or PYTHON= set:
 #   bash tools/two-hosts.sh [RANKS_PER_HOST] [EPOCHS] [--out DIR] [--rate RATE [--burst SIZE]]
-#                           [-- TRAIN_ARGS...]
+#                           [--cut_wire SECONDS] [-- TRAIN_ARGS...]
 #   sudo env PATH="$PATH" bash tools/two-hosts.sh 1 1                 # 2 hosts x 1 rank, 1 epoch
 #   bash tools/two-hosts.sh 2 1 --rate 1gbit -- --env FetchPush-v4 --trace 2
 # RANKS_PER_HOST and EPOCHS default to 1. train.py gets --num_env 2 and a short FetchReach-v4
 # epoch (QUICK below), then TRAIN_ARGS, which override them (argparse keeps the last); the log
 # dir is the script's. --rate puts a token bucket (tc tbf, default burst 64kb) on both ends of
-# the wire, so a network of that speed can be measured.
+# the wire, so a network of that speed can be measured. --cut_wire sets host1's end of the wire
+# down that many seconds into the job, as a host lost with its network would be: both hosts'
+# ranks then wait in a collective call until train.py's --mpi_timeout ends them.
 #
 # Prints train.py's output, then lines starting "two-hosts:": how the run ended (train.py's
-# "... N rank(s) in sync ..." line), its exit code and seconds, the bytes that crossed the wire
+# "... N rank(s) in sync ..." line, or its first error line), its exit code and seconds, what
+# was still running in the hosts' namespaces when the job ended, the bytes that crossed the wire
 # each way (the veth's counters), the files each host's disk held, and where rank 0's
 # progress.csv and config.json (and every host's trace/, with --trace) were copied: --out, default
 # runs/two-hosts-<time>, since the hosts' disks go with them. Exit code: the job's; 2 for bad
@@ -42,12 +45,15 @@ usage_error() { echo "two-hosts: error: $*" >&2; exit 2; }
 fail() { echo "two-hosts: error: $*" >&2; exit 1; }
 
 parse_args() {
-  RANKS=1 EPOCHS=1 OUT="" RATE="" BURST=64kb EXTRA=() positional=0
+  RANKS=1 EPOCHS=1 OUT="" RATE="" BURST=64kb CUT="" EXTRA=() positional=0
   while [ $# -gt 0 ]; do
     case $1 in
       --out) [ $# -ge 2 ] || usage_error "--out needs a folder"; OUT=$2; shift ;;
       --rate) [ $# -ge 2 ] || usage_error "--rate needs a rate, e.g. 1gbit"; RATE=$2; shift ;;
       --burst) [ $# -ge 2 ] || usage_error "--burst needs a size, e.g. 64kb"; BURST=$2; shift ;;
+      --cut_wire) [ $# -ge 2 ] && [[ $2 =~ ^[0-9]+(\.[0-9]+)?$ ]] ||
+                    usage_error "--cut_wire needs the seconds into the job, e.g. 30"
+                  CUT=$2; shift ;;
       --) shift; EXTRA=("$@"); break ;;
       -h|--help) sed -n '2,/^set -u/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
       *) [[ $1 =~ ^[1-9][0-9]*$ ]] && [ $positional -lt 2 ] ||
@@ -161,9 +167,21 @@ run_job() {
     -np $((2 * RANKS)) "$PYTHON" train.py "${QUICK[@]}" --n_epochs "$EPOCHS" "${EXTRA[@]}" \
     --logdir "$LOGDIR" >&$LOG 2>&1 &
   JOB=$!
+  local cutter=""
+  if [ -n "$CUT" ]; then
+    (sleep "$CUT"; in_host 1 -n ip link set eth0 down &&
+       echo "two-hosts: host1's wire went down $CUT s into the job") >&$LOG 2>&1 &
+    cutter=$!
+  fi
   wait $JOB; RC=$?
   if kill -0 $JOB 2>/dev/null; then wait $JOB; RC=$?; fi  # a signal ended the first wait
   JOB=""
+  [ -n "$cutter" ] && kill $cutter 2>/dev/null  # the job ended before the wire was cut
+  # A lost host's ranks end by their own time limit, which mpiexec cannot wait for: give them
+  # up to 60 s more, and say how long the last one took.
+  local tick
+  for tick in $(seq 0 120); do LEFT=$(processes_left); [ -z "$LEFT" ] && break; sleep 0.5; done
+  LEFT_S=$(awk -v t="$tick" 'BEGIN {printf "%.1f", t / 2}')
   SECONDS_TAKEN=$(awk -v a="$start" -v b="$(date +%s.%N)" 'BEGIN {printf "%.1f", b - a}')
   read -r RX1 TX1 < <(wire_bytes)
   exec {LOG}>&-
@@ -173,9 +191,16 @@ run_job() {
 report() {
   local ended sent received
   ended=$(grep "rank(s) in sync" "$W/run.log" | tail -n 1)
+  [ -n "$ended" ] || ended=$(grep -m 1 "error: " "$W/run.log")
   [ -n "$ended" ] || ended="without the line that says the ranks are in sync (see above)"
   sent=$((TX1 - TX0)) received=$((RX1 - RX0))
   echo "two-hosts: ended: $ended; exit code $RC after $SECONDS_TAKEN s"
+  if [ -n "$LEFT" ]; then
+    echo "two-hosts: left: in the hosts' namespaces 60 s after the job ended: $LEFT"
+  else
+    echo "two-hosts: left: nothing in the hosts' namespaces (the last process ended" \
+         "$LEFT_S s after the job)"
+  fi
   echo "two-hosts: the wire: host0 sent $sent bytes to host1 and received $received bytes" \
        "from it ($(awk -v n=$((sent + received)) 'BEGIN {printf "%.1f", n / 1e6}') MB in all)"
   if [ -n "$RATE" ]; then
@@ -200,6 +225,14 @@ report() {
   fi
 }
 
+processes_left() {  # "pid (name)" of each process in the namespaces but their two holders
+  local pid
+  for pid in $(processes_in_namespaces); do
+    [ "$pid" = "${HOST[0]}" ] || [ "$pid" = "${HOST[1]}" ] ||
+      printf '%s (%s) ' "$pid" "$(cat /proc/$pid/comm 2>/dev/null)"
+  done
+}
+
 processes_in_namespaces() {  # the pids of every process in a host's network namespace
   find /proc/[0-9]*/ns/net -maxdepth 0 -printf '%l %p\n' 2>/dev/null |
     awk -v a="${NETNS[0]}" -v b="${NETNS[1]:-}" \
@@ -212,7 +245,10 @@ end_processes_in_namespaces() {  # TERM, then KILL what is left after 5 s
     pids=$(processes_in_namespaces)
     [ -z "$pids" ] && return 0
     if [ "$tick" -eq 1 ]; then kill -TERM $pids 2>/dev/null; fi
-    if [ "$tick" -eq 50 ]; then kill -KILL $pids 2>/dev/null; fi
+    if [ "$tick" -eq 50 ]; then
+      echo "two-hosts: warning: processes" $pids "ignored SIGTERM for 5 s: killed" >&2
+      kill -KILL $pids 2>/dev/null
+    fi
     sleep 0.1
   done
   echo "two-hosts: warning: processes" $pids "are still in the hosts' namespaces" >&2

@@ -1,0 +1,197 @@
+"""A time limit on every collective call, and Ctrl-C that works while a rank waits in one.
+
+No baselines counterpart: baselines and the PyTorch port wait for ever, and so does MPI, which
+has no time limit. A rank blocked in a collective (a peer stopped or hung, a host lost with its
+wire) runs no Python code, signal handlers included, until the call returns. So one thread per
+rank, the watchdog, does what the main thread cannot while it waits:
+  * it times the collective call the rank is in (WatchedComm wraps the communicator, as
+    --trace's TracedComm does, and only watches: nothing it does changes what is computed).
+    After WARN_FRACTION of --mpi_timeout it prints one warning line; after --mpi_timeout
+    seconds it prints one line naming the call, kills this rank's env processes and aborts the
+    job (MPI_Abort), so every rank on every host exits. Time this process spent suspended
+    (Ctrl-Z) does not count. As Horovod's stall inspector warns and then shuts a job down, and
+    PyTorch's process groups time a collective out (there: 60 s to warn; 10 or 30 minutes).
+  * it takes SIGINT and SIGTERM (set_wakeup_fd hands it each signal the moment it arrives): the
+    first asks the loop to stop safely at the end of the cycle (`requested`, read once per
+    cycle by checkpoint.stop_safely_if_needed), the second ends the rank at once, exit code
+    130, its env processes killed, also while the main thread is blocked in MPI.
+
+Test: `python -m pytest -q tests/test_watchdog.py`.
+"""
+import multiprocessing as mp
+import os
+import select
+import signal
+import sys
+import threading
+import time
+
+from common.tracing import caller_site
+
+TICK_S = 0.5  # how often the watchdog looks at the clock
+WARN_FRACTION = 0.25  # the warning comes after this fraction of --mpi_timeout
+ABORT_PATIENCE_S = 10.  # MPI_Abort that has not ended this process by then: exit anyway
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class Watchdog:
+    """One rank's watchdog thread; limit_s = 0: no time limit (signals are still taken)."""
+
+    def __init__(self, limit_s, prog="train.py"):
+        self.limit_s, self.prog = limit_s, prog
+        self.requested = False  # a first SIGINT/SIGTERM asked to stop after this cycle
+        self.logdir = None  # named in the second signal's line, once known
+        self.comm = None  # the communicator MPI_Abort ends the job through
+        self._call = None  # [frame of the caller, call name, seconds waited, warned]
+        self._lock = threading.Lock()
+        self._thread = None
+
+    def wrap_comm(self, comm):
+        self.comm = comm
+        return WatchedComm(comm, self)
+
+    def start(self):
+        """Take SIGINT/SIGTERM (main thread only: set_wakeup_fd's rule) and start watching."""
+        self._read_fd, self._write_fd = os.pipe()
+        os.set_blocking(self._write_fd, False)
+        self._old_wakeup_fd = signal.set_wakeup_fd(self._write_fd, warn_on_full_buffer=False)
+        # The Python-level handler does nothing: the watchdog thread acts on every signal.
+        self._old_handlers = {sig: signal.signal(sig, _do_nothing) for sig in SIGNALS}
+        self._closing = False
+        self._thread = threading.Thread(target=self._watch, name="watchdog", daemon=True)
+        self._thread.start()
+
+    def close(self):
+        """Give the signals back and stop the thread (a run in this process is over)."""
+        if self._thread is None:
+            return
+        signal.set_wakeup_fd(self._old_wakeup_fd)
+        for sig, handler in self._old_handlers.items():
+            signal.signal(sig, handler)
+        self._closing = True
+        self._thread.join()
+        self._thread = None
+        os.close(self._read_fd)
+        os.close(self._write_fd)
+
+    # -------------------------------------------------- the main thread's side
+
+    def entering(self, frame, name):
+        with self._lock:
+            self._call = [frame, name, 0., False]
+
+    def left(self):
+        with self._lock:
+            self._call = None
+
+    # -------------------------------------------------- the watchdog thread
+
+    def _watch(self):
+        last = time.monotonic()
+        while not self._closing:
+            ready, _, _ = select.select([self._read_fd], [], [], TICK_S)
+            if ready:
+                for signum in os.read(self._read_fd, 64):
+                    self._on_signal(signum)
+            now = time.monotonic()
+            # at most one tick counted per tick: a suspended process (Ctrl-Z) has not waited
+            self._count(min(now - last, 2 * TICK_S))
+            last = now
+
+    def _count(self, seconds):
+        with self._lock:
+            call = self._call
+            if call is None or not self.limit_s:
+                return
+            call[2] += seconds
+            frame, name, waited, warned = call
+        if waited >= self.limit_s:
+            self._expire(describe_call(frame, name), waited)
+        elif waited >= WARN_FRACTION * self.limit_s and not warned:
+            call[3] = True
+            self._say(f"warning: {describe_call(frame, name)} has waited {waited:.0f} s for "
+                      f"the other ranks; the job ends if it waits {self.limit_s:g} s "
+                      f"(--mpi_timeout)")
+
+    def _expire(self, what, waited):
+        self._say(f"error: {what} waited {waited:.0f} s for the other ranks (--mpi_timeout "
+                  f"{self.limit_s:g}): a rank or host has died or hangs, or the network between "
+                  f"the hosts is down; the job ends now (--resume continues from the last "
+                  f"checkpoint)")
+        kill_env_processes()
+        # MPI_Abort ends every rank of the job; should it not return or end this process
+        # (an mpirun that cannot be reached), the rank exits on its own.
+        threading.Timer(ABORT_PATIENCE_S, os._exit, (1,)).start()
+        self.comm.Abort(1)  # [MPI] from this thread: mpi4py asks for MPI_THREAD_MULTIPLE
+        os._exit(1)
+
+    def _on_signal(self, signum):
+        if signum not in SIGNALS:
+            return
+        if not self.requested:
+            self.requested = True
+            return
+        # A second signal: now, also if the main thread is blocked in an MPI call. Env
+        # processes ignore SIGINT, so they are killed; the last checkpoint stays as it is.
+        kill_env_processes()
+        resume = f"; --resume {self.logdir} continues from the last checkpoint" \
+            if self.logdir else ""
+        self._say(f"{signal.Signals(signum).name} again: stopped at once, without saving"
+                  f"{resume}", announce_only=True)
+        os._exit(130)
+
+    def _say(self, text, announce_only=False):
+        rank = self.comm.Get_rank() if self.comm is not None else 0
+        if announce_only and rank != 0:
+            return
+        where = f" (rank {rank})" if self.comm is not None and self.comm.Get_size() > 1 else ""
+        print(f"{self.prog}{where}: {text}", file=sys.stderr, flush=True)
+
+
+def _do_nothing(signum, frame):
+    pass
+
+
+def kill_env_processes():
+    for child in mp.active_children():  # this rank's env processes
+        child.kill()
+
+
+def describe_call(frame, name):
+    """"MpiAdam.update's Allreduce (mpi_adam.py)" for the call `name` made from `frame`."""
+    site = caller_site(frame, skip=("tracing.py", "watchdog.py"))  # file:function
+    file, _, function = site.partition(":")
+    return f"{function}'s {name} ({file})"
+
+
+class WatchedComm:
+    """An MPI communicator whose collective calls the Watchdog times; every other attribute
+    (Get_rank, Get_size, Abort) is the communicator's own."""
+
+    def __init__(self, comm, watchdog):
+        self._comm, self._watchdog = comm, watchdog
+
+    def __getattr__(self, name):
+        return getattr(self._comm, name)
+
+    def _watched(self, name, *args, **kwargs):
+        self._watchdog.entering(sys._getframe(2), name)  # the caller of Allreduce, Bcast, ...
+        try:
+            return getattr(self._comm, name)(*args, **kwargs)
+        finally:
+            self._watchdog.left()
+
+    def Allreduce(self, *args, **kwargs):
+        return self._watched("Allreduce", *args, **kwargs)
+
+    def Bcast(self, *args, **kwargs):
+        return self._watched("Bcast", *args, **kwargs)
+
+    def allgather(self, *args, **kwargs):
+        return self._watched("allgather", *args, **kwargs)
+
+    def bcast(self, *args, **kwargs):
+        return self._watched("bcast", *args, **kwargs)
+
+    def gather(self, *args, **kwargs):
+        return self._watched("gather", *args, **kwargs)

@@ -1,0 +1,202 @@
+"""common/watchdog.py: a time limit on every collective call, and signals while a rank waits.
+
+No baselines counterpart (baselines, and MPI, wait for ever). Held against real runs: a rank
+stopped with SIGSTOP (a hung node) under `mpirun -np 2` must end the job within --mpi_timeout
+plus a few seconds, with the line naming the call, leaving no process, and --resume must go
+on; without a limit, two SIGINTs to the rank that waits must end it at once; a lone process
+with a fake collective that never returns is ended, and time it spent suspended is not
+counted. The lost host (two network namespaces, the wire set down mid-epoch) is in
+tests/test_two_hosts.py.
+
+Run: `python -m pytest -q tests/test_watchdog.py` (from the repository's root).
+"""
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from tests.helpers import (ROOT, assert_main_refuses, hang_guard, read_progress,
+                           remove_orphans_of_job, run_cmd, shm_entries, train_cmd)
+
+# A 2-rank FetchReach run long enough to be stopped in the middle (20 epochs of 5 cycles).
+LONG_RUN = ("--num_env", "2", "--n_epochs", "20", "--n_cycles", "5", "--n_batches", "20",
+            "--n_test_rollouts", "1", "--seed", "4")
+
+
+def processes_marked(mark):
+    """Pids of the processes whose environment holds HER_TEST_JOB=mark: the job's ranks, their
+    env processes and MPICH's proxy (all inherit mpirun's environment)."""
+    pids = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if f"HER_TEST_JOB={mark}".encode() in f.read().split(b"\0"):
+                    with open(f"/proc/{pid}/stat") as stat:
+                        if stat.read().rsplit(")", 1)[1].split()[0] != "Z":
+                            pids.append(int(pid))
+        except OSError:  # ended meanwhile, or not ours to read
+            continue
+    return pids
+
+
+def rank_pid(mark, rank):
+    """The pid of train.py's rank `rank` of the marked job (PMI_RANK is mpirun's)."""
+    for pid in processes_marked(mark):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                env = f.read().split(b"\0")
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmdline = f.read().split(b"\0")
+        except OSError:
+            continue
+        if f"PMI_RANK={rank}".encode() in env and any(a.endswith(b"train.py") for a in cmdline) \
+                and b"multiprocessing" not in b" ".join(cmdline):  # not its env processes
+            return pid
+    return None
+
+
+def start_marked(cmd, mark):
+    return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, env=dict(os.environ, HER_TEST_JOB=mark))
+
+
+def wait_for_epoch(proc, logdir, timeout=300):
+    """Until progress.csv holds an epoch (its checkpoint saved), then a moment into the next."""
+    with hang_guard(timeout):
+        while not os.path.exists(os.path.join(logdir, "progress.csv")) and proc.poll() is None:
+            time.sleep(0.2)
+        time.sleep(2.)
+    assert proc.poll() is None, proc.communicate()[0][-3000:]
+
+
+def assert_nothing_left(mark, patience_s=15):
+    with hang_guard(patience_s):
+        while processes_marked(mark):
+            time.sleep(0.2)
+
+
+class TestWatchdog:
+    """common/watchdog.py."""
+
+    @pytest.mark.slow
+    def test_a_stopped_rank_ends_the_job_within_the_limit_and_resume_goes_on(self, tmp_path):
+        limit = 20
+        logdir, mark = str(tmp_path / "run"), f"stopped-{os.getpid()}"
+        before = shm_entries()
+        proc = start_marked(train_cmd(*LONG_RUN, "--mpi_timeout", str(limit), "--logdir",
+                                      logdir, n_ranks=2), mark)
+        try:
+            wait_for_epoch(proc, logdir)
+            os.kill(rank_pid(mark, 1), signal.SIGSTOP)  # a hung node: it never answers again
+            stopped_at = time.monotonic()
+            with hang_guard(limit + 60):
+                out, _ = proc.communicate()
+            took = time.monotonic() - stopped_at
+            assert_nothing_left(mark)  # the stopped rank, the env processes, the proxy
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            for pid in processes_marked(mark):
+                os.kill(pid, signal.SIGKILL)
+            remove_orphans_of_job(before, patience_s=2.)
+        assert proc.returncode != 0 and took < limit + 30, (took, out[-3000:])
+        errors = [line for line in out.splitlines() if f"--mpi_timeout {limit})" in line]
+        assert errors and "(rank 0): error: " in errors[0] and "waited" in errors[0], out[-3000:]
+        assert "a rank or host has died or hangs" in errors[0]
+        warned = [line for line in out.splitlines() if "(rank 0): warning: " in line]
+        assert warned and out.index(warned[0]) < out.index(errors[0]), out[-3000:]
+        rows = len(read_progress(logdir))
+        rc, out = run_cmd(train_cmd("--resume", logdir, "--n_epochs", str(rows + 1),
+                                    n_ranks=2), 600)
+        assert rc == 0 and "2 rank(s) in sync" in out, out[-3000:]
+        assert len(read_progress(logdir)) == rows + 1
+
+    @pytest.mark.slow
+    def test_without_a_limit_two_sigints_end_the_waiting_rank_at_once(self, tmp_path):
+        logdir, mark = str(tmp_path / "run"), f"sigint-{os.getpid()}"
+        before = shm_entries()
+        proc = start_marked(train_cmd(*LONG_RUN, "--mpi_timeout", "0", "--logdir", logdir,
+                                      n_ranks=2), mark)
+        try:
+            wait_for_epoch(proc, logdir)
+            os.kill(rank_pid(mark, 1), signal.SIGSTOP)
+            time.sleep(5.)  # rank 0 is in a collective now, waiting for rank 1
+            rank0 = rank_pid(mark, 0)
+            os.kill(rank0, signal.SIGINT)
+            time.sleep(0.5)
+            os.kill(rank0, signal.SIGINT)
+            signalled_at = time.monotonic()
+            with hang_guard(60):
+                out, _ = proc.communicate()
+            took = time.monotonic() - signalled_at
+            assert_nothing_left(mark)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            for pid in processes_marked(mark):
+                os.kill(pid, signal.SIGKILL)
+            remove_orphans_of_job(before, patience_s=2.)
+        assert took < 15, (took, out[-3000:])
+        assert "SIGINT again: stopped at once, without saving; --resume" in out, out[-3000:]
+        assert "Traceback" not in out, out[-3000:]
+
+    def test_a_collective_that_never_returns_is_ended_but_not_while_suspended(self, tmp_path):
+        """One process, a communicator whose Allreduce never returns and whose Abort exits 7:
+        the warning after a quarter of the limit, the error line and the abort at the limit;
+        the seconds it spent stopped (SIGSTOP) are not counted."""
+        script = tmp_path / "never.py"
+        script.write_text(textwrap.dedent(f"""\
+            import os, sys, time
+            sys.path.insert(0, {ROOT!r})
+            from common.watchdog import Watchdog
+
+            class NeverComm:
+                def Allreduce(self, send, recv):
+                    time.sleep(3600)
+                def Abort(self, code):
+                    os._exit(7)
+                def Get_rank(self):
+                    return 0
+                def Get_size(self):
+                    return 2
+
+            def mpi_adam_update(comm):
+                comm.Allreduce(None, None)
+
+            watchdog = Watchdog(4.0)
+            comm = watchdog.wrap_comm(NeverComm())
+            watchdog.start()
+            print("waiting", flush=True)
+            mpi_adam_update(comm)
+            """))
+        proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)
+        try:
+            assert proc.stdout.readline() == "waiting\n"
+            started = time.monotonic()
+            proc.send_signal(signal.SIGSTOP)
+            time.sleep(6.)  # longer than the limit, all of it suspended
+            proc.send_signal(signal.SIGCONT)
+            with hang_guard(30):
+                out = proc.stdout.read()
+                proc.wait()
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        # suspended, the 6 s would have ended it at SIGCONT; counted, 3 more s are needed
+        assert proc.returncode == 7 and time.monotonic() - started >= 6. + 2.5, out
+        lines = out.splitlines()
+        assert lines[0].startswith("train.py (rank 0): warning: mpi_adam_update's Allreduce "
+                                   "(never.py) has waited 1 s for the other ranks"), out
+        assert lines[1].startswith("train.py (rank 0): error: mpi_adam_update's Allreduce "
+                                   "(never.py) waited 4 s for the other ranks"), out
+
+    def test_mpi_timeout_is_a_flag_with_a_range(self, capsys):
+        assert_main_refuses(["--mpi_timeout", "-1"], capsys, "--mpi_timeout must be 0 or more")
