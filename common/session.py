@@ -10,7 +10,7 @@ prepare_run() is the setup before the agent exists; Session is what train() call
 (where a resumed run starts), cycles() (the trace, the bar, the stop check), end_epoch() (the
 epoch's logs averaged over ranks, progress.csv, policies, checkpoints).
 
-Test: `python -m pytest -q tests/test_checkpoint.py tests/test_train_setup.py`.
+Test: `python -m pytest -q tests/test_checkpoint.py tests/test_logger.py`.
 """
 import dataclasses
 import json

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 import train
-from common import checkpoint, errors, files, session
+from common import checkpoint, errors, files, watchdog
 from tests.helpers import (ROOT, TINY_RUN, arrays_of, assert_one_line_error, assert_same_arrays,
                            assert_same_progress, env_processes_left, fetch_reach_policy,
                            hang_guard, mpirun_exe, random_demo_file, reach_task, read_progress,
@@ -115,26 +115,31 @@ class TestCheckpoint:
     def test_interrupt_after_the_last_cycle_resumes_with_the_same_row(self, tmp_path, monkeypatch):
         """Stopped after an epoch's last cycle, before its test rollouts: the resumed run logs
         that epoch from the saved history and losses alone (it runs no training cycle of it)."""
-        class StopAtRead:
-            """common.session's StopFlag stand-in (no signal handlers): `requested`, read once per cycle,
-            is true at read number stop_at (None: never)."""
-            def __init__(self, stop_at):
-                self.stop_at, self.reads = stop_at, 0
+        def stop_at_read(stop_at):
+            """train.Watchdog, but its `requested`, read once per cycle, is true at read number
+            stop_at (None: never), whatever signal comes."""
+            class StopAtRead(watchdog.Watchdog):
+                reads = 0
 
-            @property
-            def requested(self):
-                self.reads += 1
-                return self.reads == self.stop_at
+                @property
+                def requested(self):
+                    self.reads += 1
+                    return self.reads == stop_at
+
+                @requested.setter
+                def requested(self, value):
+                    pass
+            return StopAtRead
         run = ["--n_epochs", "2", *TINY_RUN]  # 5 cycles per epoch: read 5 is epoch 0's last
         reference, logdir = str(tmp_path / "reference"), str(tmp_path / "stopped")
-        monkeypatch.setattr(session, "StopFlag", lambda *args, **kwargs: StopAtRead(None))
+        monkeypatch.setattr(train, "Watchdog", stop_at_read(None))
         assert train.main(["--logdir", reference, *run]) == 0
-        monkeypatch.setattr(session, "StopFlag", lambda *args, **kwargs: StopAtRead(5))
+        monkeypatch.setattr(train, "Watchdog", stop_at_read(5))
         assert train.main(["--logdir", logdir, *run]) == 130
         ckpt = arrays_of(checkpoint.checkpoint_path(logdir, 0))
         assert (int(ckpt["epoch"]), int(ckpt["cycle"])) == (0, 5)
         assert ckpt["log/train_losses"].shape == (5 * 20, 2)
-        monkeypatch.setattr(session, "StopFlag", lambda *args, **kwargs: StopAtRead(None))
+        monkeypatch.setattr(train, "Watchdog", stop_at_read(None))
         assert train.main(["--resume", logdir]) == 0
         assert_same_progress(reference, logdir)
         assert_same_arrays(os.path.join(reference, "policy_latest.npz"),

@@ -15,7 +15,7 @@ import sys
 import pytest
 
 import train
-from common import errors, logger, session
+from common import errors, logger
 from tests.helpers import ROOT, hang_guard, mpirun_exe, run_cmd
 
 
@@ -26,19 +26,10 @@ class FakeTerminal(io.StringIO):
         return True
 
 
-class NeverStop:
-    """common.session's StopFlag stand-in: installs no signal handlers in pytest's process."""
-    requested = False
-
-    def __init__(self, *args, **kwargs):
-        pass
-
-
 def run_on_screen(screen, logdir, monkeypatch):
     """A run of one epoch of 2 cycles, by train.main in this process, whose stdout is `screen`;
     returns what the screen got."""
     with monkeypatch.context() as m:
-        m.setattr(session, "StopFlag", NeverStop)
         m.setattr(sys, "stdout", screen)
         assert train.main(["--n_epochs", "1", "--n_cycles", "2", "--n_batches", "1",
                            "--n_test_rollouts", "1", "--logdir", logdir]) == 0

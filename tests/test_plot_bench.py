@@ -136,22 +136,25 @@ class TestPlotBench:
         table = plot.suite_table(dirs, after_epochs=(2, 5, 10)).splitlines()
         assert table[0] == ("| task | ranks x envs | seeds | epochs run (of n_epochs) | success after "
                             "2 epochs | success after 5 epochs | success after 10 epochs | first epoch "
-                            ">= 0.5 | first epoch >= 0.9 | published (success after epochs) |")
+                            ">= 0.5 | first epoch >= 0.9 | published (success after n epochs) |")
         slide = runs["FetchSlide-v4"]
-        # "after n epochs" is row n - 1; the median over the two seeds; 10 epochs: past n_epochs
-        after_2 = np.median([slide[0][1], slide[1][1]])
-        after_5 = np.median([slide[0][4], slide[1][4]])
-        # PickAndPlace ended at 4 epochs: 0.5 first at epoch 1, 0.9 never; 5 and 10 epochs never run
-        assert table[2] == ("| FetchPickAndPlace-v4 | 8 x 2 | 1 | 4 of 4 | 0.50 | - | - | 1 | never | "
-                            "port 16x2: 0.50 after 12, 0.76 after 20, 0.92 after 48; baselines, "
-                            "100 demos: 0.70 after 50 |")
+
+        def over_seeds(e):  # "after n epochs" is row n - 1: median (lowest-highest) of the seeds
+            values = [slide[0][e - 1], slide[1][e - 1]]
+            return f"{np.median(values):.2f} ({min(values):.2f}-{max(values):.2f})"
+        # PickAndPlace ended at 4 epochs: 0.5 first at epoch 1, 0.9 never; 5 and 10 epochs never
+        # run; the 100-demo mark is not set beside a run without demos
+        assert table[2] == ("| FetchPickAndPlace-v4 | 8 x 2 | 1 seed (0) | 4 of 4 | 0.50 | - | - | 1 "
+                            "| never | PyTorch port, 16x2 (5 seeds, median): 0.50 after 12, 0.76 "
+                            "after 20, 0.92 after 48 |")
         # Slide: seed 0 reaches 0.5 at epoch 2 and 0.9 at 4, seed 1 at 3 and 5
-        assert table[3] == (f"| FetchSlide-v4 | 8 x 2 | 2 | 6 of 6 | {after_2:.2f} | {after_5:.2f} | "
-                            "- | 2, 3 | 4, 5 | port 8x2: 0.50 after 35, 0.57 after 50, 0.70 after "
-                            "125 |")
+        assert table[3] == (f"| FetchSlide-v4 | 8 x 2 | 2 seeds (0, 1) | 6, 6 of 6 | {over_seeds(2)} "
+                            f"| {over_seeds(5)} | - | 2.5 (2-3) | 4.5 (4-5) | PyTorch port, 8x2 (5 "
+                            "seeds, median): 0.10 after 10, 0.28 after 20, 0.45 after 30, 0.50 after "
+                            "35, 0.57 after 50, 0.70 after 125 |")
         # HandReach is still going (3 of 50 epochs): epochs 5 and 10 blank, both levels not yet
-        assert table[4] == ("| HandReach-v3 | 8 x 2 | 1 | 3 of 50 | 0.10 |  |  | not yet | not yet | "
-                            "none |")
+        assert table[4] == ("| HandReach-v3 | 8 x 2 | 1 seed (0) | 3 of 50 | 0.10 |  |  | not yet | "
+                            "not yet | none |")
         assert len(table) == 5
         # a run before its first epoch (progress.csv: the header only) is left out until it has one
         started = str(tmp_path / "HandManipulateBlockRotateZ-v1-8x2-seed0")
@@ -171,15 +174,20 @@ class TestPlotBench:
         assert [ax.get_title() for ax in axes] == ["FetchPickAndPlace-v4", "FetchSlide-v4",
                                                    "HandReach-v3"]
         slide_lines = axes[1].get_lines()
-        assert slide_lines[0].get_label() == "ours 8x2, 2 seed(s), 6 of 6 epochs"
+        assert slide_lines[0].get_label() == ("ours 8x2, 2 seeds (0, 1), median and range; 6, 6 "
+                                              "of 6 epochs")
         slide = runs["FetchSlide-v4"]
         assert np.allclose(slide_lines[0].get_ydata(), np.median([slide[0], slide[1]], axis=0))
+        for line, seed in zip(slide_lines[1:3], (slide[0], slide[1])):  # each seed, faintly
+            assert np.allclose(line.get_ydata(), seed) and line.get_alpha() < 0.5
+        # "after n epochs" is drawn at row n - 1, the row written after n epochs
         marks = [(line.get_label(), line.get_xdata()[0], line.get_ydata()[0])
-                 for line in slide_lines[1:]]
-        assert marks == [("port 8x2 (published)", 35, 0.5), ("port 8x2 (published)", 50, 0.57),
-                         ("port 8x2 (published)", 125, 0.7)]
+                 for line in slide_lines[3:]]
+        port = "published: PyTorch port, 8x2 (5 seeds, median)"
+        assert marks == [(port, 9, 0.1), (port, 19, 0.28), (port, 29, 0.45), (port, 34, 0.5),
+                         (port, 49, 0.57), (port, 124, 0.7)]
         hand_lines = axes[2].get_lines()
-        assert [line.get_label() for line in hand_lines] == ["ours 8x2, 1 seed(s), 3 of 50 epochs"]
+        assert [line.get_label() for line in hand_lines] == ["ours 8x2, 1 seed (0); 3 of 50 epochs"]
         assert list(hand_lines[0].get_ydata()) == runs["HandReach-v3"][0]
         plot.pyplot().close(figures[0])
 

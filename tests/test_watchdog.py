@@ -167,7 +167,7 @@ class TestWatchdog:
                     return 2
 
             def mpi_adam_update(comm):
-                comm.Allreduce(None, None)
+                comm.Allreduce(None, None)  # [MPI] a fake communicator's, never returning
 
             watchdog = Watchdog(4.0)
             comm = watchdog.wrap_comm(NeverComm())
@@ -190,7 +190,7 @@ class TestWatchdog:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
-        # suspended, the 6 s would have ended it at SIGCONT; counted, 3 more s are needed
+        # had the 6 s stopped counted, it would have ended at SIGCONT; about 3 s more were needed
         assert proc.returncode == 7 and time.monotonic() - started >= 6. + 2.5, out
         lines = out.splitlines()
         assert lines[0].startswith("train.py (rank 0): warning: mpi_adam_update's Allreduce "
