@@ -146,6 +146,26 @@ class TestCheckpoint:
                            os.path.join(logdir, "policy_latest.npz"))
 
     @pytest.mark.slow
+    def test_a_2_x_2_run_stopped_after_an_epoch_and_resumed_is_bitwise_the_run_that_was_not(
+            self, tmp_path):
+        """mpirun -np 2 --num_env 2: one epoch, then --resume to two, against two epochs in one
+        go: every array of every .npz (both ranks' checkpoints, the policies) and every
+        progress.csv column but time."""
+        args = ("--num_env", "2", *TINY_RUN)
+        straight, resumed = str(tmp_path / "straight"), str(tmp_path / "resumed")
+        for cmd in (train_cmd(*args, "--n_epochs", "2", "--logdir", straight, n_ranks=2),
+                    train_cmd(*args, "--n_epochs", "1", "--logdir", resumed, n_ranks=2),
+                    train_cmd("--resume", resumed, "--n_epochs", "2", n_ranks=2)):
+            rc, out = run_cmd(cmd, 600)
+            assert rc == 0 and "2 rank(s) in sync" in out, out[-3000:]
+        names = sorted(os.path.relpath(os.path.join(d, f), straight)
+                       for d, _, fs in os.walk(straight) for f in fs if f.endswith(".npz"))
+        assert {"checkpoint/rank0.npz", "checkpoint/rank1.npz", "policy_latest.npz"} <= set(names)
+        for name in names:
+            assert_same_arrays(os.path.join(straight, name), os.path.join(resumed, name))
+        assert_same_progress(straight, resumed)
+
+    @pytest.mark.slow
     def test_sigint_under_mpirun_then_resume_stays_in_sync(self, tmp_path):
         logdir = str(tmp_path / "mpi")
         args = ("--num_env", "2", "--n_epochs", "3", "--logdir", logdir, *TINY_RUN)
