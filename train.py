@@ -6,7 +6,7 @@ ranks at once: each epoch is n_cycles x (collect num_env episodes per rank, stor
 n_batches updates, a target update), then test rollouts. Every rank runs this same file;
 there is no master. The settings are config.Config, one --flag each (--help); with
 --demo_file, the demonstrations of Nair et al. (2018) are loaded into every rank's agent first.
-What is not learning (checks, files, resume, logs, the stop check) is common/session.py's;
+What is not learning (checks, files, resume, logs, the stop check) is common/bookkeeping.py's;
 the loop itself deviates from baselines' in nothing (its bookkeeping does: 10 and 15 in
 docs/deviations.md, resumable runs and policy_latest.npz every epoch).
 
@@ -24,11 +24,11 @@ import sys
 
 import numpy as np
 
+from common.bookkeeping import Bookkeeping, prepare_run
 from common.cli import parse_train_args, shared_config
 from common.errors import EXIT_CODES
 from common.goal_env import build_venv
 from common.mpi_util import one_blas_thread, run_on_every_rank
-from common.session import Session, prepare_run
 from common.tracing import Tracer
 from common.watchdog import Watchdog
 from config import Config
@@ -37,7 +37,7 @@ from rollout import RolloutWorker
 
 
 def train(cfg, policy, rollout_worker, evaluator, run):
-    """Algorithm 1 on this rank, as baselines' train(); `run` (common/session.py) keeps the
+    """Algorithm 1 on this rank, as baselines' train(); `run` (common/bookkeeping.py) keeps the
     books: where a resumed run starts, the stop check after each cycle, the epoch's logs and
     saves. Returns the best test success rate."""
     for epoch, first_cycle in run.epochs():
@@ -70,7 +70,7 @@ def learn(cfg, plan, comm, tracer, watchdog):
                                        success_key=plan.task.success_key)
         evaluator = RolloutWorker(venv, policy, rng, exploit=True, compute_Q=True,
                                   success_key=plan.task.success_key)
-        run = Session(cfg, plan, policy, (rollout_worker, evaluator), comm, tracer, watchdog)
+        run = Bookkeeping(cfg, plan, policy, (rollout_worker, evaluator), comm, tracer, watchdog)
         best = train(cfg, policy, rollout_worker, evaluator, run)
         tracer.finish()  # if the run ended before its traced cycles did
     finally:

@@ -7,7 +7,7 @@
     files.py      atomic writes, pickle-free .npz reading, policy files, the demo file
     checkpoint.py checkpoints and resume, stopping safely
     logger.py     progress.csv, the epoch table, log.txt
-    session.py    a rank's setup, and the bookkeeping around train()'s loop
+    bookkeeping.py  a rank's setup, and the bookkeeping around train()'s loop
     tracing.py    --trace: every message between processes, measured
 
 These import the top level (the algorithm); the top level, train.py aside, never imports these.

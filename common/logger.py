@@ -5,7 +5,7 @@ format) as far as HER uses it. Rank 0 alone writes (every logged value is alread
 summed over ranks by the caller, train.epoch_logs); the CSV is rewritten atomically each epoch,
 so a reader never sees half a row. log.txt (baselines' logger writes one too) holds what rank 0
 printed, appended to on every --resume, each start headed by the commit the code ran at. The
-in-epoch progress bar is tqdm's (common/session.py), drawn only where the output is a terminal.
+in-epoch progress bar is tqdm's (common/bookkeeping.py), drawn only where the output is a terminal.
 
 Test: `python -m pytest -q tests/test_logger.py`.
 """

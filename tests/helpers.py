@@ -5,7 +5,7 @@ Not a test file: test_all.py and tests/test_*.py import it (nothing outside the 
     train_cmd and play_cmd (train.py, `python -m experiment.play`, under mpirun with n_ranks),
     hang_guard, small_disk (a tmpfs that fills up);
   * checking: assert_one_line_error, assert_main_refuses, assert_same_arrays/progress;
-  * runs shared by many tests (each made once per session): straight_run, the reference that
+  * runs shared by many tests (each made once per pytest run): straight_run, the reference that
     resumed runs must equal bitwise, and traced_and_untraced_runs;
   * goal tasks without physics (StubGoalEnv) and FetchReach with injected faults (FaultyReach,
     registered as tests.helpers:*Reach-v0), for env processes and whole runs;

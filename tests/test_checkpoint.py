@@ -1,4 +1,4 @@
-"""Stopping and resuming (common/checkpoint.py, common/session.py): every fault of a run's end.
+"""Stopping and resuming (common/checkpoint.py, common/bookkeeping.py): every fault of a run's end.
 
 No baselines counterpart (baselines cannot resume): SIGINT, a second signal, a hung env, a full
 disk, a rank stopped mid-save, NaN losses or weights, ranks without a shared disk, each
@@ -78,7 +78,7 @@ def assert_log_tells_the_history(logdir, starts):
 
 
 class TestCheckpoint:
-    """common/checkpoint.py, common/session.py: stop and resume."""
+    """common/checkpoint.py, common/bookkeeping.py: stop and resume."""
 
     @pytest.mark.slow
     def test_sigint_saves_checkpoint_and_resume_is_bitwise_identical(self, tmp_path):

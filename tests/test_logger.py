@@ -3,7 +3,7 @@
 Mirrors openai/baselines `common/logger.py` (its log.txt) as HER uses it: RunLog copies both of
 rank 0's streams into log.txt and puts them back, each start headed by the commit the code ran
 at; output_is_terminal sees through mpirun (a rank's stdout is a pipe) to mpirun's own; and the
-in-epoch tqdm bar (common/session.py) is drawn where the output is a terminal, and nowhere else.
+in-epoch tqdm bar (common/bookkeeping.py) is drawn where the output is a terminal, and nowhere else.
 
 Run: `python -m pytest -q tests/test_logger.py` (from the repository's root).
 """
@@ -85,7 +85,7 @@ class TestLogger:
 
     @pytest.mark.slow  # two (short) training runs
     def test_a_progress_bar_is_drawn_on_a_terminal_and_nowhere_else(self, tmp_path, monkeypatch):
-        """Rank 0's tqdm bar (common/session.py): on a terminal, the epoch's cycles redrawn in
+        """Rank 0's tqdm bar (common/bookkeeping.py): on a terminal, the epoch's cycles redrawn in
         place ('\\r'), never into log.txt; into a file or a pipe, no bar at all, only the lines
         that a run prints there too."""
         shown = run_on_screen(FakeTerminal(), str(tmp_path / "terminal"), monkeypatch)

@@ -10,6 +10,7 @@ tests/test_two_hosts.py.
 
 Run: `python -m pytest -q tests/test_watchdog.py` (from the repository's root).
 """
+import contextlib
 import os
 import signal
 import subprocess
@@ -59,9 +60,22 @@ def rank_pid(mark, rank):
     return None
 
 
-def start_marked(cmd, mark):
-    return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+@contextlib.contextmanager
+def marked_job(cmd, mark):
+    """The job started with HER_TEST_JOB=mark in its environment; whatever of it is left at the
+    end is killed, and the segment in /dev/shm it could not remove is."""
+    before = shm_entries()
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, env=dict(os.environ, HER_TEST_JOB=mark))
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for pid in processes_marked(mark):
+            os.kill(pid, signal.SIGKILL)
+        remove_orphans_of_job(before, patience_s=2.)
 
 
 def wait_for_epoch(proc, logdir, timeout=300):
@@ -86,10 +100,8 @@ class TestWatchdog:
     def test_a_stopped_rank_ends_the_job_within_the_limit_and_resume_goes_on(self, tmp_path):
         limit = 20
         logdir, mark = str(tmp_path / "run"), f"stopped-{os.getpid()}"
-        before = shm_entries()
-        proc = start_marked(train_cmd(*LONG_RUN, "--mpi_timeout", str(limit), "--logdir",
-                                      logdir, n_ranks=2), mark)
-        try:
+        with marked_job(train_cmd(*LONG_RUN, "--mpi_timeout", str(limit), "--logdir", logdir,
+                                  n_ranks=2), mark) as proc:
             wait_for_epoch(proc, logdir)
             os.kill(rank_pid(mark, 1), signal.SIGSTOP)  # a hung node: it never answers again
             stopped_at = time.monotonic()
@@ -97,13 +109,6 @@ class TestWatchdog:
                 out, _ = proc.communicate()
             took = time.monotonic() - stopped_at
             assert_nothing_left(mark)  # the stopped rank, the env processes, the proxy
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-            for pid in processes_marked(mark):
-                os.kill(pid, signal.SIGKILL)
-            remove_orphans_of_job(before, patience_s=2.)
         assert proc.returncode != 0 and took < limit + 30, (took, out[-3000:])
         errors = [line for line in out.splitlines() if f"--mpi_timeout {limit})" in line]
         assert errors and "(rank 0): error: " in errors[0] and "waited" in errors[0], out[-3000:]
@@ -119,10 +124,8 @@ class TestWatchdog:
     @pytest.mark.slow
     def test_without_a_limit_two_sigints_end_the_waiting_rank_at_once(self, tmp_path):
         logdir, mark = str(tmp_path / "run"), f"sigint-{os.getpid()}"
-        before = shm_entries()
-        proc = start_marked(train_cmd(*LONG_RUN, "--mpi_timeout", "0", "--logdir", logdir,
-                                      n_ranks=2), mark)
-        try:
+        with marked_job(train_cmd(*LONG_RUN, "--mpi_timeout", "0", "--logdir", logdir,
+                                  n_ranks=2), mark) as proc:
             wait_for_epoch(proc, logdir)
             os.kill(rank_pid(mark, 1), signal.SIGSTOP)
             time.sleep(5.)  # rank 0 is in a collective now, waiting for rank 1
@@ -135,13 +138,6 @@ class TestWatchdog:
                 out, _ = proc.communicate()
             took = time.monotonic() - signalled_at
             assert_nothing_left(mark)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-            for pid in processes_marked(mark):
-                os.kill(pid, signal.SIGKILL)
-            remove_orphans_of_job(before, patience_s=2.)
         assert took < 15, (took, out[-3000:])
         assert "SIGINT again: stopped at once, without saving; --resume" in out, out[-3000:]
         assert "Traceback" not in out, out[-3000:]

@@ -6,7 +6,7 @@ none of it): every rank agrees on bad input before anything collective can hang,
 from its checkpoint (deviation 10 of docs/deviations.md), writes log.txt, draws a progress
 bar, and stops safely once per cycle (common/checkpoint.py).
 
-prepare_run() is the setup before the agent exists; Session is what train() calls: epochs()
+prepare_run() is the setup before the agent exists; Bookkeeping is what train() calls: epochs()
 (where a resumed run starts), cycles() (the trace, the bar, the stop check), end_epoch() (the
 epoch's logs averaged over ranks, progress.csv, policies, checkpoints).
 
@@ -158,7 +158,7 @@ def restore_run(plan, policy, workers, logdir, comm):
     return int(ckpt["epoch"]), int(ckpt["cycle"]), float(ckpt["best"]), losses
 
 
-class Session:
+class Bookkeeping:
     """The bookkeeping of train()'s loop on one rank; restores a resumed run when made.
     workers: (rollout_worker, evaluator); stop: what a first SIGINT/SIGTERM sets `requested`
     of (common/watchdog.py's Watchdog)."""
