@@ -90,9 +90,10 @@ class TestDocs:
         """docs/results.md shows the results, scaling and strategies tables that experiment/plot.py
         makes of results/, and the suite table where the page holds one."""
         from experiment import plot
+        from experiment.runs import has_epochs
         results = os.path.join(ROOT, "results")
         run_dirs = sorted(os.path.join(results, d) for d in os.listdir(results)
-                          if plot.has_epochs(os.path.join(results, d)))
+                          if has_epochs(os.path.join(results, d)))
         assert run_dirs, "results/ holds no runs"
         with open(os.path.join(ROOT, "docs", "results.md")) as f:
             page = f.read()

@@ -57,7 +57,7 @@ def write_suite_runs(root):
 
 
 class TestPlotBench:
-    """experiment/plot*.py, bench*.py, timing.py."""
+    """experiment/plot*.py, runs.py, bench*.py, timing.py."""
 
     def test_plot_writes_a_png_and_the_table_reads_the_csvs(self, tmp_path):
         from experiment import plot
@@ -86,6 +86,7 @@ class TestPlotBench:
 
     def test_plot_never_takes_a_run_with_its_own_replay_strategy_or_k_for_another_seed(self, tmp_path):
         from experiment import plot
+        from experiment.runs import read_run
         runs = {"plain": ([0.0, 0.1], {}), "final": ([0.3, 0.5], dict(replay_strategy="final")),
                 "k8": ([0.2, 0.4], dict(replay_k=8)),
                 "final_k2": ([0.1, 0.2], dict(replay_strategy="final", replay_k=2)),
@@ -100,7 +101,7 @@ class TestPlotBench:
         del cfg["replay_strategy"], cfg["replay_k"]
         with open(os.path.join(dirs["old"], "config.json"), "w") as f:
             json.dump(cfg, f)
-        assert [plot.read_run(dirs[name])["variant"] for name in runs] == \
+        assert [read_run(dirs[name])["variant"] for name in runs] == \
             ["", "final", "future k=8", "final k=2", "none", "gamma 0.9, random", ""]
         table = plot.results_table(list(dirs.values()), at_epochs=(0, 1))
         # the old run is the plain run's second seed: medians of (0.0, 0.2) and (0.1, 0.3)
@@ -115,6 +116,7 @@ class TestPlotBench:
 
     def test_scaling_figure_and_table_one_row_per_rank_count(self, tmp_path):
         from experiment import plot
+        from experiment.runs import read_run
         runs = {2: [0.0, 0.1, 0.2, 0.6, 0.7, 0.8], 19: [0.1, 0.5, 0.95, 1.0, 1.0, 1.0]}
         dirs = []
         for n_ranks, success in runs.items():
@@ -127,7 +129,7 @@ class TestPlotBench:
         # 19 ranks: 19 x 2 x 50 episodes of 50 steps an epoch; 50 x 40 x 19 updates in 475 s
         assert table[2] == "| 2 x 2 | 1 | 6 | 10,000 | 50 | 80 | 0.00 | 0.70 | 3 | - |"
         assert table[3] == "| 19 x 2 | 1 | 6 | 95,000 | 475 | 80 | 0.10 | 1.00 | 1 | 2 |"
-        run = plot.read_run(dirs[1])
+        run = read_run(dirs[1])
         assert np.allclose(run["hours"], 475. * np.arange(1, 7) / 3600.)
 
     def test_plot_suite_table_tells_not_yet_from_never_and_shows_the_anchors(self, tmp_path, capsys):

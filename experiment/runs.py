@@ -1,0 +1,109 @@
+"""Run folders read and summarised over seeds: what the figures and tables of plot.py draw on.
+
+A run folder is what train.py writes: config.json (its Config) and progress.csv (a row per
+epoch, from 0: row e is written after e + 1 epochs). The seeds of one (env, MPI ranks, num_env,
+run_variant) are one group; a group's summaries are per epoch over the seeds that reached it.
+Mirrors the reading half of baselines `her/experiment/plot.py` (load_results, grouping by
+config, median over seeds).
+
+Test: `python -m pytest -q tests/test_plot_bench.py`.
+"""
+import csv
+import json
+import os
+
+import numpy as np
+
+def read_run(run_dir):
+    """A run's settings and, per epoch, its test success, env steps and seconds."""
+    with open(os.path.join(run_dir, "config.json")) as f:
+        cfg = json.load(f)
+    with open(os.path.join(run_dir, "progress.csv"), newline="") as f:
+        rows = list(csv.DictReader(f))
+    if not rows:
+        raise ValueError(f"{run_dir}/progress.csv has no epochs yet")
+    # total/episodes counts all ranks: after epoch e it is (e+1) * n_cycles * num_env * n_ranks
+    episodes_per_rank = (int(rows[0]["epoch"]) + 1) * cfg["n_cycles"] * cfg["num_env"]
+    n_ranks = int(rows[0]["total/episodes"]) // episodes_per_rank
+    T = int(rows[0]["total/timesteps"]) // int(rows[0]["total/episodes"])
+    def column(key, kind=float):
+        return np.array([kind(row[key]) for row in rows])
+    epoch_s = column("time/epoch_s")
+    return dict(env=cfg["env"], n_ranks=n_ranks, num_env=cfg["num_env"],
+                variant=run_variant(cfg), seed=cfg["seed"], n_epochs=cfg["n_epochs"],
+                n_cycles=cfg["n_cycles"], n_batches=cfg["n_batches"], T=T,
+                epoch=column("epoch", int), success=column("test/success_rate"),
+                steps=column("total/timesteps"), epoch_s=epoch_s,
+                hours=np.cumsum(epoch_s) / 3600.)  # training time only: not the pauses between
+
+
+def run_variant(cfg):
+    """What sets a run apart from baselines' defaults for its env, joined by ", " ("" for none):
+    demonstrations, a --gamma of its own, a --replay_strategy other than future or a --replay_k
+    other than 4. A config.json of a version without these keys has the defaults."""
+    parts = []
+    if cfg.get("demo_file"):
+        parts.append(f"{cfg['num_demo']} demos")
+    if cfg.get("gamma"):
+        parts.append(f"gamma {cfg['gamma']}")
+    strategy, replay_k = cfg.get("replay_strategy", "future"), cfg.get("replay_k", 4)
+    if strategy == "none":
+        parts.append("none")  # no relabelling: replay_k plays no part
+    elif (strategy, replay_k) != ("future", 4):
+        parts.append(strategy if replay_k == 4 else f"{strategy} k={replay_k}")
+    return ", ".join(parts)
+
+
+def group_runs(run_dirs):
+    """{(env, n_ranks, num_env, variant): [run, ...]} with seeds in order: a run of one variant
+    is never taken for another seed of a run of another."""
+    groups = {}
+    for run in sorted([read_run(d) for d in run_dirs], key=lambda r: r["seed"]):
+        key = (run["env"], run["n_ranks"], run["num_env"], run["variant"])
+        groups.setdefault(key, []).append(run)
+    return groups
+
+
+def groups_of_env(run_dirs, env):
+    """group_runs() of the runs of one env, in order of (ranks, envs, variant)."""
+    groups = group_runs(run_dirs)
+    return {key: groups[key] for key in sorted(groups, key=lambda k: k[1:]) if key[0] == env}
+
+
+def with_variant(text, variant):
+    return f"{text}, {variant}" if variant else text
+
+
+def median_and_band(runs, key="success", band=(25, 75)):
+    """Per epoch, over the runs that reached it: epochs, median and the band's percentiles
+    ((0, 100): the range, lowest to highest)."""
+    values = np.full((len(runs), max(len(r[key]) for r in runs)), np.nan)  # nan: not reached
+    for row, run in zip(values, runs):
+        row[:len(run[key])] = run[key]
+    lo, hi = (np.nanpercentile(values, q, axis=0) for q in band)
+    return np.arange(values.shape[1]), np.nanmedian(values, axis=0), lo, hi
+
+
+def first_epoch(run, level):
+    """The first (0-based) epoch whose test success reaches `level`; np.inf if none has."""
+    return next((int(e) for e, s in zip(run["epoch"], run["success"]) if s >= level), np.inf)
+
+
+def first_epochs(runs, level):
+    """Per seed, first_epoch() as text, "-" for a seed that has not reached `level`."""
+    return ", ".join("-" if np.isinf(e) else str(e) for e in (first_epoch(r, level) for r in runs))
+
+
+def seeds_and_epochs(runs):
+    """A group's seeds ("1 seed (0)", "3 seeds (0, 1, 2)"), each one's epochs ("25, 3 of 25")."""
+    seeds = ", ".join(str(run["seed"]) for run in runs)
+    epochs = ", ".join(str(len(run["epoch"])) for run in runs)
+    return (f"{len(runs)} seed{'s' if len(runs) > 1 else ''} ({seeds})",
+            f"{epochs} of {max(run['n_epochs'] for run in runs)}")
+
+
+def has_epochs(run_dir):
+    """Whether run_dir's progress.csv holds an epoch (a run just started has only its header)."""
+    path = os.path.join(run_dir, "progress.csv")
+    with open(path if os.path.exists(path) else os.devnull) as f:  # none: no epoch either
+        return sum(1 for _ in f) > 1
