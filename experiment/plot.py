@@ -151,7 +151,7 @@ def plot_scaling(run_dirs, env, out_path):
 def plot_suite(run_dirs, out_path):
     groups = group_runs(run_dirs)
     envs = sorted({key[0] for key in groups})
-    fig, axes = pyplot().subplots(1, len(envs), figsize=(4.5 * len(envs), 4.2), squeeze=False)
+    fig, axes = pyplot().subplots(1, len(envs), figsize=(4.5 * len(envs), 5.2), squeeze=False)
     for ax, env in zip(axes[0], envs):
         curves = []
         for (g_env, n_ranks, num_env, variant), runs in groups.items():
@@ -163,6 +163,11 @@ def plot_suite(run_dirs, out_path):
         # one seed: one plain line; several: the median over the seeds that reached each
         # epoch, their range (lowest to highest) shaded, each seed thin and faint
         draw_curves([ax], ("epoch",), curves, env, band=(0, 100), faint=True)
+        # under the panel: inside, the wide labels would hide the curves and the marks
+        legend = ax.get_legend()
+        legend.set_loc("upper center")
+        legend.set_bbox_to_anchor((0.5, -0.16))
+        legend.set_frame_on(False)
         ax.set_title(env)
     fig.suptitle("The paper's tasks: DDPG + HER (NumPy), test success: the median over seeds, "
                  "their range shaded, each seed faint")
