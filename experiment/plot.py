@@ -8,7 +8,8 @@ epochs, so a published "after n epochs" is drawn at x = n - 1 on the epoch axis.
 Three figures, each with its markdown table (--table):
   * the curves: a panel column per env, against epoch (top) and total env steps (bottom);
   * --scaling ENV: one env, a curve per (ranks, num_env), against epoch, env steps and hours;
-  * --suite: a panel per env against epoch, the seeds' range shaded and each seed faint; its
+  * --suite: a panel per env against episodes (and its runs' epoch above), the seeds' range
+    shaded and each seed faint, each published mark at its own episodes; its
     table gives "median (lowest-highest)" over seeds (suite_table: runs going, levels not met).
 One traced cycle (train.py --trace N) is drawn by plot_trace.py.
 
@@ -55,14 +56,18 @@ ANCHORS = {
 }
 N_CYCLES, T_FETCH = 50, 50  # of the anchors with known ranks x envs: 50 cycles, 50-step episodes
 X_LABELS = {"epoch": "epoch (row e: after e + 1 epochs)", "steps": "total env steps (all ranks)",
+            "episodes": "total episodes (all ranks)",
             "hours": "hours of training (sum of time/epoch_s)"}
 
 
 def anchor_x(n_ranks, num_env, epoch, x_key):
     """Where a mark "after `epoch` epochs" goes on x_key's axis: epoch - 1 on the epoch axis (our
-    row after that many); None where env steps lack its ranks x envs, and for hours (unstated)."""
+    row after that many); None where episodes or env steps lack its ranks x envs, and for hours
+    (unstated)."""
     if x_key == "epoch":
         return epoch - 1
+    if x_key == "episodes" and n_ranks is not None:
+        return epoch * N_CYCLES * n_ranks * num_env
     if x_key == "steps" and n_ranks is not None:
         return epoch * N_CYCLES * n_ranks * num_env * T_FETCH
     return None
@@ -151,7 +156,7 @@ def plot_scaling(run_dirs, env, out_path):
 def plot_suite(run_dirs, out_path):
     groups = group_runs(run_dirs)
     envs = sorted({key[0] for key in groups})
-    fig, axes = pyplot().subplots(1, len(envs), figsize=(4.5 * len(envs), 5.2), squeeze=False)
+    fig, axes = pyplot().subplots(1, len(envs), figsize=(4.5 * len(envs), 5.6), squeeze=False)
     for ax, env in zip(axes[0], envs):
         curves = []
         for (g_env, n_ranks, num_env, variant), runs in groups.items():
@@ -161,8 +166,11 @@ def plot_suite(run_dirs, out_path):
                 label = f"ours {n_ranks}x{num_env}, {seeds}{how}; {epochs} epochs"
                 curves.append((with_variant(label, variant), runs))
         # one seed: one plain line; several: the median over the seeds that reached each
-        # epoch, their range (lowest to highest) shaded, each seed thin and faint
-        draw_curves([ax], ("epoch",), curves, env, band=(0, 100), faint=True)
+        # epoch, their range (lowest to highest) shaded, each seed thin and faint. Against
+        # episodes, so that a mark of another ranks x envs stands where as many episodes ran
+        draw_curves([ax], ("episodes",), curves, env, band=(0, 100), faint=True)
+        add_epoch_axis(ax, {(n_ranks, num_env) for (g_env, n_ranks, num_env, _) in groups
+                            if g_env == env}, curves[0][1][0])
         # under the panel: inside, the wide labels would hide the curves and the marks
         legend = ax.get_legend()
         legend.set_loc("upper center")
@@ -172,6 +180,18 @@ def plot_suite(run_dirs, out_path):
     fig.suptitle("The paper's tasks: DDPG + HER (NumPy), test success: the median over seeds, "
                  "their range shaded, each seed faint")
     save_figure(fig, out_path)
+
+
+def add_epoch_axis(ax, scales, run):
+    """Above an episodes axis, the epoch index of the panel's runs where they share one ranks x
+    envs (`run` is one of them): episodes = (e + 1) x episodes an epoch."""
+    if len(scales) != 1:
+        return
+    per_epoch = run["episodes"][0] / (run["epoch"][0] + 1)
+    (n_ranks, num_env), = scales
+    top = ax.secondary_xaxis("top", functions=(lambda x: x / per_epoch - 1,
+                                               lambda e: (e + 1) * per_epoch))
+    top.set_xlabel(f"epoch at {n_ranks} x {num_env} (row e: after e + 1 epochs)")
 
 
 def save_figure(fig, out_path):

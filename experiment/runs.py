@@ -15,7 +15,7 @@ import os
 import numpy as np
 
 def read_run(run_dir):
-    """A run's settings and, per epoch, its test success, env steps and seconds."""
+    """A run's settings and, per epoch, its test success, episodes, env steps and seconds."""
     with open(os.path.join(run_dir, "config.json")) as f:
         cfg = json.load(f)
     with open(os.path.join(run_dir, "progress.csv"), newline="") as f:
@@ -33,7 +33,8 @@ def read_run(run_dir):
                 variant=run_variant(cfg), seed=cfg["seed"], n_epochs=cfg["n_epochs"],
                 n_cycles=cfg["n_cycles"], n_batches=cfg["n_batches"], T=T,
                 epoch=column("epoch", int), success=column("test/success_rate"),
-                steps=column("total/timesteps"), epoch_s=epoch_s,
+                episodes=column("total/episodes"), steps=column("total/timesteps"),
+                epoch_s=epoch_s,
                 hours=np.cumsum(epoch_s) / 3600.)  # training time only: not the pauses between
 
 

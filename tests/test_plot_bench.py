@@ -182,12 +182,17 @@ class TestPlotBench:
         assert np.allclose(slide_lines[0].get_ydata(), np.median([slide[0], slide[1]], axis=0))
         for line, seed in zip(slide_lines[1:3], (slide[0], slide[1])):  # each seed, faintly
             assert np.allclose(line.get_ydata(), seed) and line.get_alpha() < 0.5
-        # "after n epochs" is drawn at row n - 1, the row written after n epochs
+        # against episodes: epoch e of 8 x 2 is (e + 1) * 800; "after n epochs" at n * 800
+        assert list(slide_lines[0].get_xdata()) == [800 * (e + 1) for e in range(6)]
         marks = [(line.get_label(), line.get_xdata()[0], line.get_ydata()[0])
                  for line in slide_lines[3:]]
         port = "published: PyTorch port, 8x2 (5 seeds, median)"
-        assert marks == [(port, 9, 0.1), (port, 19, 0.28), (port, 29, 0.45), (port, 34, 0.5),
-                         (port, 49, 0.57), (port, 124, 0.7)]
+        assert marks == [(port, 800 * n, s) for n, s in ((10, 0.1), (20, 0.28), (30, 0.45),
+                                                          (35, 0.5), (50, 0.57), (125, 0.7))]
+        epoch_axis, = axes[1].child_axes  # above: the epoch index of the 8 x 2 runs
+        assert epoch_axis.get_xlabel().startswith("epoch at 8 x 2")
+        figures[0].canvas.draw()  # the top axis takes its limits from the bottom one's
+        assert np.allclose(epoch_axis.get_xlim(), np.array(axes[1].get_xlim()) / 800 - 1)
         hand_lines = axes[2].get_lines()
         assert [line.get_label() for line in hand_lines] == ["ours 8x2, 1 seed (0); 3 of 50 epochs"]
         assert list(hand_lines[0].get_ydata()) == runs["HandReach-v3"][0]
