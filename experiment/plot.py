@@ -169,8 +169,7 @@ def plot_suite(run_dirs, out_path):
         # epoch, their range (lowest to highest) shaded, each seed thin and faint. Against
         # episodes, so that a mark of another ranks x envs stands where as many episodes ran
         draw_curves([ax], ("episodes",), curves, env, band=(0, 100), faint=True)
-        add_epoch_axis(ax, {(n_ranks, num_env) for (g_env, n_ranks, num_env, _) in groups
-                            if g_env == env}, curves[0][1][0])
+        add_epoch_axis(ax, [run for _, runs in curves for run in runs])
         # under the panel: inside, the wide labels would hide the curves and the marks
         legend = ax.get_legend()
         legend.set_loc("upper center")
@@ -182,13 +181,14 @@ def plot_suite(run_dirs, out_path):
     save_figure(fig, out_path)
 
 
-def add_epoch_axis(ax, scales, run):
+def add_epoch_axis(ax, runs):
     """Above an episodes axis, the epoch index of the panel's runs where they share one ranks x
-    envs (`run` is one of them): episodes = (e + 1) x episodes an epoch."""
+    envs: epoch e ends after (e + 1) x episodes an epoch."""
+    scales = {(run["n_ranks"], run["num_env"]) for run in runs}
     if len(scales) != 1:
         return
-    per_epoch = run["episodes"][0] / (run["epoch"][0] + 1)
     (n_ranks, num_env), = scales
+    per_epoch = runs[0]["episodes"][0] / (runs[0]["epoch"][0] + 1)
     top = ax.secondary_xaxis("top", functions=(lambda x: x / per_epoch - 1,
                                                lambda e: (e + 1) * per_epoch))
     top.set_xlabel(f"epoch at {n_ranks} x {num_env} (row e: after e + 1 epochs)")
