@@ -66,11 +66,10 @@ def anchor_x(n_ranks, num_env, epoch, x_key):
     (unstated)."""
     if x_key == "epoch":
         return epoch - 1
-    if x_key == "episodes" and n_ranks is not None:
-        return epoch * N_CYCLES * n_ranks * num_env
-    if x_key == "steps" and n_ranks is not None:
-        return epoch * N_CYCLES * n_ranks * num_env * T_FETCH
-    return None
+    if x_key not in ("episodes", "steps") or n_ranks is None:
+        return None
+    episodes = epoch * N_CYCLES * n_ranks * num_env
+    return episodes if x_key == "episodes" else episodes * T_FETCH
 
 
 def anchor_label(source, n_ranks, num_env, variant):
@@ -183,12 +182,12 @@ def plot_suite(run_dirs, out_path):
 
 def add_epoch_axis(ax, runs):
     """Above an episodes axis, the epoch index of the panel's runs where they share one ranks x
-    envs: epoch e ends after (e + 1) x episodes an epoch."""
-    scales = {(run["n_ranks"], run["num_env"]) for run in runs}
+    envs and n_cycles: epoch e ends after (e + 1) x episodes an epoch."""
+    scales = {(run["n_ranks"], run["num_env"], run["n_cycles"]) for run in runs}
     if len(scales) != 1:
         return
-    (n_ranks, num_env), = scales
-    per_epoch = runs[0]["episodes"][0] / (runs[0]["epoch"][0] + 1)
+    (n_ranks, num_env, n_cycles), = scales
+    per_epoch = n_cycles * n_ranks * num_env  # episodes an epoch, all ranks
     top = ax.secondary_xaxis("top", functions=(lambda x: x / per_epoch - 1,
                                                lambda e: (e + 1) * per_epoch))
     top.set_xlabel(f"epoch at {n_ranks} x {num_env} (row e: after e + 1 epochs)")
