@@ -1,7 +1,8 @@
 """The docs against the code and results/: README.md and docs/*.md hold what they say.
 
 No baselines counterpart: docs/results.md's tables are what experiment/plot.py makes of the
-committed CSVs in results/; docs/mpi.md's table "Every call that crosses ranks" names every comm
+committed CSVs in results/, and its table of the port's differences and the rank tests beside
+it are those CSVs' numbers; docs/mpi.md's table "Every call that crosses ranks" names every comm
 method the code calls and the function around every `# [MPI]` line, and every such line is
 tagged; docs/faults.md's table names only tests that exist; every relative link and #anchor
 of README.md and docs/*.md resolves.
@@ -113,6 +114,61 @@ class TestDocs:
         if "<!-- suite table" in page:  # the page shows it once the suite's runs are in results/
             assert plot.suite_table(suite) in page, "docs/results.md's suite table differs from " \
                 "`python -m experiment.plot results/*-8x2-seed[0-9] --suite --table`"
+
+    def test_the_table_of_the_ports_differences_and_its_rank_tests_match_their_csvs(self):
+        """docs/results.md's FetchPush table of the port's differences: each seed's cell is row 9
+        (after 10 epochs) of its run's progress.csv, the median is over the row's seeds, the first
+        epochs at 0.5 are read off the same rows, and every `p = ` the section gives is the exact
+        one-sided rank test of a row's seeds against this code's."""
+        import csv
+        import glob
+        import itertools
+        import statistics
+        results = os.path.join(ROOT, "results")
+        differences = os.path.join(results, "port-differences")
+        groups = {  # a row's first words: its run folders (the suite's seeds 0-2 are this code's)
+            "this code": glob.glob(os.path.join(results, "FetchPush-v4-8x2-seed[0-9]"))
+            + glob.glob(os.path.join(differences, "control-FetchPush-v4-8x2-seed[0-9]")),
+            "both of": glob.glob(os.path.join(differences, "FetchPush-v4-8x2-seed[0-9]")),
+            "PyTorch's": glob.glob(os.path.join(differences, "init-only-FetchPush-v4-8x2-seed[0-9]")),
+            "the normaliser": glob.glob(os.path.join(differences,
+                                                     "normaliser-only-FetchPush-v4-8x2-seed[0-9]")),
+        }
+        section = doc_section("results.md", "## The paper's suite")
+        rows = [cells for cells in table_rows(section) if cells[0].startswith(tuple(groups))
+                or cells[0].startswith("FetchPush 8 x 2, success after 10 epochs")]
+        assert rows and rows[0][1:6] == [f"seed {i}" for i in range(5)], rows
+        after_10 = {}
+        for cells in rows[1:]:
+            key = next(k for k in groups if cells[0].startswith(k))
+            success = {}  # seed: test success of every epoch
+            for run in groups[key]:
+                with open(os.path.join(run, "progress.csv")) as f:
+                    success[int(run[-1])] = [float(r["test/success_rate"]) for r in csv.DictReader(f)]
+            assert all(len(s) >= 10 for s in success.values()), (key, success)
+            assert cells[1:6] == [f"{success[i][9]:.2f}" if i in success else "not run"
+                                  for i in range(5)], (key, cells)
+            after_10[key] = [success[i][9] for i in sorted(success)]
+            assert cells[6] == f"{statistics.median(after_10[key]):.2f}", (key, cells)
+            firsts = [next((str(e) for e, x in enumerate(success[i][:10]) if x >= 0.5), "-")
+                      for i in sorted(success)]
+            assert cells[7] == ", ".join(firsts), (key, cells)
+
+        def p_slower(a, b):  # P(U <= U observed) over every split of a + b into groups of len(a)
+            pooled = a + b
+
+            def u(chosen):  # pairs in which the chosen group is ahead, ties counting 1/2
+                rest = [pooled[i] for i in range(len(pooled)) if i not in chosen]
+                return sum((x > y) + 0.5 * (x == y) for x in (pooled[i] for i in chosen)
+                           for y in rest)
+            observed = u(range(len(a)))
+            splits = list(itertools.combinations(range(len(pooled)), len(a)))
+            return sum(u(c) <= observed for c in splits) / len(splits)
+        given = sorted(re.findall(r"\bp = (0\.\d\d)\b", section.replace("\n", " ")))
+        assert given, "the section gives no p = "
+        computed = {f"{p_slower(after_10[k], after_10['this code']):.2f}"
+                    for k in after_10 if k != "this code"}
+        assert set(given) <= computed, (given, computed)
 
     def test_every_mpi_call_is_tagged_and_in_the_docs_table(self):
         """docs/mpi.md promises that `grep "# [MPI]"` lists every line that talks to other ranks
