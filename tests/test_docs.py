@@ -10,9 +10,13 @@ of README.md and docs/*.md resolves.
 Run: `python -m pytest -q tests/test_docs.py` (from the repository's root).
 """
 import ast
+import csv
 import fnmatch
+import glob
+import itertools
 import os
 import re
+import statistics
 
 from tests.helpers import FAULTS_TABLE, MPI_TABLE, ROOT, doc_section, table_rows
 
@@ -84,6 +88,21 @@ def suite_test_names():
     return names
 
 
+def rank_test_behind(a, b):
+    """The exact one-sided rank test (Mann-Whitney) of values a against values b, by enumeration:
+    (U, the number of pairs, p), where U counts the pairs (x in a, y in b) with x ahead, a tie
+    counting 1/2, and p is the share of all splits of a + b into groups of len(a) and len(b)
+    whose first group has a U no larger: how likely a group as far behind is by chance."""
+    pooled = a + b
+
+    def u(chosen):
+        rest = [pooled[i] for i in range(len(pooled)) if i not in chosen]
+        return sum((x > y) + 0.5 * (x == y) for x in (pooled[i] for i in chosen) for y in rest)
+    observed = u(range(len(a)))
+    splits = list(itertools.combinations(range(len(pooled)), len(a)))
+    return observed, len(a) * len(b), sum(u(c) <= observed for c in splits) / len(splits)
+
+
 class TestDocs:
     """README.md and docs/*.md."""
 
@@ -118,19 +137,16 @@ class TestDocs:
     def test_the_table_of_the_ports_differences_and_its_rank_tests_match_their_csvs(self):
         """docs/results.md's FetchPush table of the port's differences: each seed's cell is row 9
         (after 10 epochs) of its run's progress.csv, the median is over the row's seeds, the first
-        epochs at 0.5 are read off the same rows, and every `p = ` the section gives is the exact
-        one-sided rank test of a row's seeds against this code's."""
-        import csv
-        import glob
-        import itertools
-        import statistics
+        epochs at 0.5 are read off the same rows, and the section's "N of M pairs ahead, p = X",
+        in the table's order, are the exact rank tests of each row's seeds against this code's."""
         results = os.path.join(ROOT, "results")
         differences = os.path.join(results, "port-differences")
         groups = {  # a row's first words: its run folders (the suite's seeds 0-2 are this code's)
             "this code": glob.glob(os.path.join(results, "FetchPush-v4-8x2-seed[0-9]"))
             + glob.glob(os.path.join(differences, "control-FetchPush-v4-8x2-seed[0-9]")),
             "both of": glob.glob(os.path.join(differences, "FetchPush-v4-8x2-seed[0-9]")),
-            "PyTorch's": glob.glob(os.path.join(differences, "init-only-FetchPush-v4-8x2-seed[0-9]")),
+            "PyTorch's": glob.glob(os.path.join(differences,
+                                                "init-only-FetchPush-v4-8x2-seed[0-9]")),
             "the normaliser": glob.glob(os.path.join(differences,
                                                      "normaliser-only-FetchPush-v4-8x2-seed[0-9]")),
         }
@@ -144,7 +160,8 @@ class TestDocs:
             success = {}  # seed: test success of every epoch
             for run in groups[key]:
                 with open(os.path.join(run, "progress.csv")) as f:
-                    success[int(run[-1])] = [float(r["test/success_rate"]) for r in csv.DictReader(f)]
+                    rows_of_run = list(csv.DictReader(f))
+                success[int(run[-1])] = [float(r["test/success_rate"]) for r in rows_of_run]
             assert all(len(s) >= 10 for s in success.values()), (key, success)
             assert cells[1:6] == [f"{success[i][9]:.2f}" if i in success else "not run"
                                   for i in range(5)], (key, cells)
@@ -154,21 +171,16 @@ class TestDocs:
                       for i in sorted(success)]
             assert cells[7] == ", ".join(firsts), (key, cells)
 
-        def p_slower(a, b):  # P(U <= U observed) over every split of a + b into groups of len(a)
-            pooled = a + b
-
-            def u(chosen):  # pairs in which the chosen group is ahead, ties counting 1/2
-                rest = [pooled[i] for i in range(len(pooled)) if i not in chosen]
-                return sum((x > y) + 0.5 * (x == y) for x in (pooled[i] for i in chosen)
-                           for y in rest)
-            observed = u(range(len(a)))
-            splits = list(itertools.combinations(range(len(pooled)), len(a)))
-            return sum(u(c) <= observed for c in splits) / len(splits)
-        given = sorted(re.findall(r"\bp = (0\.\d\d)\b", section.replace("\n", " ")))
-        assert given, "the section gives no p = "
-        computed = {f"{p_slower(after_10[k], after_10['this code']):.2f}"
-                    for k in after_10 if k != "this code"}
-        assert set(given) <= computed, (given, computed)
+        assert [k for k in after_10] == list(groups), f"the table's rows are not {list(groups)}"
+        assert rank_test_behind([0., 1.], [2., 3.]) == (0., 4, 1 / 6)  # 1 split of 6 as far behind
+        # each "N of M ... p = X" of the text, in the table's order: a row against this code's
+        text = section.replace("\n", " ")
+        given = re.findall(r"(\d+) of (?:the )?(\d+)[^;.]*?\bp = (0\.\d\d)\b", text)
+        computed = []
+        for key in list(groups)[1:]:
+            ahead, pairs, p = rank_test_behind(after_10[key], after_10["this code"])
+            computed.append((f"{ahead:g}", str(pairs), f"{p:.2f}"))
+        assert given == computed, (given, computed)
 
     def test_every_mpi_call_is_tagged_and_in_the_docs_table(self):
         """docs/mpi.md promises that `grep "# [MPI]"` lists every line that talks to other ranks
