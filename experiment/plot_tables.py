@@ -109,13 +109,19 @@ def success_cell(runs, n, statistic):
     return cell if len(values) == len(runs) else f"{cell}, {len(values)} of {len(runs)} seeds"
 
 
+def ended(run):
+    """Whether a run has ended: all its n_epochs run, or a start under first-starts/ (one that
+    was stopped for good and run again)."""
+    return len(run["epoch"]) >= run["n_epochs"] or run_name(run["dir"]).startswith("first-")
+
+
 def level_cell(runs, level, statistic):
     """The first epoch at `level` over the runs. One not at it counts as later than every run
     that is; such a median or quartile reads "not yet" while a run short of the level is still
     going, "never" once none is."""
     firsts = [first_epoch(run, level) for run in runs]
     short = [run for run, e in zip(runs, firsts) if np.isinf(e)]
-    word = "not yet" if any(len(run["epoch"]) < run["n_epochs"] for run in short) else "never"
+    word = "not yet" if any(not ended(run) for run in short) else "never"
     text = epoch_text(word)
     return over_seeds(firsts, statistic, text) if statistic else text(firsts[0])
 
@@ -152,13 +158,20 @@ def run_name(run_dir):
     return name if os.path.basename(parent) == "results" else f"{os.path.basename(parent)}/{name}"
 
 
+def start_order(run):
+    """Runs of a seed in the order they started: a folder under first-starts/ (a start that was
+    run again) before the others, then by log.txt's date."""
+    return run["seed"], run_name(run["dir"]).split("/")[0] != "first-starts", run["started"]
+
+
 def starts_of_seeds(runs):
-    """{run dir: "start k of n (date)"} for each seed run more than once, in order of start."""
+    """{run dir: "start k of n (date)"} for each seed run more than once, in start_order()."""
     marks = {}
     for seed in {run["seed"] for run in runs}:
-        same = sorted((run for run in runs if run["seed"] == seed), key=lambda r: r["started"])
+        same = sorted((run for run in runs if run["seed"] == seed), key=start_order)
         for k, run in enumerate(same if len(same) > 1 else [], start=1):
-            marks[run["dir"]] = f"start {k} of {len(same)} ({run['started'][:10]})"
+            day = f" ({run['started'][:10]})" if run["started"] else ""
+            marks[run["dir"]] = f"start {k} of {len(same)}{day}"
     return marks
 
 
@@ -171,7 +184,7 @@ def runs_table(run_dirs, after_epochs=AFTER_EPOCHS):
     header += [f"success after {e} epochs" for e in after_epochs]
     rows = []
     by_env = {}
-    for run in sorted((read_run(d) for d in run_dirs), key=lambda r: (r["seed"], r["started"])):
+    for run in sorted((read_run(d) for d in run_dirs), key=start_order):
         by_env.setdefault(with_variant(f"{run['env']} {run['n_ranks']} x {run['num_env']}",
                                        run["variant"]), []).append(run)
     for task, runs in sorted(by_env.items()):
@@ -210,7 +223,7 @@ def gap_table(run_dirs, levels=(0.5, 0.75, 0.9)):
     that reached it, and the port's row."""
     header = ["run (folder in results/)"] + [f"epochs to {level}" for level in levels]
     header += [f"epochs ahead of the port at {level}" for level in levels]
-    runs = sorted((read_run(d) for d in run_dirs), key=lambda r: (r["seed"], r["started"]))
+    runs = sorted((read_run(d) for d in run_dirs), key=start_order)
     assert all((r["env"], r["n_ranks"], r["num_env"]) == ("FetchPush-v4", 8, 2) for r in runs)
     marks = starts_of_seeds(runs)
     reach = [[epochs_to_reach(run, level) for level in levels] for run in runs]

@@ -237,14 +237,15 @@ class TestPlotBench:
         plot.pyplot().close(figures[0])
 
     def test_runs_table_counts_every_start_and_gap_table_reads_epochs_between_rows(self, tmp_path):
-        """Seed 1 started twice (a short first start and a full one): a row each, marked in
-        order of their log.txt dates; the task's row over all three runs leaves out of the
-        levels the short start that stopped below them. The gap: success 0.0, 0.4, 0.6, 0.7,
+        """Seed 1 started twice (a short first start, stopped for good, and a full one): a row
+        each, the one under first-starts/ marked start 1 although its log.txt is dated later
+        (the folder says which start was run again), its levels "never"; the task's row over
+        all three runs leaves out of the levels the short start that stopped below them. The gap: success 0.0, 0.4, 0.6, 0.7,
         1.0 after 1-5 epochs reaches 0.5 after 2.5 epochs, 0.75 after 4 + 0.05 / 0.3 = 4.17
         and 0.9 after 4.67; the port's traced median after 11.5, 13.5 and 15.8."""
         from experiment import plot
         runs = {"a/FetchPush-v4-8x2-seed0": (0, [0.0, 0.4, 0.6, 0.7, 1.0], "2026-12-01"),
-                "first/FetchPush-v4-8x2-seed1": (1, [0.0, 0.2], "2026-12-01"),
+                "first-starts/FetchPush-v4-8x2-seed1": (1, [0.0, 0.2], "2026-12-03"),
                 "a/FetchPush-v4-8x2-seed1": (1, [0.0, 0.2, 0.6, 0.95, 1.0], "2026-12-02")}
         dirs = []
         for name, (seed, success, day) in runs.items():
@@ -255,8 +256,8 @@ class TestPlotBench:
         table = plot.runs_table(dirs, after_epochs=(2, 5)).splitlines()
         assert table[2:] == [
             "| FetchPush-v4 8 x 2 | 0 | a/FetchPush-v4-8x2-seed0 | 5 of 5 | 2 | 4 | 0.40 | 1.00 |",
-            "| FetchPush-v4 8 x 2 | 1 | first/FetchPush-v4-8x2-seed1, start 1 of 2 (2026-12-01) | "
-            "2 of 5 | not yet | not yet | 0.20 |  |",
+            "| FetchPush-v4 8 x 2 | 1 | first-starts/FetchPush-v4-8x2-seed1, start 1 of 2 (2026-12-03) | "
+            "2 of 5 | never | never | 0.20 |  |",
             "| FetchPush-v4 8 x 2 | 1 | a/FetchPush-v4-8x2-seed1, start 2 of 2 (2026-12-02) | "
             "5 of 5 | 2 | 3 | 0.20 | 1.00 |",
             "| FetchPush-v4 8 x 2 | all | every run above (3 runs), median (IQR) |  | 2 (2-2), 2 "
