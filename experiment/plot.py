@@ -13,8 +13,8 @@ Three figures, each with its markdown table (--table):
   * the curves: a panel column per env, against epoch (top) and total env steps (bottom);
   * --scaling ENV: one env, a curve per (ranks, num_env), against epoch, env steps and hours;
   * --suite: a panel per env against episodes (and its largest group's epoch above), each
-    seed faint, each published mark at its own episodes; its table gives "median (IQR)" and
-    "IQM [95% CI]" over seeds.
+    seed faint, the IQM over seeds with its 95% interval after 10, 20, 30 and 50 epochs, each
+    published mark at its own episodes; its table gives "median (IQR)" and "IQM [95% CI]".
 And two tables without a figure: --runs (a row per run folder, every start of a seed) and
 --gap (FetchPush 8 x 2: epochs to 0.5, 0.75 and 0.9 against the port's traced median).
 One traced cycle (train.py --trace N) is drawn by plot_trace.py.
@@ -36,10 +36,11 @@ import numpy as np
 
 from common import files
 from experiment.plot_anchors import ANCHORS, SOURCES, anchor_label, anchor_x
-from experiment.plot_tables import (gap_table, results_table, runs_table, scaling_table,
-                                    suite_table)
+from experiment.plot_tables import (AFTER_EPOCHS, BOOT_SEED, N_BOOT, gap_table, results_table,
+                                    runs_table, scaling_table, suite_table)
 from experiment.runs import (group_runs, groups_of_env, has_epochs, median_and_band, read_run,
                              seeds_and_epochs, with_variant)
+from experiment.stats import iqm_interval
 
 X_LABELS = {"epoch": "epoch (row e: after e + 1 epochs)", "steps": "total env steps (all ranks)",
             "episodes": "total episodes (all ranks)",
@@ -154,12 +155,28 @@ def plot_suite(run_dirs, out_path):
         # epoch, their interquartile range shaded, each seed thin and faint. Against episodes,
         # so that a mark of another ranks x envs stands where as many episodes ran
         draw_curves([ax], ("episodes",), curves, env, faint=True)
+        for (_, runs), colour in zip(curves, COLOURS):
+            draw_iqm_marks(ax, runs, colour)
         add_epoch_axis(ax, max((runs for _, runs in curves), key=len))
         legend_below(ax, [ax])
         ax.set_title(env)
     fig.suptitle("The paper's tasks: DDPG + HER (NumPy), test success: the median over seeds, "
-                 "their interquartile range shaded, each seed faint")
+                 "their interquartile range shaded, each seed faint; squares: the IQM over seeds "
+                 "with its 95% bootstrap interval")
     save_figure(fig, out_path)
+
+
+def draw_iqm_marks(ax, runs, colour, after_epochs=AFTER_EPOCHS):
+    """Where a group has several seeds and all have run n epochs, for each n of after_epochs: the
+    IQM over the seeds of the success after n epochs with its 95% bootstrap interval as an
+    error bar, at the episodes of that row (the suite table's IQM [95% CI])."""
+    shown = [n for n in after_epochs if len(runs) > 1 and all(len(r["success"]) >= n for r in runs)]
+    for i, n in enumerate(shown):
+        point, lo, hi = iqm_interval([[run["success"][n - 1] for run in runs]], n_boot=N_BOOT,
+                                     rng=BOOT_SEED)
+        label = f"IQM and 95% CI after {', '.join(map(str, shown))} epochs" if i == 0 else None
+        ax.errorbar([runs[0]["episodes"][n - 1]], [point], yerr=[[point - lo], [hi - point]],
+                    fmt="s", markersize=4, capsize=3, color=colour, label=label)
 
 
 def add_epoch_axis(ax, runs):

@@ -173,6 +173,7 @@ class TestPlotBench:
 
     def test_plot_suite_figure_has_a_panel_per_task_with_its_anchors(self, tmp_path, monkeypatch):
         from experiment import plot
+        from experiment.runs import read_run
         dirs, runs = write_suite_runs(str(tmp_path))
         out = str(tmp_path / "suite.png")
         assert plot.main(dirs + ["--suite", "-o", out]) == 0 and os.path.getsize(out) > 10_000
@@ -211,6 +212,16 @@ class TestPlotBench:
             assert legend_box.y1 < ax.get_window_extent().y0, ax.get_title()
         hand_lines = axes[2].get_lines()
         assert [line.get_label() for line in hand_lines] == ["ours 8x2, 1 seed (0); 3 of 50 epochs"]
+        assert not axes[1].containers  # 6 epochs: no IQM mark at 10, 20, 30 or 50 epochs
+        plot.draw_iqm_marks(axes[1], [read_run(d) for d in dirs if "Slide" in d], "k", (2, 5))
+        marks = axes[1].containers  # two seeds: the IQM is their mean, the interval their range
+        assert len(marks) == 2 and marks[0].get_label() == "IQM and 95% CI after 2, 5 epochs"
+        for mark, n in zip(marks, (2, 5)):
+            values = [slide[0][n - 1], slide[1][n - 1]]
+            (x, y), = mark.lines[0].get_xydata()
+            assert (x, y) == (800 * n, pytest.approx(np.mean(values)))
+            low, high = mark.lines[2][0].get_segments()[0][:, 1]
+            assert (low, high) == (pytest.approx(min(values)), pytest.approx(max(values)))
         assert list(hand_lines[0].get_ydata()) == runs["HandReach-v3"][0]
         plot.pyplot().close(figures[0])
 
