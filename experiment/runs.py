@@ -3,6 +3,8 @@
 A run folder is what train.py writes: config.json (its Config) and progress.csv (a row per
 epoch, from 0: row e is written after e + 1 epochs). The seeds of one (env, MPI ranks, num_env,
 run_variant) are one group; a group's summaries are per epoch over the seeds that reached it.
+A run also knows its folder and when it started (log.txt's first line), so that two starts of
+one seed can be told apart, and epochs_to_reach reads the epochs it took to a level.
 Mirrors the reading half of baselines `her/experiment/plot.py` (load_results, grouping by
 config, median over seeds).
 
@@ -30,7 +32,8 @@ def read_run(run_dir):
     def column(key, kind=float):
         return np.array([kind(row[key]) for row in rows])
     epoch_s = column("time/epoch_s")
-    return dict(dir=run_dir, started=run_started(run_dir), env=cfg["env"], n_ranks=n_ranks, num_env=cfg["num_env"],
+    return dict(dir=run_dir, started=run_started(run_dir), env=cfg["env"], n_ranks=n_ranks,
+                num_env=cfg["num_env"],
                 variant=run_variant(cfg), seed=cfg["seed"], n_epochs=cfg["n_epochs"],
                 n_cycles=cfg["n_cycles"], n_batches=cfg["n_batches"], T=T,
                 epoch=column("epoch", int), success=column("test/success_rate"),

@@ -251,7 +251,8 @@ class TestPlotBench:
         """Seed 1 started twice (a short first start, stopped for good, and a full one): a row
         each, the one under first-starts/ marked start 1 although its log.txt is dated later
         (the folder says which start was run again), its levels "never"; the task's row over
-        all three runs leaves out of the levels the short start that stopped below them. The gap: success 0.0, 0.4, 0.6, 0.7,
+        all three runs leaves out of the levels the short start that stopped below them. The
+        gap: success 0.0, 0.4, 0.6, 0.7,
         1.0 after 1-5 epochs reaches 0.5 after 2.5 epochs, 0.75 after 4 + 0.05 / 0.3 = 4.17
         and 0.9 after 4.67; the port's traced median after 11.5, 13.5 and 15.8."""
         from experiment import plot
@@ -267,7 +268,8 @@ class TestPlotBench:
         table = plot.runs_table(dirs, after_epochs=(2, 5)).splitlines()
         assert table[2:] == [
             "| FetchPush-v4 8 x 2 | 0 | a/FetchPush-v4-8x2-seed0 | 5 of 5 | 2 | 4 | 0.40 | 1.00 |",
-            "| FetchPush-v4 8 x 2 | 1 | first-starts/FetchPush-v4-8x2-seed1, start 1 of 2 (2026-12-03) | "
+            "| FetchPush-v4 8 x 2 | 1 | first-starts/FetchPush-v4-8x2-seed1, start 1 of 2 "
+            "(2026-12-03) | "
             "2 of 5 | never | never | 0.20 |  |",
             "| FetchPush-v4 8 x 2 | 1 | a/FetchPush-v4-8x2-seed1, start 2 of 2 (2026-12-02) | "
             "5 of 5 | 2 | 3 | 0.20 | 1.00 |",
@@ -279,7 +281,8 @@ class TestPlotBench:
         assert gap[2] == "| a/FetchPush-v4-8x2-seed0 | 2.5 | 4.2 | 4.7 | 9.0 | 9.3 | 11.1 |"
         assert gap[3].startswith("| median (lowest to highest) of the runs that reached it (1 "
                                  "runs) | 2.5 (2.5 to 2.5), 1 of 1 runs |")
-        assert gap[4] == "| the PyTorch port's median, 8 x 2, traced | 11.5 | 13.5 | 15.8 |  |  |  |"
+        assert gap[4] == ("| the PyTorch port's median, 8 x 2, traced | 11.5 | 13.5 | 15.8 |  |  "
+                          "|  |")
 
     @pytest.mark.slow
     def test_plot_trace_draws_the_traced_cycle_and_refuses_what_it_cannot(self, tmp_path):
