@@ -1,16 +1,22 @@
-"""Learning curves of run folders and their tables: test success against epoch, steps, hours.
+"""Learning curves of run folders: test success against epoch, steps, hours, and the command
+line that draws them or prints their tables (plot_tables.py).
 
 Mirrors baselines `her/experiment/plot.py` (test/success_rate per epoch, median and a
 percentile band over seeds); shows the quantity Plappert et al. (2018), Sec. 3, report.
 The run folders are read and grouped by runs.py: the seeds of one (env, MPI ranks, num_env,
 run_variant) make one curve. Epochs are progress.csv's, from 0: row e is written after e + 1
-epochs, so a published "after n epochs" is drawn at x = n - 1 on the epoch axis.
+epochs, so a published "after n epochs" is drawn at x = n - 1 on the epoch axis. Every figure
+draws the median over seeds and shades their interquartile range (25th to 75th percentile,
+numpy's linear interpolation), gives every curve of a panel a colour of its own, and puts the
+legend under the panels, where it covers no curve and no published mark (plot_anchors.py).
 Three figures, each with its markdown table (--table):
   * the curves: a panel column per env, against epoch (top) and total env steps (bottom);
   * --scaling ENV: one env, a curve per (ranks, num_env), against epoch, env steps and hours;
-  * --suite: a panel per env against episodes (and its runs' epoch above), the seeds' range
-    shaded and each seed faint, each published mark at its own episodes; its
-    table gives "median (lowest-highest)" over seeds (suite_table: runs going, levels not met).
+  * --suite: a panel per env against episodes (and its largest group's epoch above), each
+    seed faint, the IQM over seeds with its 95% interval after 10, 20, 30 and 50 epochs, each
+    published mark at its own episodes; its table gives "median (IQR)" and "IQM [95% CI]".
+And two tables without a figure: --runs (a row per run folder, every start of a seed) and
+--gap (FetchPush 8 x 2: epochs to 0.5, 0.75 and 0.9 against the port's traced median).
 One traced cycle (train.py --trace N) is drawn by plot_trace.py.
 
 Run:
@@ -18,7 +24,8 @@ Run:
     python -m experiment.plot results/* --table     # the markdown table docs/results.md shows
     python -m experiment.plot results/FetchPush-v4-*x2-seed[0-9] --scaling FetchPush-v4 \
         -o results/scaling.png
-    python -m experiment.plot results/*-8x2-seed[0-9] --suite -o results/suite.png
+    python -m experiment.plot results/*-8x2-seed[0-9] results/FetchPush-v4-19x2-seed0 --suite \
+        -o results/suite.png
     (with --table instead of -o, each prints its figure's markdown table)
 Test: `python -m pytest -q tests/test_plot_bench.py`.
 """
@@ -28,56 +35,21 @@ import sys
 import numpy as np
 
 from common import files
-from experiment.runs import (first_epoch, first_epochs, group_runs, groups_of_env, has_epochs,
-                             median_and_band, read_run, seeds_and_epochs, with_variant)
+from experiment.plot_anchors import ANCHORS, SOURCES, anchor_label, anchor_x
+from experiment.plot_tables import (AFTER_EPOCHS, BOOT_SEED, N_BOOT, gap_table, results_table,
+                                    runs_table, scaling_table, suite_table)
+from experiment.runs import (group_runs, groups_of_env, has_epochs, median_and_band, read_run,
+                             seeds_and_epochs, with_variant)
+from experiment.stats import iqm_interval
 
-# Published test success rates, (source, ranks, envs, variant, n, success): "success after n
-# epochs" of that ranks x envs, marked only beside our runs of that run_variant. The sources:
-#   "port": TianhongDai/hindsight-experience-replay, a PyTorch port of baselines HER, read off
-#     its README's figure (figures/results.png; median over 5 seeds; x read as epochs run); its
-#     commands run FetchPush and FetchSlide at 8 ranks, FetchPickAndPlace at 16, 2 envs a rank;
-#   "issue 591": baselines issue #591, a maintainer's one run (`--num_cpu 19`, 2 envs a rank):
-#     its log's test/success_rate 0.687 in epoch 8 and 0.895 in epoch 9 (from 0, as ours), and
-#     its words "gets to test success rate of 1.0 after 20 epochs";
-#   "demos": baselines her/README.md, figure fetchPickAndPlaceContrast (median; no ranks x envs).
-# Plappert et al. (2018) give curves only, no value in numbers (Fetch: Fig. 3, HandReach: Fig. 4,
-# BlockRotateZ: Appendix C; 19 x 2, 5 seeds), so HandReach and BlockRotateZ have no mark here.
-SOURCES = {"port": ("PyTorch port", "5 seeds, median", "x"), "issue 591": ("baselines issue 591",
-           "one run", "*"), "demos": ("baselines her/README", "median", "D")}  # name, what, marker
-ANCHORS = {
-    "FetchPush-v4": [("port", 8, 2, "", 10, 0.3), ("port", 8, 2, "", 20, 0.97),
-                     ("issue 591", 19, 2, "", 9, 0.69), ("issue 591", 19, 2, "", 10, 0.89),
-                     ("issue 591", 19, 2, "", 20, 1.0)],
-    "FetchPickAndPlace-v4": [("port", 16, 2, "", 12, 0.5), ("port", 16, 2, "", 20, 0.76),
-                             ("port", 16, 2, "", 48, 0.92),
-                             ("demos", None, None, "100 demos", 50, 0.7)],
-    "FetchSlide-v4": [("port", 8, 2, "", n, s) for n, s in
-                      ((10, 0.1), (20, 0.28), (30, 0.45), (35, 0.5), (50, 0.57), (125, 0.7))],
-}
-N_CYCLES, T_FETCH = 50, 50  # of the anchors with known ranks x envs: 50 cycles, 50-step episodes
 X_LABELS = {"epoch": "epoch (row e: after e + 1 epochs)", "steps": "total env steps (all ranks)",
             "episodes": "total episodes (all ranks)",
             "hours": "hours of training (sum of time/epoch_s)"}
-
-
-def anchor_x(n_ranks, num_env, epoch, x_key):
-    """Where a mark "after `epoch` epochs" goes on x_key's axis: epoch - 1 on the epoch axis (our
-    row after that many); None where episodes or env steps lack its ranks x envs, and for hours
-    (unstated)."""
-    if x_key == "epoch":
-        return epoch - 1
-    if x_key not in ("episodes", "steps") or n_ranks is None:
-        return None
-    episodes = epoch * N_CYCLES * n_ranks * num_env
-    return episodes if x_key == "episodes" else episodes * T_FETCH
-
-
-def anchor_label(source, n_ranks, num_env, variant):
-    """A mark's legend label: its source, its scale and variant where known, what it is."""
-    name, what, _ = SOURCES[source]
-    scale = [f"{n_ranks}x{num_env}"] if n_ranks else []
-    return f"{', '.join([name] + scale + ([variant] if variant else []))} ({what})"
-
+# One colour per curve of a panel, never two alike (matplotlib's tab10, then more that differ
+# from them and from the published marks' black)
+COLOURS = ["tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown",
+           "tab:pink", "tab:gray", "tab:olive", "tab:cyan", "navy", "gold", "lime", "magenta",
+           "teal", "maroon"]
 
 def pyplot():
     import matplotlib
@@ -86,19 +58,35 @@ def pyplot():
     return plt
 
 
-def draw_curves(axes, x_keys, curves, env, marker=None, band=(25, 75), faint=False):
-    """On axes[i], against x_keys[i]: each (label, runs) of `curves` as the median over its seeds,
-    where several the band's percentiles (and with faint each seed); then draw_anchors()."""
-    for label, runs in curves:
-        epochs, med, lo, hi = median_and_band(runs, band=band)
+def draw_curves(axes, x_keys, curves, env, marker=None, faint=False):
+    """On axes[i], against x_keys[i]: each (label, runs) of `curves` in a colour of its own, as
+    the median over its seeds and, where several, their interquartile range shaded (and with
+    faint each seed); then draw_anchors()."""
+    if len(curves) > len(COLOURS):
+        raise ValueError(f"{len(curves)} curves in one panel, {len(COLOURS)} colours")
+    for (label, runs), colour in zip(curves, COLOURS):
+        epochs, med, lo, hi = median_and_band(runs, band=(25, 75))
         for ax, x_key in zip(axes, x_keys):
             x = epochs if x_key == "epoch" else median_and_band(runs, x_key)[1]
-            line, = ax.plot(x, med, marker=marker, label=label)
+            ax.plot(x, med, marker=marker, label=label, color=colour)
             if len(runs) > 1:
-                ax.fill_between(x, lo, hi, alpha=0.2, color=line.get_color())
+                ax.fill_between(x, lo, hi, alpha=0.2, color=colour)
             for run in runs if faint and len(runs) > 1 else []:
-                ax.plot(run[x_key], run["success"], lw=0.8, alpha=0.3, color=line.get_color())
+                ax.plot(run[x_key], run["success"], lw=0.8, alpha=0.3, color=colour)
     draw_anchors(axes, x_keys, env, {runs[0]["variant"] for _, runs in curves})
+
+
+def legend_below(ax, from_axes, title=None):
+    """One legend under ax, out of every panel's way (half an inch below its axis, past the tick
+    labels and the axis label): an entry per label drawn on any of from_axes."""
+    from matplotlib.transforms import ScaledTranslation
+    unique = {}  # one entry per anchor source and curve, not one per mark or per axis
+    for other in from_axes:
+        handles, labels = other.get_legend_handles_labels()
+        unique.update((label, h) for label, h in zip(labels, handles) if label not in unique)
+    below = ax.transAxes + ScaledTranslation(0, -0.5, ax.figure.dpi_scale_trans)
+    ax.legend(unique.values(), unique.keys(), fontsize=7, loc="upper center", frameon=False,
+              bbox_to_anchor=(0.5, 0), bbox_transform=below, title=title, title_fontsize=7)
 
 
 def draw_anchors(axes, x_keys, env, variants):
@@ -116,20 +104,20 @@ def draw_anchors(axes, x_keys, env, variants):
         ax.set_ylabel("test success rate")
         ax.set_ylim(-0.02, 1.02)
         ax.grid(alpha=0.3)
-        handles, labels = ax.get_legend_handles_labels()
-        unique = dict(zip(labels, handles))  # one entry per anchor source, not one per mark
-        ax.legend(unique.values(), unique.keys(), fontsize=7)
 
 
 def plot(run_dirs, out_path):
     groups = group_runs(run_dirs)
     envs = sorted({key[0] for key in groups})
-    fig, axes = pyplot().subplots(2, len(envs), figsize=(4.5 * len(envs), 7), squeeze=False)
+    most = max(sum(1 for key in groups if key[0] == env) for env in envs)  # legend entries
+    fig, axes = pyplot().subplots(2, len(envs), figsize=(4.5 * len(envs), 7 + 0.16 * most),
+                                  squeeze=False)
     for col, env in enumerate(envs):
         curves = [(with_variant(f"{n_ranks} rank(s) x {num_env} env(s), {len(runs)} seed(s)",
                                 variant), runs)
                   for (g_env, n_ranks, num_env, variant), runs in groups.items() if g_env == env]
         draw_curves(axes[:, col], ("epoch", "steps"), curves, env)
+        legend_below(axes[1, col], axes[:, col])  # one legend a column, under both panels
         axes[0, col].set_title(env)
         axes[1, col].set_xscale("log")  # 1 x 2 runs and 16 x 2 anchors: decades apart
     separator = "\n" if len(envs) == 1 else " "  # one column is too narrow for one line
@@ -142,11 +130,10 @@ def plot_scaling(run_dirs, env, out_path):
     for (_, n_ranks, num_env, variant), runs in groups_of_env(run_dirs, env).items():
         seeds = f"{len(runs)} seed{'s' if len(runs) > 1 else ''}"
         curves.append((with_variant(f"{n_ranks} x {num_env} ({seeds})", variant), runs))
-    fig, axes = pyplot().subplots(1, 3, figsize=(15, 4.5))
+    fig, axes = pyplot().subplots(1, 3, figsize=(15, 5.2 + 0.16 * len(curves)))
     # every epoch marked: on the hours axis epochs are unevenly spaced
     draw_curves(axes, ("epoch", "steps", "hours"), curves, env, marker=".")
-    for ax in axes:
-        ax.get_legend().set_title("ranks x envs per rank")
+    legend_below(axes[1], axes, title="ranks x envs per rank; median and interquartile range")
     axes[1].set_xscale("log")  # 1 to 19 ranks: the step counts span more than a decade
     fig.suptitle(f"{env}: DDPG + HER (NumPy) with more MPI ranks")
     save_figure(fig, out_path)
@@ -155,34 +142,47 @@ def plot_scaling(run_dirs, env, out_path):
 def plot_suite(run_dirs, out_path):
     groups = group_runs(run_dirs)
     envs = sorted({key[0] for key in groups})
-    fig, axes = pyplot().subplots(1, len(envs), figsize=(4.5 * len(envs), 5.6), squeeze=False)
+    fig, axes = pyplot().subplots(1, len(envs), figsize=(4.5 * len(envs), 5.8), squeeze=False)
     for ax, env in zip(axes[0], envs):
         curves = []
         for (g_env, n_ranks, num_env, variant), runs in groups.items():
             if g_env == env:
                 seeds, epochs = seeds_and_epochs(runs)
-                how = ", median and range" if len(runs) > 1 else ""
+                how = ", median and IQR" if len(runs) > 1 else ""
                 label = f"ours {n_ranks}x{num_env}, {seeds}{how}; {epochs} epochs"
                 curves.append((with_variant(label, variant), runs))
         # one seed: one plain line; several: the median over the seeds that reached each
-        # epoch, their range (lowest to highest) shaded, each seed thin and faint. Against
-        # episodes, so that a mark of another ranks x envs stands where as many episodes ran
-        draw_curves([ax], ("episodes",), curves, env, band=(0, 100), faint=True)
-        add_epoch_axis(ax, [run for _, runs in curves for run in runs])
-        # under the panel: inside, the wide labels would hide the curves and the marks
-        legend = ax.get_legend()
-        legend.set_loc("upper center")
-        legend.set_bbox_to_anchor((0.5, -0.16))
-        legend.set_frame_on(False)
+        # epoch, their interquartile range shaded, each seed thin and faint. Against episodes,
+        # so that a mark of another ranks x envs stands where as many episodes ran
+        draw_curves([ax], ("episodes",), curves, env, faint=True)
+        for (_, runs), colour in zip(curves, COLOURS):
+            draw_iqm_marks(ax, runs, colour)
+        add_epoch_axis(ax, max((runs for _, runs in curves), key=len))
+        legend_below(ax, [ax])
         ax.set_title(env)
     fig.suptitle("The paper's tasks: DDPG + HER (NumPy), test success: the median over seeds, "
-                 "their range shaded, each seed faint")
+                 "their interquartile range shaded, each seed faint; squares: the IQM over seeds "
+                 "with its 95% bootstrap interval")
     save_figure(fig, out_path)
 
 
+def draw_iqm_marks(ax, runs, colour, after_epochs=AFTER_EPOCHS):
+    """Where a group has several seeds and all have run n epochs, for each n of after_epochs: the
+    IQM over the seeds of the success after n epochs with its 95% bootstrap interval as an
+    error bar, at the episodes of that row (the suite table's IQM [95% CI])."""
+    shown = [n for n in after_epochs if len(runs) > 1 and all(len(r["success"]) >= n for r in runs)]
+    for i, n in enumerate(shown):
+        point, lo, hi = iqm_interval([[run["success"][n - 1] for run in runs]], n_boot=N_BOOT,
+                                     rng=BOOT_SEED)
+        label = f"IQM and 95% CI after {', '.join(map(str, shown))} epochs" if i == 0 else None
+        ax.errorbar([runs[0]["episodes"][n - 1]], [point], yerr=[[point - lo], [hi - point]],
+                    fmt="s", markersize=4, capsize=3, color=colour, label=label)
+
+
 def add_epoch_axis(ax, runs):
-    """Above an episodes axis, the epoch index of the panel's runs where they share one ranks x
-    envs and n_cycles: epoch e ends after (e + 1) x episodes an epoch."""
+    """Above an episodes axis, the epoch index of `runs` (the panel's largest group of seeds)
+    where they share one ranks x envs and n_cycles: epoch e ends after (e + 1) x episodes an
+    epoch."""
     scales = {(run["n_ranks"], run["num_env"], run["n_cycles"]) for run in runs}
     if len(scales) != 1:
         return
@@ -199,101 +199,6 @@ def save_figure(fig, out_path):
     pyplot().close(fig)
 
 
-def markdown_table(header, rows):
-    lines = ["| " + " | ".join(cells) + " |" for cells in [header] + rows]
-    lines.insert(1, "|" + "---|" * len(header))
-    return "\n".join(lines)
-
-
-def scaling_table(run_dirs, env, after_epochs=(5, 10, 15, 20, 25)):
-    """One row per rank count of one env: cost per epoch and learning speed."""
-    header = ["ranks x envs", "seeds", "epochs run", "env steps / epoch", "s / epoch here",
-              "updates / s (all ranks)"]
-    header += [f"success after {e} epochs" for e in after_epochs]
-    header += ["first epoch >= 0.5", "first epoch >= 0.9"]
-    rows = []
-    for (_, n_ranks, num_env, variant), runs in groups_of_env(run_dirs, env).items():
-        run = runs[0]
-        steps = run["n_cycles"] * num_env * n_ranks * run["T"]
-        secs = float(np.median(np.concatenate([r["epoch_s"] for r in runs])))
-        # every rank makes n_cycles * n_batches updates of its own batch per epoch
-        updates_per_s = run["n_cycles"] * run["n_batches"] * n_ranks / secs
-        _, med, _, _ = median_and_band(runs)
-        at = [f"{med[e - 1]:.2f}" if e <= len(med) else "" for e in after_epochs]
-        n_epochs = str(max(len(r["epoch"]) for r in runs))
-        cells = [with_variant(f"{n_ranks} x {num_env}", variant), str(len(runs)), n_epochs,
-                 f"{steps:,}", f"{secs:.0f}", f"{updates_per_s:.0f}"]
-        rows.append(cells + at + [first_epochs(runs, 0.5), first_epochs(runs, 0.9)])
-    return markdown_table(header, rows)
-
-
-def results_table(run_dirs, at_epochs=(0, 4, 9, 19, 29, 39, 49)):
-    """Median test success over seeds at chosen epochs, and seconds per epoch."""
-    header = ["env", "ranks x envs", "seeds"] + [f"epoch {e}" for e in at_epochs]
-    header += ["first epoch >= 0.9 (per seed)", "s / epoch"]
-    rows = []
-    for (env, n_ranks, num_env, variant), runs in sorted(group_runs(run_dirs).items()):
-        _, med, _, _ = median_and_band(runs)
-        cells = [with_variant(env, variant), f"{n_ranks} x {num_env}", str(len(runs))]
-        cells += [f"{med[e]:.2f}" if e < len(med) else "" for e in at_epochs]
-        secs = np.median(np.concatenate([r["epoch_s"] for r in runs]))
-        rows.append(cells + [first_epochs(runs, 0.9), f"{secs:.1f}"])
-    return markdown_table(header, rows)
-
-
-def anchors_cell(env, variant):
-    """env's ANCHORS for runs of variant, a clause per source: "PyTorch port, 8x2 (...): ..."."""
-    by_label = {}
-    for source, n_ranks, num_env, a_variant, epoch, success in ANCHORS.get(env, []):
-        if a_variant != variant:
-            continue
-        label = anchor_label(source, n_ranks, num_env, variant)
-        by_label.setdefault(label, []).append(f"{success:.2f} after {epoch}")
-    return "; ".join(f"{label}: {', '.join(marks)}" for label, marks in by_label.items()) or "none"
-
-
-def spread(values, text):
-    """values as "median (lowest-highest)", each through text(); alone where all read alike."""
-    alike = len({text(v) for v in values}) == 1
-    return text(values[0]) if alike else \
-        f"{text(np.median(values))} ({text(min(values))}-{text(max(values))})"
-
-
-def success_cell(runs, n):
-    """Success after n epochs (row n - 1), spread() over the seeds that have run n epochs, with
-    "k of m seeds" where not all have; "" while none has, "-" for n past n_epochs."""
-    values = [run["success"][n - 1] for run in runs if len(run["success"]) >= n]
-    if not values:
-        return "" if n <= max(run["n_epochs"] for run in runs) else "-"
-    cell = spread(values, lambda v: f"{v:.2f}")
-    return cell if len(values) == len(runs) else f"{cell}, {len(values)} of {len(runs)} seeds"
-
-
-def level_cell(runs, level):
-    """The first epoch at `level`, spread() over the seeds. A seed that has not reached it
-    counts as later than every seed that has; a median or highest that falls on such a seed
-    reads "not yet" while any seed short of the level is still going, "never" once none is."""
-    firsts = [first_epoch(run, level) for run in runs]
-    short = [run for run, e in zip(runs, firsts) if np.isinf(e)]
-    word = "not yet" if any(len(run["epoch"]) < run["n_epochs"] for run in short) else "never"
-    return spread(firsts, lambda e: word if np.isinf(e) else f"{e:g}")
-
-
-def suite_table(run_dirs, after_epochs=(10, 20, 30, 50)):
-    """One row per group: success after each of after_epochs epochs (success_cell), the first
-    epoch at 0.5 and at 0.9 (level_cell), and the published anchors for the group's runs."""
-    header = ["task", "ranks x envs", "seeds", "epochs run (of n_epochs)"]
-    header += [f"success after {e} epochs" for e in after_epochs]
-    header += ["first epoch >= 0.5", "first epoch >= 0.9", "published (success after n epochs)"]
-    rows = []
-    for (env, n_ranks, num_env, variant), runs in sorted(group_runs(run_dirs).items()):
-        cells = [with_variant(env, variant), f"{n_ranks} x {num_env}", *seeds_and_epochs(runs)]
-        cells += [success_cell(runs, e) for e in after_epochs]
-        cells += [level_cell(runs, 0.5), level_cell(runs, 0.9)]
-        rows.append(cells + [anchors_cell(env, variant)])
-    return markdown_table(header, rows)
-
-
 def main(argv=None):
     p = argparse.ArgumentParser(description="Plot test success of train.py runs")
     p.add_argument("run_dirs", nargs="+", help="folders holding progress.csv and config.json")
@@ -304,6 +209,10 @@ def main(argv=None):
                              "(with --table: the scaling table)")
     figure_kind.add_argument("--suite", action="store_true",
                              help="one panel per env against epoch (with --table: the suite table)")
+    figure_kind.add_argument("--runs", action="store_true", help="with --table: a row per run "
+                             "folder, every start of a seed, and per task a row over them all")
+    figure_kind.add_argument("--gap", action="store_true", help="with --table: FetchPush 8 x 2 "
+                             "runs, epochs to 0.5, 0.75, 0.9 against the port's traced median")
     args = p.parse_args(argv)
     figure = "scaling" if args.scaling else "suite" if args.suite else "curves"
     args.out = args.out or f"results/{figure}.png"
@@ -312,9 +221,12 @@ def main(argv=None):
         p.error("none of the given folders holds a progress.csv with an epoch in it")
     if args.scaling and not any(read_run(d)["env"] == args.scaling for d in run_dirs):
         p.error(f"none of the given runs is of {args.scaling}")
+    if (args.runs or args.gap) and not args.table:
+        p.error("--runs and --gap are tables only: add --table")
     if args.table:
         print(scaling_table(run_dirs, args.scaling) if args.scaling else
-              suite_table(run_dirs) if args.suite else results_table(run_dirs))
+              suite_table(run_dirs) if args.suite else runs_table(run_dirs) if args.runs else
+              gap_table(run_dirs) if args.gap else results_table(run_dirs))
         return 0
     if args.scaling:
         plot_scaling(run_dirs, args.scaling, args.out)

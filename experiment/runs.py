@@ -3,6 +3,8 @@
 A run folder is what train.py writes: config.json (its Config) and progress.csv (a row per
 epoch, from 0: row e is written after e + 1 epochs). The seeds of one (env, MPI ranks, num_env,
 run_variant) are one group; a group's summaries are per epoch over the seeds that reached it.
+A run also knows its folder and when it started (log.txt's first line), so that two starts of
+one seed can be told apart, and epochs_to_reach reads the epochs it took to a level.
 Mirrors the reading half of baselines `her/experiment/plot.py` (load_results, grouping by
 config, median over seeds).
 
@@ -13,6 +15,7 @@ import json
 import os
 
 import numpy as np
+
 
 def read_run(run_dir):
     """A run's settings and, per epoch, its test success, episodes, env steps and seconds."""
@@ -29,13 +32,25 @@ def read_run(run_dir):
     def column(key, kind=float):
         return np.array([kind(row[key]) for row in rows])
     epoch_s = column("time/epoch_s")
-    return dict(env=cfg["env"], n_ranks=n_ranks, num_env=cfg["num_env"],
+    return dict(dir=run_dir, started=run_started(run_dir), env=cfg["env"], n_ranks=n_ranks,
+                num_env=cfg["num_env"],
                 variant=run_variant(cfg), seed=cfg["seed"], n_epochs=cfg["n_epochs"],
                 n_cycles=cfg["n_cycles"], n_batches=cfg["n_batches"], T=T,
                 epoch=column("epoch", int), success=column("test/success_rate"),
                 episodes=column("total/episodes"), steps=column("total/timesteps"),
                 epoch_s=epoch_s,
                 hours=np.cumsum(epoch_s) / 3600.)  # training time only: not the pauses between
+
+
+def run_started(run_dir):
+    """When the run first started, "YYYY-MM-DD HH:MM:SS" off log.txt's first line, which train.py
+    writes as "# <date> <time>: <command>"; "" for a run without log.txt (older runs)."""
+    path = os.path.join(run_dir, "log.txt")
+    if not os.path.exists(path):
+        return ""
+    with open(path) as f:
+        first = f.readline()
+    return first[2:21] if first.startswith("# ") else ""
 
 
 def run_variant(cfg):
@@ -108,3 +123,15 @@ def has_epochs(run_dir):
     path = os.path.join(run_dir, "progress.csv")
     with open(path if os.path.exists(path) else os.devnull) as f:  # none: no epoch either
         return sum(1 for _ in f) > 1
+
+
+def epochs_to_reach(run, level):
+    """Epochs run (row e: e + 1) at which the run's test success first reaches `level`, read
+    linearly between the last row below it and the first at it (from 0 epochs at success 0
+    where that is row 0); np.inf if no row reaches it."""
+    x = np.concatenate([[0.], run["epoch"] + 1.])
+    y = np.concatenate([[0.], run["success"]])
+    i = next((i for i in range(1, len(y)) if y[i] >= level), None)
+    if i is None:
+        return np.inf
+    return float(x[i - 1] + (level - y[i - 1]) / (y[i] - y[i - 1]) * (x[i] - x[i - 1]))

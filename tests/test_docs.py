@@ -17,6 +17,9 @@ import itertools
 import os
 import re
 import statistics
+import subprocess
+
+import pytest
 
 from tests.helpers import FAULTS_TABLE, MPI_TABLE, ROOT, doc_section, table_rows
 
@@ -103,6 +106,26 @@ def rank_test_behind(a, b):
     return observed, len(a) * len(b), sum(u(c) <= observed for c in splits) / len(splits)
 
 
+def results_dirs(*patterns):
+    """The run folders under results/ that match any of the glob patterns, sorted."""
+    return sorted(d for pattern in patterns
+                  for d in glob.glob(os.path.join(ROOT, "results", pattern)))
+
+
+FETCH_TASKS = ("FetchPickAndPlace-v4", "FetchPush-v4", "FetchSlide-v4")
+
+
+def every_run_of(task):
+    """The runs docs/results.md's table of every run of `task` at 8 x 2 counts: the suite's
+    seed folders, the starts that were run again, the 10-epoch controls."""
+    return results_dirs(f"{task}-8x2-seed[0-9]", f"first-starts/{task}-8x2-seed[0-9]",
+                        f"port-differences/control-{task}-8x2-seed[0-9]")
+
+
+def git(*args, env=None):
+    return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, env=env)
+
+
 class TestDocs:
     """README.md and docs/*.md."""
 
@@ -129,10 +152,94 @@ class TestDocs:
         assert plot.scaling_table(strategies, "FetchPush-v4") in page, "docs/results.md's table " \
             "of HER strategies differs from `python -m experiment.plot results/FetchPush-v4-4x2-* " \
             "--scaling FetchPush-v4 --table`"
-        suite = [d for d in run_dirs if fnmatch.fnmatch(os.path.basename(d), "*-8x2-seed[0-9]")]
-        if "<!-- suite table" in page:  # the page shows it once the suite's runs are in results/
-            assert plot.suite_table(suite) in page, "docs/results.md's suite table differs from " \
-                "`python -m experiment.plot results/*-8x2-seed[0-9] --suite --table`"
+        suite = results_dirs("*-8x2-seed[0-9]", "FetchPush-v4-19x2-seed0")
+        assert plot.suite_table(suite) in page, "docs/results.md's suite table differs from " \
+            "`python -m experiment.plot results/*-8x2-seed[0-9] results/FetchPush-v4-19x2-seed0 " \
+            "--suite --table`"
+        for task in FETCH_TASKS:
+            assert plot.runs_table(every_run_of(task)) in page, f"docs/results.md's table of " \
+                f"every {task} run differs from `python -m experiment.plot " \
+                f"results/{task}-8x2-seed[0-9] results/first-starts/{task}-8x2-seed[0-9] " \
+                f"results/port-differences/control-{task}-8x2-seed[0-9] --runs --table`"
+        assert plot.gap_table(every_run_of("FetchPush-v4")) in page, "docs/results.md's table " \
+            "of the gap to the port differs from `python -m experiment.plot ... --gap --table`"
+
+    def test_the_headlines_name_their_runs_and_hold_their_tables_numbers(self):
+        """Each Fetch task's headline in "The paper's suite" says over how many seeds (and
+        which) its median (IQR) and IQM [95% CI] after 10 epochs are, and FetchPush's over how
+        many runs of this code its median is: each is the count of folders in results/ and
+        each number the one the tables compute, so a seed added is a headline to rewrite."""
+        from experiment import plot_tables, stats
+        section = doc_section("results.md", "## The paper's suite").replace("\n", " ")
+        read = {}
+        for task in FETCH_TASKS:
+            m = re.search(rf"\*\*{task} at 8 x 2, the suite's (\d+) seeds \(([\d, ]+)\)\.\*\* "
+                          r"After 10 epochs: median (\S+) \(IQR (\S+)-(\S+)\), IQM (\S+) "
+                          r"\[95% CI (\S+)-(\S+)\]", section)
+            assert m, f"no headline for {task}"
+            runs = results_dirs(f"{task}-8x2-seed[0-9]")
+            seeds = sorted(int(d.rsplit("seed", 1)[1]) for d in runs)
+            assert (int(m[1]), m[2]) == (len(runs), ", ".join(map(str, seeds))), (task, m[0])
+            after_10 = [plot_tables.read_run(d)["success"][9] for d in runs]
+            med, q25, q75 = stats.median_iqr(after_10)
+            point, lo, hi = stats.iqm_interval([after_10], n_boot=plot_tables.N_BOOT,
+                                               rng=plot_tables.BOOT_SEED)
+            assert list(m.groups()[2:]) == [f"{v:.2f}" for v in (med, q25, q75, point, lo, hi)]
+            read[task] = m
+        every = every_run_of("FetchPush-v4")
+        m = re.search(r"[Oo]ver all (\d+) runs of this code at 8 x 2 \([^)]*\), the median after "
+                      r"10 epochs is (\S+) \(IQR (\S+)-(\S+)\)", section)
+        assert m, "no sentence over every FetchPush run"
+        after_10 = [plot_tables.read_run(d)["success"][9] for d in every]
+        assert int(m[1]) == len(every)
+        assert list(m.groups()[1:]) == [f"{v:.2f}" for v in stats.median_iqr(after_10)]
+
+    def test_every_patch_applies_to_the_commit_its_header_names(self, tmp_path):
+        """Each results/**/*.patch opens with "Base commit: <40 hex digits>"; `git apply --check`
+        of it against that commit's tree (read into a scratch index, the work tree untouched)
+        succeeds. Skipped where the clone lacks the commit (a shallow clone)."""
+        patches = sorted(glob.glob(os.path.join(ROOT, "results", "**", "*.patch"), recursive=True))
+        assert len(patches) >= 3, patches
+        if git("rev-parse", "--git-dir").returncode != 0:
+            pytest.skip("not a git clone: no commit to apply the patches to")
+        for patch in patches:
+            with open(patch) as f:
+                base = re.match(r"Base commit: ([0-9a-f]{40})\b", f.read())
+            assert base, f"{patch} does not open with 'Base commit: <sha>'"
+            if git("cat-file", "-e", base[1] + "^{commit}").returncode != 0:
+                pytest.skip(f"commit {base[1][:7]} is not in this clone (a shallow clone?)")
+            env = dict(os.environ, GIT_INDEX_FILE=str(tmp_path / "index"))
+            assert git("read-tree", base[1], env=env).returncode == 0
+            applied = git("apply", "--check", "--cached", patch, env=env)
+            assert applied.returncode == 0, f"{patch} does not apply to {base[1][:7]}: " \
+                f"{applied.stderr}"
+
+    def test_runs_md_table_of_the_arms_holds_each_runs_commit_start_and_epoch_times(self):
+        """results/RUNS.md's table of the port-differences arms: each run's commit and start as
+        its log.txt records them, its code as main or the patch that rebuilds its branch, and the
+        lowest and highest time/epoch_s of its epochs 0-9, rounded to the second."""
+        with open(os.path.join(ROOT, "results", "RUNS.md")) as f:
+            text = f.read()
+        section = text[text.index("## The port-differences experiment"):]
+        rows = [cells for cells in table_rows(section)[2:]]
+        assert len(rows) == 20, len(rows)
+        for arm, run, code, commit, started, seconds in rows:
+            folder = os.path.join(ROOT, "results", run.strip("`"))
+            with open(os.path.join(folder, "progress.csv")) as f:
+                times = [float(r["time/epoch_s"]) for r in csv.DictReader(f)][:10]
+            assert seconds == f"{min(times):.0f}-{max(times):.0f}", (run, seconds)
+            log = os.path.join(folder, "log.txt")
+            if os.path.exists(log):
+                with open(log) as f:
+                    first, second = f.readline(), f.readline()
+                assert started == first[2:18], (run, started)
+                sha = re.search(r"commit (\w{7})", second)[1]
+                assert commit.split(",")[0] == sha, (run, commit)
+                assert ("uncommitted" in commit) == ("uncommitted" in second), (run, commit)
+            patch = {"both differences": "port-differences.patch", "this code": None,
+                     "initialisation only": "port-init.patch",
+                     "normaliser only": "port-normaliser.patch"}[arm]
+            assert (patch or "main") in code, (run, code)
 
     def test_the_table_of_the_ports_differences_and_its_rank_tests_match_their_csvs(self):
         """docs/results.md's FetchPush table of the port's differences: each seed's cell is row 9

@@ -136,28 +136,35 @@ class TestPlotBench:
         from experiment import plot
         dirs, runs = write_suite_runs(str(tmp_path))
         table = plot.suite_table(dirs, after_epochs=(2, 5, 10)).splitlines()
-        assert table[0] == ("| task | ranks x envs | seeds | epochs run (of n_epochs) | success after "
-                            "2 epochs | success after 5 epochs | success after 10 epochs | first epoch "
-                            ">= 0.5 | first epoch >= 0.9 | published (success after n epochs) |")
+        assert table[0] == ("| task | ranks x envs | runs | epochs run (of n_epochs) | statistic | "
+                            "success after 2 epochs | success after 5 epochs | success after 10 "
+                            "epochs | first epoch >= 0.5 | first epoch >= 0.9 | published "
+                            "(success after n epochs) |")
         slide = runs["FetchSlide-v4"]
 
-        def over_seeds(e):  # "after n epochs" is row n - 1: median (lowest-highest) of the seeds
-            values = [slide[0][e - 1], slide[1][e - 1]]
-            return f"{np.median(values):.2f} ({min(values):.2f}-{max(values):.2f})"
+        def quartiles(e):  # "after n epochs" is row n - 1: median (q25-q75) by numpy, linear
+            q25, med, q75 = np.percentile([slide[0][e - 1], slide[1][e - 1]], [25, 50, 75])
+            return f"{med:.2f} ({q25:.2f}-{q75:.2f})"
         # PickAndPlace ended at 4 epochs: 0.5 first at epoch 1, 0.9 never; 5 and 10 epochs never
         # run; the 100-demo mark is not set beside a run without demos
-        assert table[2] == ("| FetchPickAndPlace-v4 | 8 x 2 | 1 seed (0) | 4 of 4 | 0.50 | - | - | 1 "
-                            "| never | PyTorch port, 16x2 (5 seeds, median): 0.50 after 12, 0.76 "
-                            "after 20, 0.92 after 48 |")
-        # Slide: seed 0 reaches 0.5 at epoch 2 and 0.9 at 4, seed 1 at 3 and 5
-        assert table[3] == (f"| FetchSlide-v4 | 8 x 2 | 2 seeds (0, 1) | 6, 6 of 6 | {over_seeds(2)} "
-                            f"| {over_seeds(5)} | - | 2.5 (2-3) | 4.5 (4-5) | PyTorch port, 8x2 (5 "
-                            "seeds, median): 0.10 after 10, 0.28 after 20, 0.45 after 30, 0.50 after "
-                            "35, 0.57 after 50, 0.70 after 125 |")
+        assert table[2] == ("| FetchPickAndPlace-v4 | 8 x 2 | 1 run: seed 0 | 4 of 4 | one run | "
+                            "0.50 | - | - | 1 | never | PyTorch port, 16x2 (5 seeds, median): 0.50 "
+                            "after 12, 0.76 after 20, 0.92 after 48 |")
+        # Slide: seed 0 reaches 0.5 at epoch 2 and 0.9 at 4, seed 1 at 3 and 5. Two seeds: the
+        # IQM drops int(0.5) = 0 values, so it is their mean; a resample is both draws of one
+        # seed 1 time in 4, more than 2.5%, so the 95% interval runs from the one to the other
+        assert table[3] == (f"| FetchSlide-v4 | 8 x 2 | 2 runs: seeds 0, 1 | 6, 6 of 6 | median "
+                            f"(IQR) | {quartiles(2)} | {quartiles(5)} | - | 2.5 (2.25-2.75) | "
+                            "4.5 (4.25-4.75) | PyTorch port, 8x2 (5 seeds, median): 0.10 after 10, "
+                            "0.28 after 20, 0.45 after 30, 0.50 after 35, 0.57 after 50, 0.70 "
+                            "after 125 |")
+        assert table[4] == ("| FetchSlide-v4 | 8 x 2 | 2 runs: seeds 0, 1 | 6, 6 of 6 | IQM [95% "
+                            "CI] | 0.25 [0.20-0.30] | 0.85 [0.80-0.90] | - | 2.5 [2-3] | 4.5 [4-5] "
+                            "|  |")
         # HandReach is still going (3 of 50 epochs): epochs 5 and 10 blank, both levels not yet
-        assert table[4] == ("| HandReach-v3 | 8 x 2 | 1 seed (0) | 3 of 50 | 0.10 |  |  | not yet | "
-                            "not yet | none |")
-        assert len(table) == 5
+        assert table[5] == ("| HandReach-v3 | 8 x 2 | 1 run: seed 0 | 3 of 50 | one run | 0.10 |  | "
+                            " | not yet | not yet | none |")
+        assert len(table) == 6
         # a run before its first epoch (progress.csv: the header only) is left out until it has one
         started = str(tmp_path / "HandManipulateBlockRotateZ-v1-8x2-seed0")
         write_synthetic_run(started, 0, [], n_ranks=8, env="HandManipulateBlockRotateZ-v1")
@@ -166,6 +173,7 @@ class TestPlotBench:
 
     def test_plot_suite_figure_has_a_panel_per_task_with_its_anchors(self, tmp_path, monkeypatch):
         from experiment import plot
+        from experiment.runs import read_run
         dirs, runs = write_suite_runs(str(tmp_path))
         out = str(tmp_path / "suite.png")
         assert plot.main(dirs + ["--suite", "-o", out]) == 0 and os.path.getsize(out) > 10_000
@@ -176,10 +184,15 @@ class TestPlotBench:
         assert [ax.get_title() for ax in axes] == ["FetchPickAndPlace-v4", "FetchSlide-v4",
                                                    "HandReach-v3"]
         slide_lines = axes[1].get_lines()
-        assert slide_lines[0].get_label() == ("ours 8x2, 2 seeds (0, 1), median and range; 6, 6 "
+        assert slide_lines[0].get_label() == ("ours 8x2, 2 seeds (0, 1), median and IQR; 6, 6 "
                                               "of 6 epochs")
         slide = runs["FetchSlide-v4"]
         assert np.allclose(slide_lines[0].get_ydata(), np.median([slide[0], slide[1]], axis=0))
+        # the band is the interquartile range (as in every figure), not the range
+        band, = axes[1].collections
+        ys = band.get_paths()[0].vertices[:, 1]  # along the lower edge, then the upper
+        q25, q75 = np.percentile([slide[0], slide[1]], [25, 75], axis=0)
+        assert set(np.round(ys, 9)) == set(np.round(np.concatenate([q25, q75]), 9))
         for line, seed in zip(slide_lines[1:3], (slide[0], slide[1])):  # each seed, faintly
             assert np.allclose(line.get_ydata(), seed) and line.get_alpha() < 0.5
         # against episodes: epoch e of 8 x 2 is (e + 1) * 800; "after n epochs" at n * 800
@@ -193,10 +206,83 @@ class TestPlotBench:
         assert epoch_axis.get_xlabel().startswith("epoch at 8 x 2")
         figures[0].canvas.draw()  # the top axis takes its limits from the bottom one's
         assert np.allclose(epoch_axis.get_xlim(), np.array(axes[1].get_xlim()) / 800 - 1)
+        figures[0].canvas.draw()
+        for ax in axes:  # every legend under its panel, clear of the curves and the marks
+            legend_box = ax.get_legend().get_window_extent()
+            assert legend_box.y1 < ax.get_window_extent().y0, ax.get_title()
         hand_lines = axes[2].get_lines()
         assert [line.get_label() for line in hand_lines] == ["ours 8x2, 1 seed (0); 3 of 50 epochs"]
+        assert not axes[1].containers  # 6 epochs: no IQM mark at 10, 20, 30 or 50 epochs
+        plot.draw_iqm_marks(axes[1], [read_run(d) for d in dirs if "Slide" in d], "k", (2, 5))
+        marks = axes[1].containers  # two seeds: the IQM is their mean, the interval their range
+        assert len(marks) == 2 and marks[0].get_label() == "IQM and 95% CI after 2, 5 epochs"
+        for mark, n in zip(marks, (2, 5)):
+            values = [slide[0][n - 1], slide[1][n - 1]]
+            (x, y), = mark.lines[0].get_xydata()
+            assert (x, y) == (800 * n, pytest.approx(np.mean(values)))
+            low, high = mark.lines[2][0].get_segments()[0][:, 1]
+            assert (low, high) == (pytest.approx(min(values)), pytest.approx(max(values)))
         assert list(hand_lines[0].get_ydata()) == runs["HandReach-v3"][0]
         plot.pyplot().close(figures[0])
+
+    def test_no_colour_twice_in_a_panel_and_the_legends_under_the_panels(self, tmp_path,
+                                                                          monkeypatch):
+        """Twelve groups in one env (ranks 1-12): twelve colours; the one legend of the column
+        under the bottom panel, so it covers neither panel."""
+        from experiment import plot
+        dirs = []
+        for n_ranks in range(1, 13):
+            dirs.append(str(tmp_path / f"{n_ranks}x2"))
+            write_synthetic_run(dirs[-1], 0, [0.1, 0.5, 0.9], n_ranks=n_ranks)
+        figures = []
+        monkeypatch.setattr(plot, "save_figure", lambda fig, out_path: figures.append(fig))
+        plot.plot(dirs, "unused.png")
+        top, bottom = figures[0].axes[:2]
+        for ax in (top, bottom):
+            colours = [line.get_color() for line in ax.get_lines() if line.get_label()[0] != "_"
+                       and not line.get_label().startswith("published")]
+            assert len(colours) == 12 and len(set(colours)) == 12, colours
+        assert top.get_legend() is None and len(bottom.get_legend().get_texts()) == 12 + 2
+        figures[0].canvas.draw()
+        assert bottom.get_legend().get_window_extent().y1 < bottom.get_window_extent().y0
+        plot.pyplot().close(figures[0])
+
+    def test_runs_table_counts_every_start_and_gap_table_reads_epochs_between_rows(self, tmp_path):
+        """Seed 1 started twice (a short first start, stopped for good, and a full one): a row
+        each, the one under first-starts/ marked start 1 although its log.txt is dated later
+        (the folder says which start was run again), its levels "never"; the task's row over
+        all three runs leaves out of the levels the short start that stopped below them. The
+        gap: success 0.0, 0.4, 0.6, 0.7,
+        1.0 after 1-5 epochs reaches 0.5 after 2.5 epochs, 0.75 after 4 + 0.05 / 0.3 = 4.17
+        and 0.9 after 4.67; the port's traced median after 11.5, 13.5 and 15.8."""
+        from experiment import plot
+        runs = {"a/FetchPush-v4-8x2-seed0": (0, [0.0, 0.4, 0.6, 0.7, 1.0], "2026-12-01"),
+                "first-starts/FetchPush-v4-8x2-seed1": (1, [0.0, 0.2], "2026-12-03"),
+                "a/FetchPush-v4-8x2-seed1": (1, [0.0, 0.2, 0.6, 0.95, 1.0], "2026-12-02")}
+        dirs = []
+        for name, (seed, success, day) in runs.items():
+            dirs.append(str(tmp_path / name))
+            write_synthetic_run(dirs[-1], seed, success, n_ranks=8, n_epochs=5)
+            with open(os.path.join(dirs[-1], "log.txt"), "w") as f:
+                f.write(f"# {day} 10:00:00: train.py --seed {seed}\n")
+        table = plot.runs_table(dirs, after_epochs=(2, 5)).splitlines()
+        assert table[2:] == [
+            "| FetchPush-v4 8 x 2 | 0 | a/FetchPush-v4-8x2-seed0 | 5 of 5 | 2 | 4 | 0.40 | 1.00 |",
+            "| FetchPush-v4 8 x 2 | 1 | first-starts/FetchPush-v4-8x2-seed1, start 1 of 2 "
+            "(2026-12-03) | "
+            "2 of 5 | never | never | 0.20 |  |",
+            "| FetchPush-v4 8 x 2 | 1 | a/FetchPush-v4-8x2-seed1, start 2 of 2 (2026-12-02) | "
+            "5 of 5 | 2 | 3 | 0.20 | 1.00 |",
+            "| FetchPush-v4 8 x 2 | all | every run above (3 runs), median (IQR) |  | 2 (2-2), 2 "
+            "of 3 runs | 3.5 (3.25-3.75), 2 of 3 runs | 0.20 (0.20-0.30) | 1.00 (1.00-1.00), 2 "
+            "of 3 runs |"]
+        assert plot.main(dirs + ["--runs", "--table"]) == 0
+        gap = plot.gap_table(dirs[:1]).splitlines()
+        assert gap[2] == "| a/FetchPush-v4-8x2-seed0 | 2.5 | 4.2 | 4.7 | 9.0 | 9.3 | 11.1 |"
+        assert gap[3].startswith("| median (lowest to highest) of the runs that reached it (1 "
+                                 "runs) | 2.5 (2.5 to 2.5), 1 of 1 runs |")
+        assert gap[4] == ("| the PyTorch port's median, 8 x 2, traced | 11.5 | 13.5 | 15.8 |  |  "
+                          "|  |")
 
     @pytest.mark.slow
     def test_plot_trace_draws_the_traced_cycle_and_refuses_what_it_cannot(self, tmp_path):

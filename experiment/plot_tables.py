@@ -1,0 +1,248 @@
+"""The markdown tables docs/results.md shows, made from run folders: every run, scaling, the
+suite with its intervals, every run of a task one by one, and the gap to the port's curve.
+
+Mirrors no baselines file (baselines' her/experiment/plot.py draws curves only); what each
+table is:
+  * results_table: per group of seeds, the median test success at chosen epochs;
+  * scaling_table: one env, a row per (ranks, num_env): cost per epoch and learning speed;
+  * suite_table: per task, "median (interquartile range)" and "IQM [95% CI]" over its seeds
+    (experiment/stats.py), each row saying how many runs it rests on;
+  * runs_table: one row per run folder, every start of a seed counted, reruns marked, and per
+    task a row over all of them;
+  * gap_table: at equal episodes, how many epochs before the port's traced FetchPush median
+    each run first reaches 0.5, 0.75 and 0.9.
+Epochs are progress.csv's, from 0: "success after n epochs" is row n - 1; "first epoch >= x"
+is a row index.
+
+Run: `python -m experiment.plot ... --table` (with --suite, --runs, --gap or --scaling).
+Test: `python -m pytest -q tests/test_plot_bench.py tests/test_docs.py`.
+"""
+import os
+
+import numpy as np
+
+from experiment.plot_anchors import PORT_FETCHPUSH_EPOCHS_AT, anchors_cell
+from experiment.runs import (epochs_to_reach, first_epoch, first_epochs, group_runs,
+                             groups_of_env, median_and_band, read_run, seeds_and_epochs,
+                             with_variant)
+from experiment.stats import iqm_interval, median_iqr
+
+AFTER_EPOCHS = (10, 20, 30, 50)  # the suite's and the runs' "success after n epochs" columns
+N_BOOT, BOOT_SEED = 2000, 0  # the bootstrap's resamples and its generator's seed
+
+
+def markdown_table(header, rows):
+    lines = ["| " + " | ".join(cells) + " |" for cells in [header] + rows]
+    lines.insert(1, "|" + "---|" * len(header))
+    return "\n".join(lines)
+
+
+def scaling_table(run_dirs, env, after_epochs=(5, 10, 15, 20, 25)):
+    """One row per rank count of one env: cost per epoch and learning speed."""
+    header = ["ranks x envs", "seeds", "epochs run", "env steps / epoch", "s / epoch here",
+              "updates / s (all ranks)"]
+    header += [f"success after {e} epochs" for e in after_epochs]
+    header += ["first epoch >= 0.5", "first epoch >= 0.9"]
+    rows = []
+    for (_, n_ranks, num_env, variant), runs in groups_of_env(run_dirs, env).items():
+        run = runs[0]
+        steps = run["n_cycles"] * num_env * n_ranks * run["T"]
+        secs = float(np.median(np.concatenate([r["epoch_s"] for r in runs])))
+        # every rank makes n_cycles * n_batches updates of its own batch per epoch
+        updates_per_s = run["n_cycles"] * run["n_batches"] * n_ranks / secs
+        _, med, _, _ = median_and_band(runs)
+        at = [f"{med[e - 1]:.2f}" if e <= len(med) else "" for e in after_epochs]
+        n_epochs = str(max(len(r["epoch"]) for r in runs))
+        cells = [with_variant(f"{n_ranks} x {num_env}", variant), str(len(runs)), n_epochs,
+                 f"{steps:,}", f"{secs:.0f}", f"{updates_per_s:.0f}"]
+        rows.append(cells + at + [first_epochs(runs, 0.5), first_epochs(runs, 0.9)])
+    return markdown_table(header, rows)
+
+
+def results_table(run_dirs, at_epochs=(0, 4, 9, 19, 29, 39, 49)):
+    """Median test success over seeds at chosen epochs, and seconds per epoch."""
+    header = ["env", "ranks x envs", "seeds"] + [f"epoch {e}" for e in at_epochs]
+    header += ["first epoch >= 0.9 (per seed)", "s / epoch"]
+    rows = []
+    for (env, n_ranks, num_env, variant), runs in sorted(group_runs(run_dirs).items()):
+        _, med, _, _ = median_and_band(runs)
+        cells = [with_variant(env, variant), f"{n_ranks} x {num_env}", str(len(runs))]
+        cells += [f"{med[e]:.2f}" if e < len(med) else "" for e in at_epochs]
+        secs = np.median(np.concatenate([r["epoch_s"] for r in runs]))
+        rows.append(cells + [first_epochs(runs, 0.9), f"{secs:.1f}"])
+    return markdown_table(header, rows)
+
+
+def success_text(value):
+    return f"{value:.2f}"
+
+
+def epoch_text(word):
+    """Epoch indices, and their medians and quartiles (9.5), as few digits as they need; `word`
+    for a level not reached."""
+    return lambda value: f"{round(value, 2):g}" if np.isfinite(value) else word
+
+
+def over_seeds(values, statistic, text):
+    """values (one per run) as "median (q25-q75)" or "IQM [lo-hi]", each through text()
+    (stats.py: linear percentiles; a 95% percentile bootstrap over the runs, N_BOOT resamples,
+    seed BOOT_SEED). A run that has not reached a level is np.inf: it counts as later than
+    every run that has in the median and quartiles, and the IQM is then left out ("-")."""
+    values = [float(v) for v in values]
+    if statistic == "median (IQR)":
+        with np.errstate(invalid="ignore"):  # between two runs short of a level: inf - inf
+            med, q25, q75 = median_iqr(values)
+        return f"{text(med)} ({text(q25)}-{text(q75)})"
+    if not all(np.isfinite(values)):
+        return "-"
+    point, lo, hi = iqm_interval([values], n_boot=N_BOOT, rng=BOOT_SEED)
+    return f"{text(point)} [{text(lo)}-{text(hi)}]"
+
+
+def success_cell(runs, n, statistic):
+    """Success after n epochs (row n - 1) over the runs that have run n epochs, "k of m seeds"
+    where not all have; "" while none has, "-" for n past n_epochs."""
+    values = [run["success"][n - 1] for run in runs if len(run["success"]) >= n]
+    if not values:
+        return "" if n <= max(run["n_epochs"] for run in runs) else "-"
+    cell = over_seeds(values, statistic, success_text) if statistic else success_text(values[0])
+    return cell if len(values) == len(runs) else f"{cell}, {len(values)} of {len(runs)} seeds"
+
+
+def ended(run):
+    """Whether a run has ended: all its n_epochs run, or a start under first-starts/ (one that
+    was stopped for good and run again)."""
+    return len(run["epoch"]) >= run["n_epochs"] or run_name(run["dir"]).startswith("first-")
+
+
+def level_cell(runs, level, statistic):
+    """The first epoch at `level` over the runs. One not at it counts as later than every run
+    that is; such a median or quartile reads "not yet" while a run short of the level is still
+    going, "never" once none is."""
+    firsts = [first_epoch(run, level) for run in runs]
+    short = [run for run, e in zip(runs, firsts) if np.isinf(e)]
+    word = "not yet" if any(not ended(run) for run in short) else "never"
+    text = epoch_text(word)
+    return over_seeds(firsts, statistic, text) if statistic else text(firsts[0])
+
+
+def suite_table(run_dirs, after_epochs=AFTER_EPOCHS):
+    """Per group: with several seeds, a row "median (IQR)" and a row "IQM [95% CI]", with one
+    a row "one run"; success after each of after_epochs epochs, the first epochs at 0.5 and
+    0.9, and (first row) the published anchors for the group's runs."""
+    header = ["task", "ranks x envs", "runs", "epochs run (of n_epochs)", "statistic"]
+    header += [f"success after {e} epochs" for e in after_epochs]
+    header += ["first epoch >= 0.5", "first epoch >= 0.9", "published (success after n epochs)"]
+    rows, shown = [], set()
+    for (env, n_ranks, num_env, variant), runs in sorted(group_runs(run_dirs).items()):
+        seeds = ", ".join(str(run["seed"]) for run in runs)
+        many = "s" if len(runs) > 1 else ""
+        statistics = ["median (IQR)", "IQM [95% CI]"] if many else [None]
+        for statistic in statistics:
+            cells = [with_variant(env, variant), f"{n_ranks} x {num_env}",
+                     f"{len(runs)} run{many}: seed{many} {seeds}", seeds_and_epochs(runs)[1],
+                     statistic or "one run"]
+            cells += [success_cell(runs, e, statistic) for e in after_epochs]
+            cells += [level_cell(runs, 0.5, statistic), level_cell(runs, 0.9, statistic)]
+            published = anchors_cell(env, variant)
+            rows.append(cells + [published if (env, variant) not in shown else "as above"
+                                 if statistic != "IQM [95% CI]" else ""])
+            shown.add((env, variant))
+    return markdown_table(header, rows)
+
+
+def run_name(run_dir):
+    """A run folder as its table names it: the folder, under its parent where that is not
+    results/ (first-starts/..., port-differences/...)."""
+    parent, name = os.path.split(os.path.normpath(run_dir))
+    return name if os.path.basename(parent) == "results" else f"{os.path.basename(parent)}/{name}"
+
+
+def start_order(run):
+    """Runs of a seed in the order they started: a folder under first-starts/ (a start that was
+    run again) before the others, then by log.txt's date."""
+    return run["seed"], run_name(run["dir"]).split("/")[0] != "first-starts", run["started"]
+
+
+def starts_of_seeds(runs):
+    """{run dir: "start k of n (date)"} for each seed run more than once, in start_order()."""
+    marks = {}
+    for seed in {run["seed"] for run in runs}:
+        same = sorted((run for run in runs if run["seed"] == seed), key=start_order)
+        for k, run in enumerate(same if len(same) > 1 else [], start=1):
+            day = f" ({run['started'][:10]})" if run["started"] else ""
+            marks[run["dir"]] = f"start {k} of {len(same)}{day}"
+    return marks
+
+
+def runs_table(run_dirs, after_epochs=AFTER_EPOCHS):
+    """One row per run folder, by task and seed, then per task a row "median (IQR)" over all of
+    its runs: the first epochs at 0.5 and 0.9, then success after each of after_epochs epochs.
+    A seed run more than once has a row per start, marked "start k of n"."""
+    header = ["task", "seed", "run (folder in results/)", "epochs run (of n_epochs)",
+              "first epoch >= 0.5", "first epoch >= 0.9"]
+    header += [f"success after {e} epochs" for e in after_epochs]
+    rows = []
+    by_env = {}
+    for run in sorted((read_run(d) for d in run_dirs), key=start_order):
+        by_env.setdefault(with_variant(f"{run['env']} {run['n_ranks']} x {run['num_env']}",
+                                       run["variant"]), []).append(run)
+    for task, runs in sorted(by_env.items()):
+        marks = starts_of_seeds(runs)
+        for run in runs:
+            name = run_name(run["dir"]) + (f", {marks[run['dir']]}" if run["dir"] in marks else "")
+            cells = [task, str(run["seed"]), name, f"{len(run['epoch'])} of {run['n_epochs']}"]
+            cells += [level_cell([run], 0.5, None), level_cell([run], 0.9, None)]
+            rows.append(cells + [success_cell([run], e, None) for e in after_epochs])
+        cells = [task, "all", f"every run above ({len(runs)} runs), median (IQR)", ""]
+        cells += [level_over_runs(runs, level) for level in (0.5, 0.9)]
+        rows.append(cells + [success_cell(runs, e, "median (IQR)").replace(" seeds", " runs")
+                             for e in after_epochs])
+    return markdown_table(header, rows)
+
+
+def level_over_runs(runs, level):
+    """The first epoch at `level`, median (IQR) over the runs that reached it or ran the task's
+    full length (a shorter run that stopped short of it might have reached it at any later
+    epoch), with "k of m runs" where that leaves some out."""
+    full = max(run["n_epochs"] for run in runs)
+    counted = [run for run in runs if np.isfinite(first_epoch(run, level))
+               or len(run["epoch"]) >= full]
+    cell = level_cell(counted, level, "median (IQR)")
+    return cell if len(counted) == len(runs) else f"{cell}, {len(counted)} of {len(runs)} runs"
+
+
+def one_decimal(value):
+    return f"{value:.1f}".replace("-0.0", "0.0")
+
+
+def gap_table(run_dirs, levels=(0.5, 0.75, 0.9)):
+    """FetchPush at the port's 8 x 2 (equal epochs, equal episodes): per run, the epochs run at
+    which it first reaches each level (epochs_to_reach) and how many epochs before the port's
+    traced median (PORT_FETCHPUSH_EPOCHS_AT) that is; then the median and range over the runs
+    that reached it, and the port's row."""
+    header = ["run (folder in results/)"] + [f"epochs to {level}" for level in levels]
+    header += [f"epochs ahead of the port at {level}" for level in levels]
+    runs = sorted((read_run(d) for d in run_dirs), key=start_order)
+    assert all((r["env"], r["n_ranks"], r["num_env"]) == ("FetchPush-v4", 8, 2) for r in runs)
+    marks = starts_of_seeds(runs)
+    reach = [[epochs_to_reach(run, level) for level in levels] for run in runs]
+    rows = []
+    for run, epochs in zip(runs, reach):
+        name = run_name(run["dir"]) + (f", {marks[run['dir']]}" if run["dir"] in marks else "")
+        port = [PORT_FETCHPUSH_EPOCHS_AT[level] for level in levels]
+        rows.append([name] + [one_decimal(e) if np.isfinite(e) else f"not in {len(run['epoch'])}"
+                              for e in epochs]
+                    + [one_decimal(p - e) if np.isfinite(e) else "" for p, e in zip(port, epochs)])
+    summary = [f"median (lowest to highest) of the runs that reached it ({len(runs)} runs)"]
+    gaps = []
+    for i, level in enumerate(levels):
+        got = [epochs[i] for epochs in reach if np.isfinite(epochs[i])]
+        gaps.append([PORT_FETCHPUSH_EPOCHS_AT[level] - e for e in got])
+        summary.append(f"{one_decimal(np.median(got))} ({one_decimal(min(got))} to "
+                       f"{one_decimal(max(got))}), {len(got)} of {len(runs)} runs")
+    summary += [f"{one_decimal(np.median(g))} ({one_decimal(min(g))} to {one_decimal(max(g))})"
+                for g in gaps]
+    port_row = ["the PyTorch port's median, 8 x 2, traced"]
+    port_row += [f"{PORT_FETCHPUSH_EPOCHS_AT[level]:.1f}" for level in levels] + [""] * len(levels)
+    return markdown_table(header, rows + [summary, port_row])

@@ -1,0 +1,69 @@
+"""How sure a few runs make a number: the median with its interquartile range, and the
+interquartile mean with a stratified-bootstrap confidence interval.
+
+No baselines counterpart (baselines' plot.py draws a median and a percentile band). The two
+summaries of a handful of seeds in use for deep RL:
+  * the median and the interquartile range (25th to 75th percentile), what Plappert et al.
+    (2018) and the PyTorch port of baselines HER draw; percentiles are numpy's default,
+    linear interpolation between the sorted values (`np.percentile(..., method="linear")`:
+    the q-th percentile of n sorted values x_0..x_{n-1} is read at position q/100 x (n - 1));
+  * the interquartile mean (IQM) with a 95% stratified-bootstrap interval, after Agarwal et al.
+    (2021), "Deep reinforcement learning at the edge of the statistical precipice". The IQM
+    drops int(0.25 n) of the n values from each end of the sorted values and averages the rest:
+    the definition of scipy.stats.trim_mean(x, 0.25), which their library computes. So with
+    n = 4k it is the mean of the middle half; with n = 5 or 6 one value is dropped at each end,
+    with n = 3 none (the IQM of 3 values is their mean). The interval resamples, within each
+    task, that task's runs with replacement (as many as it has), takes the IQM of the pooled
+    sample, and reads the 2.5th and 97.5th percentiles of n_boot such IQMs (the percentile
+    bootstrap). With one task that is a plain percentile bootstrap over its seeds.
+
+Run as a library: `from experiment.stats import median_iqr, iqm, iqm_interval`.
+Test: `python -m pytest -q tests/test_stats.py`.
+"""
+import numpy as np
+
+PERCENTILE_METHOD = "linear"  # numpy's default: interpolate between the two nearest ranks
+
+
+def median_iqr(values):
+    """(median, 25th percentile, 75th percentile) of values, by linear interpolation."""
+    x = np.asarray(values, dtype=float).ravel()
+    if x.size == 0:
+        raise ValueError("median_iqr of no values")
+    q25, q50, q75 = np.percentile(x, [25, 50, 75], method=PERCENTILE_METHOD)
+    return float(q50), float(q25), float(q75)
+
+
+def iqm(values, axis=-1):
+    """The interquartile mean along axis: sort, drop int(0.25 n) values at each end, average the
+    rest (scipy.stats.trim_mean(x, 0.25)). A float for 1-D input, an array otherwise."""
+    x = np.sort(np.asarray(values, dtype=float), axis=axis)
+    n = x.shape[axis]
+    if n == 0:
+        raise ValueError("iqm of no values")
+    cut = int(0.25 * n)
+    kept = np.take(x, np.arange(cut, n - cut), axis=axis)
+    mean = kept.mean(axis=axis)
+    return float(mean) if np.ndim(mean) == 0 else mean
+
+
+def bootstrap_iqms(scores_by_task, n_boot=2000, rng=0):
+    """n_boot IQMs of stratified resamples: for each task, as many of its runs as it has, drawn
+    with replacement, then the IQM of all tasks' draws together. scores_by_task: a list of
+    1-D sequences, one per task (a task's runs); rng: a seed or a numpy Generator."""
+    rng = np.random.default_rng(rng)
+    tasks = [np.asarray(s, dtype=float).ravel() for s in scores_by_task]
+    if not tasks or any(t.size == 0 for t in tasks):
+        raise ValueError("every task needs at least one run")
+    draws = [t[rng.integers(0, t.size, size=(n_boot, t.size))] for t in tasks]  # (n_boot, n_t)
+    return iqm(np.concatenate(draws, axis=1), axis=1)  # (n_boot,)
+
+
+def iqm_interval(scores_by_task, level=0.95, n_boot=2000, rng=0):
+    """(IQM of all runs pooled, lower, upper): the point estimate and the percentile interval
+    of bootstrap_iqms() at `level` (0.95: its 2.5th and 97.5th percentiles)."""
+    point = iqm(np.concatenate([np.asarray(s, dtype=float).ravel() for s in scores_by_task]))
+    tail = 100. * (1. - level) / 2.
+    lo, hi = np.percentile(bootstrap_iqms(scores_by_task, n_boot, rng), [tail, 100. - tail],
+                           method=PERCENTILE_METHOD)
+    return point, float(lo), float(hi)
