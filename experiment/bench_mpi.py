@@ -27,7 +27,7 @@ from rollout import RolloutWorker
 def bench_mpi():
     from mpi4py import MPI
     comm = MPI.COMM_WORLD
-    policy, _, _ = make_policy(buffer_size=10_000, n_episodes=20)
+    policy, _, _ = make_policy(comm, buffer_size=10_000, n_episodes=20)  # [MPI]
     adam = policy.Q_adam
     g = np.zeros(adam.size, np.float32)
     out = np.empty_like(g)

@@ -42,6 +42,7 @@ import numpy as np
 import pytest
 
 from common.goal_env import GoalTask
+from common.one_rank import ONE_RANK
 from config import Config
 from ddpg import DDPG
 from rollout import RolloutWorker
@@ -243,7 +244,7 @@ def agent_figures():
     cfg = Config(hidden=32, layers=2, batch_size=32, buffer_size=4 * AGENT_T, demo_batch_size=8,
                  bc_loss=True, q_filter=True, sync_check_interval=5)
     rng = np.random.default_rng(47)
-    policy = DDPG(cfg, task, rng)
+    policy = DDPG(cfg, task, rng, ONE_RANK)
     policy.init_demo_buffer(point_demos(rng, 3, AGENT_T))
     venv = DummyVecEnv([PointGoalEnv, PointGoalEnv])
     explorer = RolloutWorker(venv, policy, rng, noise_eps=0.2, random_eps=0.3)
