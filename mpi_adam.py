@@ -16,12 +16,12 @@ so), and every rank runs the same binaries (NumPy, BLAS), so the same inputs giv
 outputs. If either fails, for example on a cluster with mixed NumPy builds, check_synced()
 says so instead of letting ranks drift.
 
-Deviations from baselines (8 and 28 in docs/deviations.md): check_synced's verdict reaches
-every rank; grad_clip and mpi_rank_weight are not ported; the communicator has no default
-(baselines: MPI.COMM_WORLD), so this file never imports mpi4py: train.py passes COMM_WORLD, a
-single process common/one_rank.py's ONE_RANK. update, sync and check_synced are collective:
-every rank must call them in the same order. Every line that talks to other ranks carries the
-comment tag `[MPI]`.
+Deviations from baselines (8, 28 and 33 in docs/deviations.md): check_synced's verdict
+reaches every rank; grad_clip and mpi_rank_weight are not ported; the communicator has no
+default (baselines: MPI.COMM_WORLD), so this file never imports mpi4py: train.py passes
+COMM_WORLD, a single process common/one_rank.py's ONE_RANK. update, sync and check_synced are
+collective: every rank must call them in the same order. Every line that talks to other ranks
+carries the comment tag `[MPI]`.
 
 Test: `python -m pytest -q test_all.py::TestMpiAdam` (runs `mpirun -np 2` and `-np 3` itself).
 """

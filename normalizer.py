@@ -9,8 +9,8 @@ rank normalises identically.
 Deviations from baselines, by their number in docs/deviations.md: 4, the sums are float64
 (baselines: float32), so that mean and std stay exact after millions of samples, while the
 normalised inputs are float32; 13, they are summed over ranks (baselines averages them) and
-the count starts at 0 (baselines: 1, one phantom zero sample). The communicator is always
-passed in (no mpi4py import here: train.py passes COMM_WORLD, a single process
+the count starts at 0 (baselines: 1, one phantom zero sample); 33, the communicator is
+always passed in (no mpi4py import here: train.py passes COMM_WORLD, a single process
 common/one_rank.py's ONE_RANK); recompute_stats is the one collective call.
 
 Test: `python -m pytest -q test_all.py::TestNormalizer` (runs `mpirun -np 3` itself).

@@ -138,15 +138,15 @@ class TestOneRank:
         for comm in (world, ONE_RANK):
             assert (comm.Get_rank(), comm.Get_size()) == (0, 1)
             send, recv = np.arange(4.), np.zeros(4)
-            comm.Allreduce(send, recv)
+            comm.Allreduce(send, recv)  # [MPI] test only
             np.testing.assert_array_equal(recv, send)
             buf = np.arange(3, dtype=np.float32)
-            comm.Bcast(buf, root=0)
+            comm.Bcast(buf, root=0)  # [MPI] test only
             np.testing.assert_array_equal(buf, np.arange(3))
-            assert comm.allgather(("a", 1)) == [("a", 1)]
-            assert comm.gather({"x": 2}, root=0) == [{"x": 2}]
-            assert comm.bcast([5], root=0) == [5]
-            comm.Barrier()
+            assert comm.allgather(("a", 1)) == [("a", 1)]  # [MPI] test only
+            assert comm.gather({"x": 2}, root=0) == [{"x": 2}]  # [MPI] test only
+            assert comm.bcast([5], root=0) == [5]  # [MPI] test only
+            comm.Barrier()  # [MPI] test only
 
     def test_the_algorithm_files_import_only_each_other_numpy_and_the_standard_library(self):
         """No mpi4py (not even inside a function): a communicator is always passed in."""
