@@ -1,12 +1,16 @@
 """Config: every hyperparameter of a run, its default and what it means, in one dataclass.
 
 Mirrors openai/baselines `her/experiment/config.py` (DEFAULT_PARAMS and DEFAULT_ENV_PARAMS).
-Implements the hyperparameters of Plappert et al. (2018), Sec. 2.2 and Appendix A; every
-default is baselines'. Each field is a command-line flag `--<name>` whose help text is the
-field's trailing comment (common/cli.py makes the flags and checks their ranges); what is read
-off the env (dims, T, max_u, the reward and its range: baselines' configure_dims) is
-common/goal_env.py's GoalTask. Deviations from baselines (16 and 17 in docs/deviations.md):
-n_epochs defaults to 50, and the FetchReach override matches every id with that prefix.
+Implements the hyperparameters of Plappert et al. (2018), Sec. 2.2 and Appendix A. A field
+baselines has (DEFAULT_PARAMS, her.py's learn, run.py's flags, the discount 1 - 1/T) keeps
+baselines' default; the others are this project's: vec_env, env_timeout, mpi_timeout,
+reward_range, logdir and sync_check_interval (baselines checks every 100 updates, fixed), and
+seed is 0 where baselines draws one. Each field is a command-line flag `--<name>` whose help
+text is the field's trailing comment (common/cli.py makes the flags and checks their ranges);
+what is read off the env (dims, T, max_u, the reward and its range: baselines' configure_dims)
+is common/goal_env.py's GoalTask. Deviations from baselines (16 and 17 in docs/deviations.md):
+n_epochs defaults to 50 (baselines counts total_timesteps), and the FetchReach override
+matches every id with that prefix.
 
 Test: `python -m pytest -q tests/test_cli.py`.
 """
@@ -16,7 +20,7 @@ from dataclasses import dataclass
 
 @dataclass
 class Config:
-    """Every setting of a run. Defaults: baselines her/experiment/config.py DEFAULT_PARAMS.
+    """Every setting of a run; the module docstring says which defaults are baselines'.
 
     Every field is a command-line flag --<name>, made by common/cli.py from the field's type,
     default and trailing comment (its help text): a new field needs that comment, and nothing

@@ -21,12 +21,16 @@ demo_batch_size rows of every batch come from a demo buffer, and with bc_loss th
 The losses are pure functions that fill the networks' gradients; the DDPG class holds one
 rank's state (networks, targets, normalisers, replay buffer, Adams) and does the bookkeeping.
 Gradients go to MpiAdam (mpi_adam.py), the only place they are combined across MPI ranks; the
-normalisers (normalizer.py) are the only other state built from all ranks' data.
+normalisers (normalizer.py) are the only other state built from all ranks' data. The methods
+that reach other ranks say "Collective" (every rank must call them in the same order), and
+each line that calls one carries the comment tag `[MPI]`. A policy, what a policy file holds,
+is made and read back here alone: policy_arrays(), and DDPG.from_policy() to rebuild one.
 
 Deviations from baselines here, by their number in docs/deviations.md: 19, the critic target
 is clipped to the range the env's own rewards allow (target_range; for Fetch and Hand this is
 baselines' [-1/(1 - gamma), 0]); 26, the demo episodes reach the normalisers in one batch; 11,
-a policy is the arrays of policy_arrays(), which common/files.py writes as a pickle-free .npz.
+a policy is the arrays of policy_arrays(), which common/files.py writes as a pickle-free .npz;
+33, the communicator has no default, and get_actions takes its options by keyword only.
 
 Test: `python -m pytest -q test_all.py::TestDDPG`.
 """
@@ -128,32 +132,34 @@ class DDPG:
 
     cfg: config.Config (the fields' comments give units and defaults). task: what is read off
     the env (common/goal_env.py's GoalTask): dims {'o', 'g', 'u'}, T, max_u, reward_fun(ag_2, g)
-    and r_range (r_min, r_max). Demonstrations, if any, come in through init_demo_buffer().
+    and r_range (r_min, r_max). comm: the ranks that train together (mpi4py's COMM_WORLD in
+    train.py; common/one_rank.py's ONE_RANK for one process). Q_range: [Q_min, Q_max] of the
+    critic target as a policy file holds it (from_policy); None: the range r_range allows.
+    Making one is collective: both MpiAdams broadcast rank 0's weights. Demonstrations, if
+    any, come in through init_demo_buffer().
     """
 
-    def __init__(self, cfg, task, rng, comm=None):
-        if comm is None:  # imported here: importing mpi4py initialises MPI (train.py's main)
-            from mpi4py import MPI
-            comm = MPI.COMM_WORLD
-        self.cfg, self.rng, self.comm = cfg, rng, comm
+    def __init__(self, cfg, task, rng, comm, Q_range=None):
+        self.cfg, self.rng = cfg, rng
         self.dims, self.T, self.max_u = dict(task.dims), task.T, float(task.max_u)
         # baselines: the discount matched to the horizon, gamma = 1 - 1/T (0.98 for T = 50)
         self.gamma = cfg.gamma or 1. - 1. / self.T
         # [Q_min, Q_max]: no discounted sum of rewards in [r_min, r_max] leaves this range, so
         # a target outside it is an error of Q_targ and is clipped. For Fetch and Hand, rewards
         # {-1, 0}: [-1/(1 - gamma), 0], as baselines' clip_return with clip_pos_returns=True.
-        self.Q_min, self.Q_max = target_range(task.r_range, self.gamma, cfg.clip_return)
+        self.Q_min, self.Q_max = (target_range(task.r_range, self.gamma, cfg.clip_return)
+                                  if Q_range is None else map(float, Q_range))
 
-        self.o_stats = Normalizer(self.dims["o"], cfg.norm_eps, cfg.norm_clip, comm)
-        self.g_stats = Normalizer(self.dims["g"], cfg.norm_eps, cfg.norm_clip, comm)
+        self.o_stats = Normalizer(self.dims["o"], cfg.norm_eps, cfg.norm_clip, comm=comm)
+        self.g_stats = Normalizer(self.dims["g"], cfg.norm_eps, cfg.norm_clip, comm=comm)
         self.main = ActorCritic(self.dims, cfg.hidden, cfg.layers, self.max_u, rng)
         self.target = ActorCritic(self.dims, cfg.hidden, cfg.layers, self.max_u, rng)
         # HER sums the gradients of all ranks (scale_grad_by_procs=False), as baselines.
         self.Q_adam = MpiAdam([self.main.Q.theta], scale_grad_by_procs=False, comm=comm)
         self.pi_adam = MpiAdam([self.main.pi.theta], scale_grad_by_procs=False, comm=comm)
         # Every rank initialised its own random weights; all take rank 0's, then copy to target.
-        self.Q_adam.sync()
-        self.pi_adam.sync()
+        self.Q_adam.sync()  # [MPI]
+        self.pi_adam.sync()  # [MPI]
         self.target.copy_from(self.main)
         self.n_updates = 0
 
@@ -177,9 +183,11 @@ class DDPG:
         g_n = self.g_stats.normalize(self._clip_obs(g))
         return np.concatenate([o_n, g_n], axis=1).astype(np.float32, copy=False)
 
-    def get_actions(self, o, g, noise_eps=0., random_eps=0., compute_Q=False):
+    def get_actions(self, o, ag, g, *, noise_eps=0., random_eps=0., compute_Q=False):
         """Actions for a batch of (o, g): (N, dim_u), and Q(o, g, pi(o, g)) (N,) if compute_Q.
-        (baselines also takes ag, used only with relative goals, which HER leaves off.)"""
+        ag, the achieved goals, is taken as baselines takes it and not used (baselines uses it
+        only with relative goals, which HER leaves off). The options are keywords only: a call
+        that passes them by position fails instead of binding noise_eps to a goal."""
         o = o.reshape(-1, self.dims["o"])  # (N, dim_o)
         g = g.reshape(-1, self.dims["g"])  # (N, dim_g)
         x_pi = self._preprocess_og(o, g)
@@ -206,24 +214,26 @@ class DDPG:
         HER-*relabelled* transitions of the new episodes, so g statistics describe the goals
         the networks will actually be shown."""
         self.buffer.store_episode(episode_batch)
-        self._update_normalizers(episode_batch)
+        self._update_normalizers(episode_batch)  # [MPI]
 
     def _update_normalizers(self, episode_batch):
-        """Feed the normalisers as many HER transitions as the episodes hold (collective)."""
+        """Feed the normalisers as many HER transitions as the episodes hold. Collective: one
+        Allreduce per normaliser."""
         n_episodes, T = episode_batch["u"].shape[:2]
         num_normalizing_transitions = n_episodes * T
         tr = self.sample_transitions(with_next_steps(episode_batch), num_normalizing_transitions,
                                      self.rng)
         self.o_stats.update(self._clip_obs(tr["o"]))
         self.g_stats.update(self._clip_obs(tr["g"]))
-        self.o_stats.recompute_stats()
-        self.g_stats.recompute_stats()
+        self.o_stats.recompute_stats()  # [MPI]
+        self.g_stats.recompute_stats()  # [MPI]
 
     def init_demo_buffer(self, episodes, update_stats=True):
         """Store the demo episodes {key: (num_demo, T or T+1, dim)} in a demo buffer of exactly
         their size, so no demo is ever evicted; sampled with the rank's HER sampler (baselines
-        DDPG.init_demo_buffer). update_stats (collective): the normalisers see the demos too,
-        as baselines; a resumed run passes False, its restored normaliser sums hold them.
+        DDPG.init_demo_buffer). update_stats: the normalisers see the demos too, as baselines
+        (Collective then: two Allreduces); a resumed run passes False, its restored normaliser
+        sums hold them, and the call stays on this rank.
 
         Deviation 26: baselines feeds the normalisers one demo episode at a time (num_demo
         Allreduces); here all of them at once, the same number of transitions."""
@@ -235,7 +245,7 @@ class DDPG:
                                         self.sample_transitions, self.rng)
         self.demo_buffer.store_episode(episodes)
         if update_stats:
-            self._update_normalizers(episodes)
+            self._update_normalizers(episodes)  # [MPI]
 
     def sample_batch(self):
         """batch_size HER transitions {key: (batch_size, dim)}: all from this rank's buffer, or
@@ -249,7 +259,10 @@ class DDPG:
         return {key: np.concatenate([transitions[key], demo[key]]) for key in transitions}
 
     def train(self):
-        """One minibatch update of critic and actor. Returns (critic_loss, actor_loss)."""
+        """One minibatch update of critic and actor. Returns (critic_loss, actor_loss).
+
+        Collective: two Allreduces every call (MpiAdam.update, critic then actor), and every
+        sync_check_interval-th call (100) check_synced's four calls after them."""
         cfg = self.cfg
         if cfg.bc_loss and self.demo_buffer is None:
             raise RuntimeError("bc_loss clones demonstrations: call init_demo_buffer() first")
@@ -268,12 +281,12 @@ class DDPG:
                 cfg.prm_loss_weight, cfg.aux_loss_weight, cfg.q_filter)
         else:
             actor_loss = actor_loss_and_grad(self.main, x_pi, cfg.action_l2)
-        self.Q_adam.update(self.main.Q.grad, cfg.Q_lr)
-        self.pi_adam.update(self.main.pi.grad, cfg.pi_lr)
+        self.Q_adam.update(self.main.Q.grad, cfg.Q_lr)  # [MPI]
+        self.pi_adam.update(self.main.pi.grad, cfg.pi_lr)  # [MPI]
 
         self.n_updates += 1
         if cfg.sync_check_interval and self.n_updates % cfg.sync_check_interval == 0:
-            self.check_synced()
+            self.check_synced()  # [MPI]
         return critic_loss, actor_loss
 
     def update_target_net(self):
@@ -287,9 +300,12 @@ class DDPG:
         """Raise on every rank unless all ranks hold identical actor and critic parameters.
         Only these are compared: targets and normalisers are computed from values identical
         on all ranks (Polyak on these weights; the Allreduced normaliser sums), in one order,
-        so they cannot diverge unless the code is changed to break that."""
-        self.Q_adam.check_synced()
-        self.pi_adam.check_synced()
+        so they cannot diverge unless the code is changed to break that. Nor are the Adam
+        moments: they are computed from the Allreduced gradient, identical on every rank, as
+        the weights are, so weights that agree are the check of both. Collective: per network
+        one Bcast and one Allreduce (MpiAdam.check_synced)."""
+        self.Q_adam.check_synced()  # [MPI]
+        self.pi_adam.check_synced()  # [MPI]
 
     def logs(self):
         return {"stats_o/mean": float(np.mean(self.o_stats.mean)),
@@ -297,7 +313,7 @@ class DDPG:
                 "stats_g/mean": float(np.mean(self.g_stats.mean)),
                 "stats_g/std": float(np.mean(self.g_stats.std))}
 
-    # -------------------------------------------------- a policy: its arrays
+    # -------------------------------------------------- a policy: its arrays, both ways
 
     def policy_arrays(self):
         """What a policy file holds: the rebuild config, weights, targets, normaliser sums."""
@@ -311,8 +327,16 @@ class DDPG:
         return arrays
 
     def set_policy_arrays(self, arrays):
-        """Inverse of policy_arrays(), for arrays of the shapes policy_arrays() gives (common/
-        files.py checks a file's against them first)."""
+        """Inverse of policy_arrays() (its config_json aside). ValueError, naming the array,
+        unless every array is there with the shape this agent's has; then nothing is set."""
+        for key, own in self.policy_arrays().items():
+            if key == "config_json":
+                continue
+            if key not in arrays:
+                raise ValueError(f"no {key!r} array")
+            if arrays[key].shape != own.shape:
+                raise ValueError(f"{key!r} has shape {arrays[key].shape}, expected {own.shape}; "
+                                 "was it saved for another env or network size?")
         for name, ac in (("main", self.main), ("target", self.target)):
             ac.pi.theta[...] = arrays[f"{name}/pi"]
             ac.Q.theta[...] = arrays[f"{name}/Q"]
@@ -320,11 +344,22 @@ class DDPG:
             norm.load_state(**{key: arrays[f"{name}/{key}"] for key in norm.state()})
 
     def policy_config(self):
-        """What rebuilds this agent (config_from_policy is the inverse): the task's dims, T
-        and max_u, the resolved gamma and target range, and the Config fields the agent uses."""
+        """What rebuilds this agent (from_policy): the task's dims, T and max_u, the resolved
+        gamma and target range, and the Config fields the agent uses."""
         known = dict(dataclasses.asdict(self.cfg), dims=self.dims, T=self.T, max_u=self.max_u,
                      gamma=self.gamma, target_range=[self.Q_min, self.Q_max])
         return {key: known[key] for key in POLICY_CONFIG}
+
+    @classmethod
+    def from_policy(cls, arrays, policy_config, task, rng, comm):
+        """The agent of a policy's arrays and its parsed config_json, on `task` (whose dims
+        must be the policy's), to be played: the replay buffer stays empty. Its Config and
+        gamma are the file's, and so is the critic's target range, as saved, not recomputed.
+        Collective: the constructor broadcasts rank 0's weights (all ranks load one file)."""
+        policy = cls(config_from_policy(policy_config), task, rng, comm,  # [MPI]
+                     Q_range=policy_config["target_range"])
+        policy.set_policy_arrays(arrays)
+        return policy
 
 
 # The arrays every policy file holds, and the keys of its config_json, in their order.
@@ -335,8 +370,8 @@ POLICY_CONFIG = ("dims", "T", "max_u", "hidden", "layers", "Q_lr", "pi_lr", "pol
                  "q_filter", "demo_batch_size", "prm_loss_weight", "aux_loss_weight")
 
 
-def config_from_policy(params):
+def config_from_policy(policy_config):
     """The Config of a policy's config_json (policy_config); the fields it does not hold keep
     their defaults. Its gamma is the one the agent used."""
     fields = {f.name for f in dataclasses.fields(Config)}
-    return Config(**{key: value for key, value in params.items() if key in fields})
+    return Config(**{key: value for key, value in policy_config.items() if key in fields})

@@ -16,8 +16,11 @@ so), and every rank runs the same binaries (NumPy, BLAS), so the same inputs giv
 outputs. If either fails, for example on a cluster with mixed NumPy builds, check_synced()
 says so instead of letting ranks drift.
 
-Deviations from baselines (8 and 28 in docs/deviations.md): check_synced's verdict reaches
-every rank; grad_clip and mpi_rank_weight are not ported. Every line that talks to other ranks
+Deviations from baselines (8, 28 and 33 in docs/deviations.md): check_synced's verdict
+reaches every rank; grad_clip and mpi_rank_weight are not ported; the communicator has no
+default (baselines: MPI.COMM_WORLD), so this file never imports mpi4py: train.py passes
+COMM_WORLD, a single process common/one_rank.py's ONE_RANK. update, sync and check_synced are
+collective: every rank must call them in the same order. Every line that talks to other ranks
 carries the comment tag `[MPI]`.
 
 Test: `python -m pytest -q test_all.py::TestMpiAdam` (runs `mpirun -np 2` and `-np 3` itself).
@@ -32,11 +35,12 @@ class MpiAdam:
 
     `params` are the arrays the optimiser owns a view of; in this project each network passes
     the single flat array its weights are views into (actor_critic.MLP.theta), so there is no
-    gather/scatter copy, but any list of arrays works.
+    gather/scatter copy, but any list of arrays works. `comm`: the ranks that share the
+    parameters (an mpi4py communicator, or common/one_rank.py's ONE_RANK).
     """
 
     def __init__(self, params, beta1=0.9, beta2=0.999, epsilon=1e-08,
-                 scale_grad_by_procs=True, comm=None):
+                 scale_grad_by_procs=True, *, comm):
         for p in params:
             if p.dtype != np.float32 or not p.flags.c_contiguous:
                 raise TypeError("MpiAdam params must be C-contiguous float32 arrays; "
@@ -44,9 +48,6 @@ class MpiAdam:
         self.params = list(params)
         self.beta1, self.beta2, self.epsilon = beta1, beta2, epsilon
         self.scale_grad_by_procs = scale_grad_by_procs
-        if comm is None:  # imported here: importing mpi4py initialises MPI (train.py's main)
-            from mpi4py import MPI
-            comm = MPI.COMM_WORLD
         self.comm = comm
         self.size = sum(p.size for p in self.params)  # number of scalars optimised
         self.m = np.zeros(self.size, np.float32)  # (size,) first-moment estimate
@@ -67,7 +68,8 @@ class MpiAdam:
             offset += p.size
 
     def update(self, localg, stepsize):
-        """One Adam step on the gradient summed (or averaged) over all ranks.
+        """One Adam step on the gradient summed (or averaged) over all ranks. Collective: one
+        Allreduce, which every rank must enter.
 
         localg: (size,) float32, this rank's gradient of its own minibatch loss.
         """
@@ -114,14 +116,15 @@ class MpiAdam:
         self.m[...], self.v[...], self.t = m, v, int(t)
 
     def sync(self):
-        """Overwrite every rank's parameters with rank 0's (called once, after construction)."""
+        """Overwrite every rank's parameters with rank 0's (called once, after construction).
+        Collective: one Bcast."""
         theta = self.getflat()
         self.comm.Bcast(theta, root=0)  # [MPI]
         self.setfromflat(theta)
 
     def check_synced(self):
         """Raise on every rank unless all ranks hold bitwise identical parameters (those of
-        this optimiser only: not its moments m, v).
+        this optimiser only: not its moments m, v). Collective: one Bcast, one Allreduce.
 
         Every rank learns the verdict (an Allreduce of the mismatch flag), so all of them raise
         together instead of one raising while the others wait in the next collective call

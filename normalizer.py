@@ -9,7 +9,9 @@ rank normalises identically.
 Deviations from baselines, by their number in docs/deviations.md: 4, the sums are float64
 (baselines: float32), so that mean and std stay exact after millions of samples, while the
 normalised inputs are float32; 13, they are summed over ranks (baselines averages them) and
-the count starts at 0 (baselines: 1, one phantom zero sample).
+the count starts at 0 (baselines: 1, one phantom zero sample); 33, the communicator is
+always passed in (no mpi4py import here: train.py passes COMM_WORLD, a single process
+common/one_rank.py's ONE_RANK); recompute_stats is the one collective call.
 
 Test: `python -m pytest -q test_all.py::TestNormalizer` (runs `mpirun -np 3` itself).
 """
@@ -28,11 +30,9 @@ class Normalizer:
     do to the first cycles' std).
     """
 
-    def __init__(self, size, eps=1e-2, default_clip_range=np.inf, comm=None):
+    def __init__(self, size, eps=1e-2, default_clip_range=np.inf, *, comm):
+        """comm: the ranks whose sums are pooled (mpi4py, or common/one_rank.py's ONE_RANK)."""
         self.size, self.eps, self.default_clip_range = size, eps, default_clip_range
-        if comm is None:  # imported here: importing mpi4py initialises MPI (train.py's main)
-            from mpi4py import MPI
-            comm = MPI.COMM_WORLD
         self.comm = comm
         self.local_sum = np.zeros(size, np.float64)  # (size,) since the last recompute_stats
         self.local_sumsq = np.zeros(size, np.float64)
@@ -52,7 +52,8 @@ class Normalizer:
         self.local_count[0] += v.shape[0]
 
     def recompute_stats(self):
-        """Collective: every rank must call it the same number of times."""
+        """Fold every rank's local sums into the global ones; mean and std from those.
+        Collective: one Allreduce; every rank must call it the same number of times."""
         local = np.concatenate([self.local_sum, self.local_sumsq, self.local_count])
         total = np.zeros_like(local)
         self.comm.Allreduce(local, total)  # [MPI] global sums: identical stats on every rank

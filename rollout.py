@@ -59,8 +59,8 @@ class RolloutWorker:
         for t in range(T):
             g[:, t] = obs["desired_goal"]
             u[:, t], Q = self.policy.get_actions(
-                o[:, t], g[:, t], noise_eps=self.noise_eps, random_eps=self.random_eps,
-                compute_Q=self.compute_Q)
+                o[:, t], ag[:, t], g[:, t], noise_eps=self.noise_eps,
+                random_eps=self.random_eps, compute_Q=self.compute_Q)
             obs, _, _, infos = self.venv.step(u[:, t])
             o[:, t + 1], ag[:, t + 1] = obs["observation"], obs["achieved_goal"]
             success[:, t, 0] = [info.get(self.success_key, 0.) for info in infos]

@@ -48,6 +48,7 @@ import ddpg
 from actor_critic import MLP, ActorCritic
 from common import files, goal_env
 from common.checkpoint import checkpoint_path
+from common.one_rank import ONE_RANK
 from common.cli import CHOICES
 from config import Config
 from ddpg import DDPG
@@ -185,7 +186,7 @@ class RecordingPolicy:
     def __init__(self, dims, T):
         self.dims, self.T, self.seen = dims, T, []
 
-    def get_actions(self, o, g, noise_eps=0., random_eps=0., compute_Q=False):
+    def get_actions(self, o, ag, g, *, noise_eps=0., random_eps=0., compute_Q=False):
         self.seen.append((o.copy(), g.copy()))
         return np.zeros((len(o), self.dims["u"]), np.float32), np.zeros(len(o))
 
@@ -307,20 +308,33 @@ class TestRollout:
         rng = np.random.default_rng(14)
         dims = {"o": 3, "g": 2, "u": 2}
         cfg = Config(hidden=16, buffer_size=1000)
-        policy = DDPG(cfg, goal_task(dims, 10, max_u=2.0), rng)  # max_u = 2
+        policy = DDPG(cfg, goal_task(dims, 10, max_u=2.0), rng, ONE_RANK)  # max_u = 2
         o = np.zeros((20000, 3), np.float32)
-        g = np.zeros((20000, 2), np.float32)
-        pi, _ = policy.get_actions(o, g)
+        g = ag = np.zeros((20000, 2), np.float32)
+        pi, _ = policy.get_actions(o, ag, g)
         # random_eps = 1: every action uniform on [-2, 2]: mean 0, variance 2^2 / 3
-        u, _ = policy.get_actions(o, g, random_eps=1.0)
+        u, _ = policy.get_actions(o, ag, g, random_eps=1.0)
         assert abs(u.mean()) < 0.05 and abs(u.var() - 4 / 3) < 0.05
         # random_eps = 0: Gaussian noise of std noise_eps * max_u = 0.2 around pi
-        u, _ = policy.get_actions(o, g, noise_eps=0.1)
+        u, _ = policy.get_actions(o, ag, g, noise_eps=0.1)
         assert abs((u - pi).std() - 0.2) < 0.01
         # random_eps = 0.3: 30% of the rows are replaced, whole rows at a time
-        u, _ = policy.get_actions(o, g, random_eps=0.3)
+        u, _ = policy.get_actions(o, ag, g, random_eps=0.3)
         replaced = np.any(u != pi, axis=1)
         assert abs(replaced.mean() - 0.3) < 0.02
+
+    def test_get_actions_takes_ag_and_its_options_by_keyword_only(self):
+        """baselines' call get_actions(o, ag, g) works; options passed by position fail loudly
+        instead of binding noise_eps to a goal (PointMaze: goal and action both 2-d)."""
+        rng = np.random.default_rng(18)
+        dims = {"o": 4, "g": 2, "u": 2}
+        policy = DDPG(Config(hidden=16, buffer_size=1000), goal_task(dims, 10), rng, ONE_RANK)
+        o, g = rng.normal(size=(5, 4)), rng.normal(size=(5, 2))
+        u, Q = policy.get_actions(o, g, g)  # exploit: pi itself, no noise, no Q
+        np.testing.assert_array_equal(u, policy.get_actions(o, None, g)[0])
+        assert Q is None
+        with pytest.raises(TypeError):
+            policy.get_actions(o, g, g, 0.2)
 
     def test_observations_are_clipped_to_clip_obs_before_normalising(self):
         rng = np.random.default_rng(15)
@@ -712,7 +726,7 @@ class TestNormalizer:
 
     def test_normalizer_one_process_matches_numpy(self):
         data = normalizer_data(0)
-        norm = Normalizer(4, eps=0.01, default_clip_range=5)
+        norm = Normalizer(4, eps=0.01, default_clip_range=5, comm=ONE_RANK)
         norm.update(data[:10])
         norm.recompute_stats()
         norm.update(data[10:])
@@ -741,7 +755,7 @@ def demo_ddpg(bc_loss=True, q_filter=True, buffer_size=4 * DEMO_T, seed=21):
     cfg = Config(hidden=16, layers=2, batch_size=32, buffer_size=buffer_size,
                  demo_batch_size=DEMO_ROWS, bc_loss=bc_loss, q_filter=q_filter)
     rng = np.random.default_rng(seed)
-    return DDPG(cfg, small_task(DEMO_T), rng), rng
+    return DDPG(cfg, small_task(DEMO_T), rng, ONE_RANK), rng
 
 
 def marked_episodes(n, rng, offset):
@@ -877,11 +891,13 @@ class TestDDPG:
         policy.update_target_net()
         path = str(tmp_path / "policy.npz")
         files.save_policy(policy, path)
-        loaded = files.load_policy(path, reach_task())
+        arrays, policy_config = files.load_policy_arrays(path)
+        loaded = DDPG.from_policy(arrays, policy_config, reach_task(), rng, ONE_RANK)
+        assert [loaded.Q_min, loaded.Q_max] == policy_config["target_range"]  # as saved
         o = rng.normal(size=(8, dims["o"])).astype(np.float32)
         g = rng.normal(size=(8, dims["g"])).astype(np.float32)
-        a1, q1 = policy.get_actions(o, g, compute_Q=True)
-        a2, q2 = loaded.get_actions(o, g, compute_Q=True)
+        a1, q1 = policy.get_actions(o, None, g, compute_Q=True)
+        a2, q2 = loaded.get_actions(o, None, g, compute_Q=True)
         np.testing.assert_array_equal(a1, a2)
         np.testing.assert_array_equal(q1, q2)
         # the target nets too (get_actions acts with the main nets only)
@@ -906,7 +922,7 @@ class TestDDPG:
             return {"o": np.ones((batch_size, 2), np.float32),
                     "g": np.full((batch_size, 3), 7., np.float32)}
         cfg = Config(hidden=16, buffer_size=100)
-        policy = DDPG(cfg, goal_task(dims, T), rng)
+        policy = DDPG(cfg, goal_task(dims, T), rng, ONE_RANK)
         policy.sample_transitions = stub_sampler  # what store_episode feeds the normalisers
         policy.store_episode(episodes)
         assert fed["n"] == 3 * T  # one normalising sample per stored transition
@@ -1075,7 +1091,7 @@ class TestMpiAdam:
         grads = rng.normal(size=(6, 17)).astype(np.float32)
         for epsilon in (1e-8, 1e-2):  # a large epsilon makes its placement matter
             params = [p.copy() for p in init]
-            adam = MpiAdam(params, epsilon=epsilon)
+            adam = MpiAdam(params, epsilon=epsilon, comm=ONE_RANK)
             for g in grads:
                 adam.update(g, stepsize=0.01)
             theta0 = np.concatenate([p.ravel() for p in init])
@@ -1482,22 +1498,6 @@ def mpi_adam_after(local_grads, init, scale_grad_by_procs, epsilon, comm):
     return adam, params
 
 
-class OneRankComm:
-    """A world of one rank for the reference replicas below: every collective is a copy."""
-
-    def Get_size(self):
-        return 1
-
-    def Get_rank(self):
-        return 0
-
-    def Allreduce(self, send, recv):
-        recv[...] = send
-
-    def Bcast(self, buf, root=0):
-        pass
-
-
 class GradientRecorder:
     """Stands in for a replica's MpiAdam: keeps the gradient, leaves the parameters alone."""
 
@@ -1535,7 +1535,7 @@ def record_inputs(norm, seen):
 
 
 def one_process_reference(n):
-    replicas = [small_ddpg(r, OneRankComm()) for r in range(n)]
+    replicas = [small_ddpg(r, ONE_RANK) for r in range(n)]
     fed = {"o_stats": [], "g_stats": []}  # every array any replica's normaliser was fed
     for policy, _ in replicas:
         policy.main.copy_from(replicas[0][0].main)  # MpiAdam.sync: rank 0's initial weights

@@ -6,7 +6,9 @@ read with allow_pickle=False, so a file from elsewhere can be refused but never 
 file that cannot be read is a one-line BadFileError, one that cannot be written a SaveError.
 
 Policy files are ddpg.DDPG.policy_arrays() (weights, targets, normaliser sums, and the JSON of
-what rebuilds the agent). Holds the demo file format of Nair et al. (2018) too
+what rebuilds the agent); what they hold, and how an agent is rebuilt from them, is ddpg.py's
+alone (DDPG.set_policy_arrays, DDPG.from_policy): this file only writes and reads them, and
+names the file in every error. Holds the demo file format of Nair et al. (2018) too
 (experiment/demos.py writes it, train.py reads it):
 one float32 array per key in the replay buffer's own layout (replay.py), episodes first:
 o, ag (n, T+1, dim); g, u, info_is_success (n, T, dim); plus the env id and T.
@@ -14,14 +16,13 @@ o, ag (n, T+1, dim); g, u, info_is_success (n, T, dim); plus the env id and T.
 Test: `python -m pytest -q tests/test_files.py`.
 """
 import contextlib
-import dataclasses
 import json
 import os
 
 import numpy as np
 
 from common.errors import BadFileError, SaveError
-from ddpg import DDPG, POLICY_KEYS, config_from_policy
+from ddpg import DDPG, POLICY_KEYS
 from replay import EPISODE_KEYS, episode_shapes
 
 
@@ -92,44 +93,40 @@ def save_policy(policy, path):
     atomic_savez(path, policy.policy_arrays())
 
 
+# What a policy file's config_json must hold to be rebuilt (ddpg.DDPG.from_policy).
+NEEDED_CONFIG = ("dims", "target_range")
+
+
 def load_policy_arrays(path):
-    """The arrays of a policy file and its parsed config_json, or BadFileError."""
+    """The arrays of a policy file and its parsed config_json (ddpg.DDPG.policy_config), or
+    BadFileError."""
     arrays = load_npz(path, POLICY_KEYS, "policy")
     try:
-        return arrays, json.loads(str(arrays["config_json"]))
+        policy_config = json.loads(str(arrays["config_json"]))
     except ValueError as e:
         raise BadFileError(f"{path}: its config_json is not valid JSON ({e})") from None
+    missing = [key for key in NEEDED_CONFIG if key not in policy_config]
+    if missing:
+        raise BadFileError(f"{path}: its config_json has no {missing[0]!r}; it was written by "
+                           "an older train.py, which this one cannot rebuild: train it again")
+    return arrays, policy_config
 
 
 def set_policy_from_file(policy, arrays, path):
-    """policy.set_policy_arrays(arrays) once every array has the shape the agent's has."""
-    for key, own in policy.policy_arrays().items():
-        if key == "config_json":
-            continue
-        if key not in arrays:
-            raise BadFileError(f"{path}: not written by train.py (no {key!r} array)")
-        if arrays[key].shape != own.shape:
-            raise BadFileError(f"{path}: {key!r} has shape {arrays[key].shape}, expected "
-                               f"{own.shape}; was it saved for another env or network size?")
-    policy.set_policy_arrays(arrays)
+    """policy.set_policy_arrays(arrays), any mismatch a BadFileError naming `path`."""
+    try:
+        policy.set_policy_arrays(arrays)
+    except ValueError as e:
+        raise BadFileError(f"{path}: {e}") from None
 
 
-def load_policy(path, task, comm=None, rng=None):
-    """The agent a policy file holds, rebuilt on `task` to be played (no training: the replay
-    buffer stays empty). Collective under MPI: the constructor broadcasts."""
-    arrays, params = load_policy_arrays(path)
-    return policy_on_task(arrays, params, path, task, comm, rng)
-
-
-def policy_on_task(arrays, params, path, task, comm=None, rng=None):
-    """load_policy() of a file read already (load_policy_arrays)."""
-    cfg = config_from_policy(params)
-    # The r_range that gives the saved target range back (the task's may be unmeasured).
-    r_range = tuple(Q * (1. - cfg.gamma) for Q in params["target_range"])
-    policy = DDPG(cfg, dataclasses.replace(task, r_range=r_range),
-                  rng if rng is not None else np.random.default_rng(), comm)
-    set_policy_from_file(policy, arrays, path)
-    return policy
+def policy_on_task(arrays, policy_config, path, task, comm, rng):
+    """ddpg.DDPG.from_policy of a file read already (load_policy_arrays), any mismatch a
+    BadFileError naming `path`. Collective: the agent's constructor broadcasts."""
+    try:
+        return DDPG.from_policy(arrays, policy_config, task, rng, comm)  # [MPI]
+    except ValueError as e:
+        raise BadFileError(f"{path}: {e}") from None
 
 
 # ---------------------------------------------------------------- the demo file (Nair et al. 2018)

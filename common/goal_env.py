@@ -172,8 +172,10 @@ def build_venv(cfg, render_mode=None):
     return VEC_ENVS[cfg.vec_env](env_fns, timeout=cfg.env_timeout)
 
 
-def check_policy_fits(params, path, env_id, dims):
-    """A policy runs only on a task with the dims it was trained on."""
-    if dict(params["dims"]) != dims:
-        raise UsageError(f"{path} was trained on {params.get('env', '?')} with dims "
-                         f"{params['dims']}, but {env_id} has dims {dims}; pass the matching --env")
+def check_policy_fits(policy_config, path, env_id, dims):
+    """A policy runs only on a task with the dims it was trained on (policy_config: its
+    parsed config_json, ddpg.DDPG.policy_config)."""
+    if dict(policy_config["dims"]) != dims:
+        raise UsageError(f"{path} was trained on {policy_config.get('env', '?')} with dims "
+                         f"{policy_config['dims']}, but {env_id} has dims {dims}; pass the "
+                         "matching --env")

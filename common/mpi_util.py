@@ -36,12 +36,6 @@ def one_blas_thread():
     threadpool_limits(int(os.environ["OPENBLAS_NUM_THREADS"]))
 
 
-def world_comm():
-    """MPI.COMM_WORLD, imported on first use; with no mpirun it is a world of one rank."""
-    from mpi4py import MPI
-    return MPI.COMM_WORLD
-
-
 def mpi_average(value, comm):
     """Mean of a scalar (or of the elements of an array) over all ranks, for logging."""
     value = np.asarray(value, dtype=np.float64).ravel()

@@ -84,7 +84,7 @@ class Tracer:
 
     @property
     def folders(self):
-        """The log-dir folders a traced run writes to (train.make_logdir creates them)."""
+        """The log-dir folders a traced run writes to (bookkeeping.make_logdir creates them)."""
         return ("trace",) if self.n_cycles else ()
 
     def wrap_comm(self, comm):

@@ -24,6 +24,7 @@ import numpy as np
 from common import goal_env
 from common.logger import EpochLogger
 from common.mpi_util import one_blas_thread
+from common.one_rank import ONE_RANK
 from config import Config
 from ddpg import DDPG
 from experiment.timing import (ENV, make_policy, one_cycle, random_episodes, row, timed,
@@ -81,7 +82,7 @@ def update_and_floor(policy, repeats, number, setting):
 
 
 def bench_update(quick):
-    policy, _, _ = make_policy(n_episodes=200)
+    policy, _, _ = make_policy(ONE_RANK, n_episodes=200)
     N = policy.cfg.batch_size
     repeats, number = (5, 20) if quick else (15, 40)
     t_floor, t_update = update_and_floor(policy, repeats, number, "batch 256, 3x256, FetchPush")
@@ -100,8 +101,9 @@ def bench_update(quick):
 def bench_update1024(quick):
     """The demo configuration of baselines' her/README (batch 1024, 128 of them from 100 demo
     episodes, bc_loss 1, q_filter 1) on FetchPickAndPlace: its update against its floor."""
-    policy, dims, T = make_policy(n_episodes=200, env="FetchPickAndPlace-v4", batch_size=1024,
-                                  demo_batch_size=128, bc_loss=True, q_filter=True)
+    policy, dims, T = make_policy(ONE_RANK, n_episodes=200, env="FetchPickAndPlace-v4",
+                                  batch_size=1024, demo_batch_size=128, bc_loss=True,
+                                  q_filter=True)
     policy.init_demo_buffer(random_episodes(np.random.default_rng(2), dims, T, 100))
     repeats, number = (3, 5) if quick else (10, 10)
     t_floor, t_update = update_and_floor(policy, repeats, number,
@@ -124,7 +126,7 @@ def bench_env_steps(quick):
         env.step(u)
     raw = steps / (time.perf_counter() - t)
     row("raw env.step loop (1 env)", raw, "steps/s")
-    policy, dims, T = make_policy(buffer_size=10_000, n_episodes=2)
+    policy, dims, T = make_policy(ONE_RANK, buffer_size=10_000, n_episodes=2)
     env_fns = [functools.partial(goal_env.make_env, ENV)]
     cases = [(DummyVecEnv, 1)] + [(make, n) for make in (SubprocVecEnv, ShmemVecEnv)
                                   for n in (1, 2, 4)]
@@ -198,7 +200,7 @@ def bench_epoch(quick):
     cfg = Config(env=ENV, num_env=2, n_cycles=n_cycles, n_epochs=1)
     task = goal_env.describe_env(ENV)
     rng = np.random.default_rng(0)
-    policy = DDPG(cfg, task, rng)
+    policy = DDPG(cfg, task, rng, ONE_RANK)
     venv = goal_env.build_venv(cfg)
     seconds = {}
     worker = RolloutWorker(venv, policy, rng, noise_eps=cfg.noise_eps,
@@ -238,7 +240,7 @@ def rss_mb():
 
 def bench_full_buffer(quick):
     # np.empty does not touch its pages: the buffer costs memory only as it fills
-    policy, dims, T = make_policy(buffer_size=1_000_000, n_episodes=2)
+    policy, dims, T = make_policy(ONE_RANK, buffer_size=1_000_000, n_episodes=2)
     before = rss_mb()
     rng = np.random.default_rng(3)
     buf = policy.buffer

@@ -25,16 +25,18 @@ from rollout import RolloutWorker
 
 
 def bench_mpi():
+    """MpiAdam.update, its Allreduce alone and a DDPG.train() update, timed on every rank of
+    the job. Collective: every rank makes the same calls."""
     from mpi4py import MPI
     comm = MPI.COMM_WORLD
-    policy, _, _ = make_policy(buffer_size=10_000, n_episodes=20)
+    policy, _, _ = make_policy(comm, buffer_size=10_000, n_episodes=20)  # [MPI]
     adam = policy.Q_adam
     g = np.zeros(adam.size, np.float32)
     out = np.empty_like(g)
-    t_update = timeit(lambda: adam.update(g, 0.), 10, 50)
+    t_update = timeit(lambda: adam.update(g, 0.), 10, 50)  # [MPI]
     t_allreduce = timeit(lambda: comm.Allreduce(g, out), 10, 50)  # [MPI] bench only
     comm.Barrier()  # [MPI] bench only: ranks start the next timing together
-    t_train = timeit(policy.train, 5, 20)
+    t_train = timeit(policy.train, 5, 20)  # [MPI]
     if comm.Get_rank() == 0:
         n, cores = comm.Get_size(), os.cpu_count()
         # More ranks than cores (MPICH oversubscribes): every rank times its calls while the
@@ -48,7 +50,8 @@ def bench_mpi():
 
 def bench_trace_cost(quick):
     """Per rank, two FetchPush agents as bench_epoch builds them, one under Tracer(0) (train.py
-    without --trace: nothing wrapped), one under a Tracer recording every call."""
+    without --trace: nothing wrapped), one under a Tracer recording every call. Collective:
+    every rank trains both agents, cycle for cycle."""
     from mpi4py import MPI
     comm = MPI.COMM_WORLD
     n_cycles = 3 if quick else 10
@@ -57,7 +60,7 @@ def bench_trace_cost(quick):
     agents, times = {}, {"untraced": [], "traced": []}  # per cycle; cycle 0 warms up
     for name, tracer in zip(times, (Tracer(0), Tracer(n_cycles + 1))):  # never finish()es
         rng = np.random.default_rng(cfg.seed + 1000000 * comm.Get_rank())  # as train.py
-        policy = DDPG(cfg, task, rng, comm=tracer.wrap_comm(comm))
+        policy = DDPG(cfg, task, rng, tracer.wrap_comm(comm))  # [MPI]
         venv = tracer.wrap_venv(goal_env.build_venv(cfg))
         agents[name] = (tracer, RolloutWorker(venv, policy, rng, noise_eps=cfg.noise_eps,
                                               random_eps=cfg.random_eps))
@@ -68,7 +71,7 @@ def bench_trace_cost(quick):
             tracer, worker = agents[name]
             t = time.perf_counter()
             with tracer.cycle(0, i):  # train.train's cycle; Tracer(0) records nothing
-                one_cycle(worker.policy, worker, cfg.n_batches)
+                one_cycle(worker.policy, worker, cfg.n_batches)  # [MPI]
             times[name].append(time.perf_counter() - t)  # the Allreduces keep ranks in step
     for _, worker in agents.values():
         worker.venv.close()

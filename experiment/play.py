@@ -67,20 +67,22 @@ PLAY_FIELDS = ("env", "num_env", "vec_env", "n_test_rollouts", "seed")
 
 
 def play(cfg, args, comm):
-    """cfg.n_test_rollouts test rollouts of num_env episodes with args.policy on every rank."""
+    """cfg.n_test_rollouts test rollouts of num_env episodes with args.policy on every rank.
+    Collective: the ranks agree the file is good, build the agent (a Bcast per network) and
+    average their success rates."""
     try:
         if args.save_video:
             check_render_backend()
-        (arrays, params), error = load_policy_arrays(args.policy), None
-        env_id = args.env or params.get("env") or cfg.env  # the env it was trained on
+        (arrays, policy_config), error = load_policy_arrays(args.policy), None
+        env_id = args.env or policy_config.get("env") or cfg.env  # the env it was trained on
         task = describe_env(env_id, need_range=False)
-        check_policy_fits(params, args.policy, env_id, task.dims)
+        check_policy_fits(policy_config, args.policy, env_id, task.dims)
     except (UsageError, BadFileError) as e:
         error = str(e)
-    raise_if_any_rank_failed(comm, error)
+    raise_if_any_rank_failed(comm, error)  # [MPI]
     cfg = dataclasses.replace(cfg, env=env_id)
     rng = np.random.default_rng(cfg.seed + 1000000 * comm.Get_rank())
-    policy = policy_on_task(arrays, params, args.policy, task, comm, rng)
+    policy = policy_on_task(arrays, policy_config, args.policy, task, comm, rng)  # [MPI]
     record = args.save_video and comm.Get_rank() == 0
     render_mode = "rgb_array" if record else ("human" if args.render else None)
     venv = build_venv(cfg, render_mode=render_mode)
@@ -93,7 +95,7 @@ def play(cfg, args, comm):
             evaluator.generate_rollouts()
     finally:
         venv.close()
-    success_rate = mpi_average(evaluator.current_success_rate(), comm)
+    success_rate = mpi_average(evaluator.current_success_rate(), comm)  # [MPI]
     if comm.Get_rank() == 0:
         print(f"{cfg.env}: test success rate {success_rate:.3f} over "
               f"{evaluator.n_episodes * comm.Get_size()} episodes", flush=True)

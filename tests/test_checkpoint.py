@@ -21,6 +21,7 @@ import pytest
 
 import train
 from common import checkpoint, errors, files, watchdog
+from common.one_rank import ONE_RANK
 from tests.helpers import (ROOT, TINY_RUN, arrays_of, assert_one_line_error, assert_same_arrays,
                            assert_same_progress, env_processes_left, fetch_reach_policy,
                            hang_guard, mpirun_exe, random_demo_file, reach_task, read_progress,
@@ -89,7 +90,9 @@ class TestCheckpoint:
         assert rc == 130, f"expected exit code 130 (interrupted), got {rc}:\n{out[-3000:]}"
         assert out.count("interrupted in epoch") == 1
         # complete and loadable
-        files.load_policy(os.path.join(logdir, "policy_latest.npz"), reach_task())
+        path = os.path.join(logdir, "policy_latest.npz")
+        files.policy_on_task(*files.load_policy_arrays(path), path, reach_task(), ONE_RANK,
+                             np.random.default_rng(0))
         ckpt = arrays_of(checkpoint.checkpoint_path(logdir, 0))
         assert int(ckpt["cycle"]) > 0, "the interrupt was expected mid-epoch"
         assert not [f for f in os.listdir(logdir) if ".tmp" in f]

@@ -14,6 +14,7 @@ import pytest
 
 from common import cli
 from common.goal_env import GoalTask
+from common.one_rank import ONE_RANK
 from config import Config
 from ddpg import DDPG
 from tests.helpers import assert_main_refuses, assert_one_line_error, run_cmd, train_cmd
@@ -79,9 +80,11 @@ class TestConfig:
     def test_gamma_flag_replaces_one_minus_one_over_T_and_its_target_range(self):
         task = GoalTask(dims={"o": 4, "g": 2, "u": 2}, T=300, max_u=1.0, reward_fun=None,
                         success_key="is_success", r_range=(0., 1.))
-        default = DDPG(Config(hidden=8, buffer_size=3000), task, np.random.default_rng(0))
+        default = DDPG(Config(hidden=8, buffer_size=3000), task, np.random.default_rng(0),
+                       ONE_RANK)
         assert default.gamma == 1. - 1. / 300  # --gamma 0, the default: baselines' rule
-        given = DDPG(Config(hidden=8, buffer_size=3000, gamma=0.98), task, np.random.default_rng(0))
+        given = DDPG(Config(hidden=8, buffer_size=3000, gamma=0.98), task,
+                     np.random.default_rng(0), ONE_RANK)
         assert given.gamma == 0.98
         # [0, 50], not [0, 300]
         assert np.allclose([given.Q_min, given.Q_max], [0., 1. / (1. - 0.98)])

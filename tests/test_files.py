@@ -7,12 +7,14 @@ this process and through train.py and `python -m experiment.play`).
 
 Run: `python -m pytest -q tests/test_files.py` (from the repository's root).
 """
+import json
 import os
 import shutil
 
 import numpy as np
 import pytest
 
+import ddpg
 from common import checkpoint, errors, files, goal_env
 from tests.helpers import (arrays_of, assert_main_refuses, assert_one_line_error, play_cmd,
                            random_demo_file, reach_task, run_cmd, straight_run, train_cmd)
@@ -82,6 +84,15 @@ class TestFiles:
         # a policy of another env: dimension mismatch, named
         rc, out = run_cmd(play_cmd(good, "--env", "FetchPush-v4"), 120)
         assert_one_line_error(rc, out, 2, "FetchReach-v4", "FetchPush-v4")
+
+    def test_a_policy_file_without_its_target_range_is_refused_in_one_line(self, tmp_path):
+        """Policy files of train.py before the target range was saved: refused, not guessed."""
+        path = str(tmp_path / "old.npz")
+        policy_config = {"dims": {"o": 10, "g": 3, "u": 4}, "T": 50, "hidden": 8}
+        np.savez(path, config_json=np.array(json.dumps(policy_config)),
+                 **{key: np.zeros(3, np.float32) for key in ddpg.POLICY_KEYS[1:]})
+        with pytest.raises(errors.BadFileError, match="no 'target_range'.*older train.py"):
+            files.load_policy_arrays(path)
 
     @pytest.mark.slow
     def test_bad_demo_input_gets_one_line_errors(self, tmp_path, capsys):

@@ -19,6 +19,7 @@ import pytest
 
 import ddpg
 from common import errors, goal_env
+from common.one_rank import ONE_RANK
 from config import Config
 from ddpg import DDPG
 from rollout import RolloutWorker
@@ -97,7 +98,7 @@ class TestGoalEnv:
             dims, T = task.dims, task.T
             cfg = Config(env=env_id, hidden=32, buffer_size=10 * T, batch_size=16)
             rng = np.random.default_rng(0)
-            policy = DDPG(cfg, task, rng)
+            policy = DDPG(cfg, task, rng, ONE_RANK)
             venv = DummyVecEnv([functools.partial(goal_env.make_env, env_id)])
             ep = RolloutWorker(venv, policy, rng, noise_eps=0.2, random_eps=0.3,
                                success_key=task.success_key).generate_rollouts()
@@ -114,7 +115,7 @@ class TestGoalEnv:
         for env_id in ("FetchPush-v4", "HandReach-v3"):
             task = goal_env.describe_env(env_id)
             policy = DDPG(Config(hidden=8), dataclasses.replace(task, T=50, max_u=1.0),
-                          np.random.default_rng(0))
+                          np.random.default_rng(0), ONE_RANK)
             gamma = 1. - 1. / 50
             assert (policy.Q_min, policy.Q_max) == (-1. / (1. - gamma), 0.), env_id  # bit for bit
         assert ddpg.target_range((-1., 0.), 0.98, clip_return=False) == [-np.inf, 0.]

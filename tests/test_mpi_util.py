@@ -1,11 +1,16 @@
-"""MPI jobs (common/mpi_util.py): one rank's failure ends the job, and what MPICH leaves behind.
+"""MPI jobs (common/mpi_util.py): one rank's failure ends the job, and what MPICH leaves behind;
+a world of one rank (common/one_rank.py), and MPI kept out of the algorithm files.
 
 Mirrors openai/baselines `common/mpi_util.py`'s role: under real mpirun, a rank that raises
 ends every rank with one traceback (abort_job waits until the traceback has been read), and
 the /dev/shm segment an aborted job orphans is found and removed while a running job's is kept.
+ONE_RANK answers as MPI.COMM_WORLD of a one-process job does, and the files at the top import
+nothing but each other, numpy and the standard library (train.py and the tests aside).
 
 Run: `python -m pytest -q tests/test_mpi_util.py` (from the repository's root).
 """
+import ast
+import glob
 import io
 import os
 import subprocess
@@ -13,9 +18,11 @@ import sys
 import threading
 import time
 
+import numpy as np
 import pytest
 
 from common import mpi_util
+from common.one_rank import ONE_RANK
 from tests.helpers import (ROOT, TINY_RUN, hang_guard, mpirun_exe, remove_orphans_of_job,
                            run_cmd, shm_entries, train_cmd)
 
@@ -116,3 +123,47 @@ class TestMpiUtil:
             writer.flush()
             mpi_util.wait_until_pipes_read([io.StringIO(), writer], patience_s=0.1)
             assert mpi_util.unread_bytes(writer.fileno()) == 100
+
+
+# ---------------------------------------------------------------- one_rank.py, and MPI kept out
+
+
+class TestOneRank:
+    """common/one_rank.py; the algorithm files' imports."""
+
+    def test_one_rank_answers_as_comm_world_of_one_process(self):
+        from mpi4py import MPI  # a singleton world: this process alone
+        world = MPI.COMM_WORLD
+        assert world.Get_size() == 1
+        for comm in (world, ONE_RANK):
+            assert (comm.Get_rank(), comm.Get_size()) == (0, 1)
+            send, recv = np.arange(4.), np.zeros(4)
+            comm.Allreduce(send, recv)  # [MPI] test only
+            np.testing.assert_array_equal(recv, send)
+            buf = np.arange(3, dtype=np.float32)
+            comm.Bcast(buf, root=0)  # [MPI] test only
+            np.testing.assert_array_equal(buf, np.arange(3))
+            assert comm.allgather(("a", 1)) == [("a", 1)]  # [MPI] test only
+            assert comm.gather({"x": 2}, root=0) == [{"x": 2}]  # [MPI] test only
+            assert comm.bcast([5], root=0) == [5]  # [MPI] test only
+            comm.Barrier()  # [MPI] test only
+
+    def test_the_algorithm_files_import_only_each_other_numpy_and_the_standard_library(self):
+        """No mpi4py (not even inside a function): a communicator is always passed in."""
+        ours = {os.path.basename(f)[:-3] for f in glob.glob(os.path.join(ROOT, "*.py"))}
+        allowed = ours | {"numpy"} | set(sys.stdlib_module_names)
+        for path in sorted(glob.glob(os.path.join(ROOT, "*.py"))):
+            name = os.path.basename(path)
+            if name in ("train.py", "test_all.py", "conftest.py"):
+                continue
+            with open(path) as f:
+                tree = ast.parse(f.read())
+            for node in ast.walk(tree):
+                if isinstance(node, ast.Import):
+                    modules = [alias.name for alias in node.names]
+                elif isinstance(node, ast.ImportFrom):
+                    modules = [node.module or ""]
+                else:
+                    continue
+                for module in modules:
+                    assert module.split(".")[0] in allowed, f"{name} imports {module}"
