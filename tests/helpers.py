@@ -31,6 +31,7 @@ import numpy as np
 import pytest
 
 from common import files, goal_env, mpi_util
+from common.one_rank import ONE_RANK
 from config import Config
 from ddpg import DDPG
 
@@ -227,7 +228,7 @@ def fetch_reach_policy(rng, buffer_size=10_000, hidden=64):
     """A FetchReach agent of one process (no mpirun): (policy, dims, T)."""
     task = dataclasses.replace(reach_task(), r_range=(-1., 0.))
     cfg = Config(hidden=hidden, buffer_size=buffer_size, batch_size=32)
-    return DDPG(cfg, task, rng), task.dims, task.T
+    return DDPG(cfg, task, rng, ONE_RANK), task.dims, task.T
 
 
 def random_demo_file(path, env_id, dims, T, n, seed=0):
