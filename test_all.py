@@ -58,7 +58,7 @@ from normalizer import Normalizer
 from replay import ReplayBuffer
 from rollout import RolloutWorker
 from tests.helpers import (ROOT, StubGoalEnv, arrays_of, assert_main_refuses, fetch_reach_policy,
-                           gone, hang_guard, mpirun_exe, play_cmd, read_progress, reach_task,
+                           gone, hang_guard, mpirun_args, mpirun_exe, play_cmd, read_progress, reach_task,
                            run_cmd, shm_entries, straight_run, train_cmd)
 from vecenv import DummyVecEnv, ShmemVecEnv, SubprocVecEnv
 
@@ -127,7 +127,7 @@ def textbook_adam(theta, grads, lr, beta1=0.9, beta2=0.999, epsilon=1e-8):
 def run_mpi_case(n_ranks, case, timeout=180):
     """`mpirun -np n_ranks python test_all.py case`: MPI_CASES[case] on every rank."""
     assert mpirun_exe(), "mpirun not found: pip install -r requirements.txt"
-    rc, out = run_cmd([mpirun_exe(), "-np", str(n_ranks), sys.executable, __file__, case],
+    rc, out = run_cmd([*mpirun_args(n_ranks), sys.executable, __file__, case],
                       timeout)
     assert rc == 0 and f"MPI_CASE_OK {case}" in out, out[-4000:]
     return out
@@ -218,7 +218,7 @@ class TestTrain:
     @pytest.mark.slow
     def test_end_to_end_mpirun_two_ranks_two_envs_stay_in_sync(self, tmp_path):
         logdir = str(tmp_path / "mpi")
-        rc, out = run_cmd([mpirun_exe(), "-np", "2", sys.executable, "train.py", "--num_env", "2",
+        rc, out = run_cmd([*mpirun_args(2), sys.executable, "train.py", "--num_env", "2",
                            "--vec_env", "shmem", "--n_epochs", "2", "--n_cycles", "3",
                            "--n_batches", "40",
                            "--n_test_rollouts", "2", "--logdir", logdir], timeout=600)

@@ -28,6 +28,7 @@ from common.bookkeeping import Bookkeeping, prepare_run
 from common.cli import parse_train_args, shared_config
 from common.errors import EXIT_CODES
 from common.goal_env import build_venv
+from common.launch import check_launch, mpi_library
 from common.mpi_util import one_blas_thread, run_on_every_rank
 from common.tracing import Tracer
 from common.watchdog import Watchdog
@@ -89,6 +90,11 @@ def main(argv=None):
     # process re-imports this file (`spawn` runs it as __mp_main__), where a top-level import
     # would initialise MPI as a second copy of its rank, which hangs the job.
     from mpi4py import MPI
+    # N copies of a one-rank job (a launcher whose PMI this MPI does not speak) end here, each
+    # before it writes anything, with one line from the first of them.
+    wrong = check_launch(MPI.COMM_WORLD.Get_size(), mpi_library())
+    if wrong is not None:
+        return wrong
     # A time limit on every collective call, and signals that work while a rank waits in one
     # (the limit until rank 0's configuration has come: the flag's or the default).
     watchdog = Watchdog(Config.mpi_timeout if args.mpi_timeout is None else args.mpi_timeout)

@@ -180,9 +180,11 @@ def env_process_main(remote, parent_remote, env_fn, obs_buffers=None):
     to raise, instead of this process dying silently and the rank waiting forever."""
     parent_remote.close()  # this process only talks through its own end of the pipe
     die_with_parent()
-    # Ctrl-C in a terminal reaches the whole process group: the rank decides when env processes
-    # stop (after it has saved), so an env process must not die of SIGINT on its own.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # Ctrl-C in a terminal reaches the whole process group, and Slurm signals every process of a
+    # job step (scancel: SIGTERM; srun passing on SIGUSR1): the rank decides when env processes
+    # stop (after it has saved), so an env process dies of none of these on its own.
+    for stop_signal in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1):
+        signal.signal(stop_signal, signal.SIG_IGN)
     views = shared_views(obs_buffers) if obs_buffers is not None else None
 
     def out(obs):

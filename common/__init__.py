@@ -9,7 +9,7 @@
     logger.py       progress.csv, the epoch table, log.txt
     bookkeeping.py  a rank's setup, and the bookkeeping around train()'s loop
     tracing.py      --trace: every message between processes, measured
-    watchdog.py     --mpi_timeout: a time limit on every collective call; SIGINT and SIGTERM
+    watchdog.py     --mpi_timeout: a time limit on every collective call; SIGINT, SIGTERM, SIGUSR1
 
 These import the top level (the algorithm); the top level, train.py aside, never imports these.
 """

@@ -28,8 +28,13 @@ from common.errors import BadFileError, UsageError
 from common.files import (atomic_write_text, load_demos, load_policy_arrays, save_policy,
                           set_policy_from_file)
 from common.goal_env import GoalTask, check_policy_fits, describe_env
+from common.launch import describe_job
 from common.logger import EpochLogger, RunLog, output_is_terminal
 from common.mpi_util import mpi_average, raise_if_any_rank_failed, save_on_every_rank
+from common.runlock import RunLock
+
+
+PROGRESS_LINES = 4  # an epoch's cycles in about this many parts, where no bar is drawn
 
 
 @dataclasses.dataclass
@@ -45,12 +50,15 @@ class RunPlan:
     init_policy: dict = None  # --load_path: its arrays
     demos: dict = None  # --demo_file: {key: (num_demo, T or T+1, dim)}
     log: RunLog = None  # rank 0's log.txt, once the log dir exists
+    lock: RunLock = None  # rank 0's lock on the run folder, held until the run ends
 
     def __enter__(self):
         return self
 
     def __exit__(self, kind, error, traceback):
         self.log.close(error)
+        if self.lock is not None:
+            self.lock.release()
 
 
 def read_inputs(cfg, args, rank, n_ranks):
@@ -83,17 +91,35 @@ def prepare_run(cfg, args, comm, tracer):
     raise_if_any_rank_failed(comm, error)
     if args.resume:
         load_checkpoint(plan, args.resume, comm)
+    plan.lock = hold_run_folder(cfg.logdir, comm)  # before anything is written there
     make_logdir(cfg, comm, tracer.folders)
     tracer.write_to(os.path.join(cfg.logdir, "trace"))
     resumed_at = None if plan.checkpoint is None else (int(plan.checkpoint["epoch"]),
                                                        int(plan.checkpoint["cycle"]))
     plan.log = RunLog(cfg.logdir, enabled=(rank == 0), argv=["train.py", *args.argv],
                       resumed_at=resumed_at)
+    job = describe_job(comm)  # collective: every rank's host and cores
     if rank == 0:
         if plan.resume_note:
             print(plan.resume_note, flush=True)
-        print_setup(cfg, plan.task, comm.Get_size())
+        print_setup(cfg, plan.task, comm.Get_size(), job)
     return plan
+
+
+def hold_run_folder(logdir, comm):
+    """Collective: rank 0 takes the run folder's lock (common/runlock.py); if another job
+    holds it, or the folder cannot be made, every rank raises that one line."""
+    lock, error = None, None
+    if comm.Get_rank() == 0:
+        try:
+            lock = RunLock(logdir).acquire()
+        except UsageError as e:
+            error = str(e)
+        except OSError as e:
+            error = (f"cannot write to log dir {logdir!r} on rank 0 ({e.strerror}); pass a "
+                     f"--logdir that every rank can write")
+    raise_if_any_rank_failed(comm, error)
+    return lock
 
 
 def make_logdir(cfg, comm, folders=()):
@@ -128,9 +154,9 @@ def load_checkpoint(plan, run_dir, comm):
     raise_if_any_rank_failed(comm, error)
 
 
-def print_setup(cfg, task, n_ranks):
+def print_setup(cfg, task, n_ranks, job):
     print(f"Logging to {cfg.logdir}\n{cfg}\ndims={task.dims} T={task.T} max_u={task.max_u} "
-          f"ranks={n_ranks}", flush=True)
+          f"ranks={n_ranks}\n{job}", flush=True)
     if n_ranks == 1:
         print("*** Warning: one MPI rank. This works (FetchReach learns), but Plappert et al. "
               "(2018) used 19 ranks x 2 envs, and the harder tasks learn far worse with one; "
@@ -160,7 +186,7 @@ def restore_run(plan, policy, workers, logdir, comm):
 
 class Bookkeeping:
     """The bookkeeping of train()'s loop on one rank; restores a resumed run when made.
-    workers: (rollout_worker, evaluator); stop: what a first SIGINT/SIGTERM sets `requested`
+    workers: (rollout_worker, evaluator); stop: what a first SIGINT/SIGTERM/SIGUSR1 sets `requested`
     of (common/watchdog.py's Watchdog)."""
 
     def __init__(self, cfg, plan, policy, workers, comm, tracer, stop):
@@ -195,7 +221,19 @@ class Bookkeeping:
                                       self.best_success_rate, self.policy, self.workers,
                                       self.cfg.logdir, self.comm)
             self.bar.update()
+            self.report_progress(epoch, cycle + 1)
         self.close()
+
+    def report_progress(self, epoch, cycles_done):
+        """Where no bar is drawn (a file, a pipe: a Slurm job's output), rank 0 prints a short
+        line PROGRESS_LINES times an epoch, so that a long epoch is not minutes of silence."""
+        n_cycles = self.cfg.n_cycles
+        every = -(-n_cycles // PROGRESS_LINES)  # ceil: at 50 cycles, after 13, 26 and 39
+        if not self.rank0 or self.draw_bar or cycles_done == n_cycles or cycles_done % every:
+            return
+        minutes = (time.time() - self.t_start) / 60.
+        print(f"epoch {epoch}: {cycles_done} of {n_cycles} cycles, {minutes:.1f} min",
+              file=self.screen, flush=True)
 
     def end_epoch(self, epoch):
         """The epoch's progress.csv row, then the policies and every rank's checkpoint."""

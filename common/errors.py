@@ -25,7 +25,7 @@ class NonFiniteError(Exception):
 
 
 class Interrupted(Exception):
-    """Ctrl-C (SIGINT) or SIGTERM, after the checkpoint was saved: exit code 130."""
+    """Ctrl-C (SIGINT), SIGTERM or SIGUSR1, after the checkpoint was saved: exit code 130."""
 
 
 # {error: (exit code, prefix of its line)}: what run_on_every_rank does with each

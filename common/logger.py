@@ -5,7 +5,8 @@ format) as far as HER uses it. Rank 0 alone writes (every logged value is alread
 summed over ranks by the caller, bookkeeping.epoch_logs); the CSV is rewritten atomically each epoch,
 so a reader never sees half a row. log.txt (baselines' logger writes one too) holds what rank 0
 printed, appended to on every --resume, each start headed by the commit the code ran at. The
-in-epoch progress bar is tqdm's (common/bookkeeping.py), drawn only where the output is a terminal.
+in-epoch progress bar is tqdm's (common/bookkeeping.py), drawn only where the output is a terminal;
+elsewhere (a file, a pipe, a Slurm job's output) a few short lines an epoch take its place.
 
 Test: `python -m pytest -q tests/test_logger.py`.
 """
@@ -17,6 +18,7 @@ import sys
 import time
 
 from common.files import atomic_write_text
+from common.launch import launched
 
 
 class EpochLogger:
@@ -136,21 +138,26 @@ def _fmt(v):
     return f"{v:.4g}" if isinstance(v, float) else str(v)
 
 
+# What the launchers a user types are called (`ps -o comm`): their stdout is the job's.
+LAUNCHER_NAMES = ("mpirun", "mpiexec", "mpiexec.hydra", "prterun", "orterun", "srun")
+
+
 def output_is_terminal(stream):
-    """Whether what this process prints ends up on a terminal. Under mpirun a rank's stdout is
-    a pipe to MPICH's proxy process, which passes it on to mpirun's own stdout; so look at the
-    stdout of the ancestors (proxy, then mpirun) too. Linux /proc; anywhere else: no."""
-    if stream.isatty():
-        return True
-    if "PMI_RANK" not in os.environ:  # not started by mpirun
-        return False
+    """Whether what this process prints ends up on a terminal. Started by a launcher, a rank's
+    own stdout says nothing: MPICH gives it a pipe to its proxy process, Open MPI a terminal of
+    its own even when mpirun writes into a file. What counts is the stdout of the launcher
+    the user typed, the nearest ancestor named like one. Linux /proc; elsewhere: no."""
+    if launched() is None:  # started by hand
+        return stream.isatty()
     pid = os.getpid()
-    for _ in range(3):  # rank -> hydra_pmi_proxy -> mpiexec (mpirun)
+    for _ in range(6):  # rank -> (hydra_pmi_proxy | slurmstepd ...) -> mpirun or srun
         try:
             with open(f"/proc/{pid}/stat") as f:
                 pid = int(f.read().rsplit(")", 1)[1].split()[1])  # field 4: the parent's pid
-            if os.readlink(f"/proc/{pid}/fd/1").startswith(("/dev/pts/", "/dev/tty")):
-                return True
+            with open(f"/proc/{pid}/comm") as f:
+                name = f.read().strip()
+            if name in LAUNCHER_NAMES:
+                return os.readlink(f"/proc/{pid}/fd/1").startswith(("/dev/pts/", "/dev/tty"))
         except (OSError, ValueError, IndexError):
             return False
     return False

@@ -11,10 +11,10 @@ rank, the watchdog, does what the main thread cannot while it waits:
     job (MPI_Abort), so every rank on every host exits. Time this process spent suspended
     (Ctrl-Z) does not count. As Horovod's stall inspector warns and then shuts a job down, and
     PyTorch's process groups time a collective out (there: 60 s to warn; 10 or 30 minutes).
-  * it takes SIGINT and SIGTERM (set_wakeup_fd hands it each signal the moment it arrives): the
-    first asks the loop to stop safely at the end of the cycle (`requested`, read once per
-    cycle by checkpoint.stop_safely_if_needed), the second ends the rank at once, exit code
-    130, its env processes killed, also while the main thread is blocked in MPI.
+  * it takes SIGINT, SIGTERM and SIGUSR1 (set_wakeup_fd hands it each signal the moment it
+    arrives): the first asks the loop to stop safely at the end of the cycle (`requested`,
+    read once per cycle by checkpoint.stop_safely_if_needed), the second ends the rank at
+    once, exit code 130, its env processes killed, also while the main thread waits in MPI.
 
 Test: `python -m pytest -q tests/test_watchdog.py`.
 """
@@ -31,7 +31,9 @@ from common.tracing import caller_site
 TICK_S = 0.5  # how often the watchdog looks at the clock
 WARN_FRACTION = 0.25  # the warning comes after this fraction of --mpi_timeout
 ABORT_PATIENCE_S = 10.  # MPI_Abort that has not ended this process by then: exit anyway
-SIGNALS = (signal.SIGINT, signal.SIGTERM)
+# Ctrl-C, kill or scancel, and the signal a Slurm batch script passes on before the time limit
+# (Open MPI's mpirun aborts the job on SIGINT and SIGTERM, but forwards SIGUSR1 to the ranks)
+SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
 
 
 class Watchdog:
@@ -39,7 +41,7 @@ class Watchdog:
 
     def __init__(self, limit_s, prog="train.py"):
         self.limit_s, self.prog = limit_s, prog
-        self.requested = False  # a first SIGINT/SIGTERM asked to stop after this cycle
+        self.requested = False  # a first stop signal asked to stop after this cycle
         self.logdir = None  # named in the second signal's line, once known
         self.comm = None  # the communicator MPI_Abort ends the job through
         self._call = None  # [frame of the caller, call name, seconds waited, warned]
@@ -51,7 +53,7 @@ class Watchdog:
         return WatchedComm(comm, self)
 
     def start(self):
-        """Take SIGINT/SIGTERM (main thread only: set_wakeup_fd's rule) and start watching."""
+        """Take the stop SIGNALS (main thread only: set_wakeup_fd's rule) and start watching."""
         self._read_fd, self._write_fd = os.pipe()
         os.set_blocking(self._write_fd, False)
         self._old_wakeup_fd = signal.set_wakeup_fd(self._write_fd, warn_on_full_buffer=False)

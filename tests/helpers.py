@@ -30,7 +30,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from common import files, goal_env, mpi_util
+from common import files, goal_env, launch, mpi_util
 from common.one_rank import ONE_RANK
 from config import Config
 from ddpg import DDPG
@@ -45,6 +45,22 @@ def mpirun_exe():
     """mpirun installed next to this Python (the `mpich` wheel), else the one on PATH."""
     local = os.path.join(os.path.dirname(sys.executable), "mpirun")
     return local if os.path.exists(local) else shutil.which("mpirun")
+
+
+@functools.lru_cache(maxsize=None)
+def mpi_family():
+    """'MPICH' or 'Open MPI': whose mpirun mpirun_exe() is (its --version says)."""
+    exe = mpirun_exe()
+    version = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=60,
+                             check=False).stdout if exe else ""
+    return "Open MPI" if "Open MPI" in version else "MPICH"
+
+
+def mpirun_args(n_ranks):
+    """mpirun starting n_ranks ranks on this machine, whatever its cores. MPICH runs more ranks
+    than cores as it is; Open MPI is told to (its default maps one rank a core, and refuses)."""
+    extra = ["--map-by", ":OVERSUBSCRIBE"] if mpi_family() == "Open MPI" else []
+    return [mpirun_exe(), "-np", str(n_ranks), *extra]
 
 
 def run_cmd(cmd, timeout):
@@ -118,7 +134,7 @@ TINY_RUN = ["--n_cycles", "5", "--n_batches", "20", "--n_test_rollouts", "1", "-
 def train_cmd(*args, n_ranks=1, module=None):
     """train.py with `args` (or, given `module`, `python -m module`: experiment.play, ...), under
     `mpirun -np n_ranks` where n_ranks > 1. Run it with cwd=ROOT, as run_cmd does."""
-    mpi = [mpirun_exe(), "-np", str(n_ranks)] if n_ranks > 1 else []
+    mpi = mpirun_args(n_ranks) if n_ranks > 1 else []
     program = ["-m", module] if module else [os.path.join(ROOT, "train.py")]
     return mpi + [sys.executable, *program, *args]
 
@@ -294,7 +310,7 @@ class FaultyReach(gym.Wrapper):
     def step(self, u):
         self.n_steps += 1
         obs, r, terminated, truncated, info = self.env.step(u)
-        my_rank = int(os.environ.get("PMI_RANK", 0))  # set by mpirun; MPI itself is not needed
+        my_rank = launch.launcher_rank()  # what mpirun set; MPI itself is not needed
         if self.n_steps >= self.at_step and self.rank in (None, my_rank):
             if self.fault == "raise":
                 raise RuntimeError(f"injected env failure on rank {my_rank}")

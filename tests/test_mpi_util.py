@@ -23,7 +23,7 @@ import pytest
 
 from common import mpi_util
 from common.one_rank import ONE_RANK
-from tests.helpers import (ROOT, TINY_RUN, hang_guard, mpirun_exe, remove_orphans_of_job,
+from tests.helpers import (ROOT, TINY_RUN, hang_guard, mpirun_args, remove_orphans_of_job,
                            run_cmd, shm_entries, train_cmd)
 
 
@@ -34,7 +34,7 @@ def orphan_of_an_aborted_job(before):
     """Run a 2-rank job whose rank 1 aborts; return the one segment it left behind."""
     code = ("from mpi4py import MPI; c = MPI.COMM_WORLD; c.Barrier(); "
             "c.Abort(1) if c.Get_rank() == 1 else c.Barrier()")
-    subprocess.run([mpirun_exe(), "-np", "2", sys.executable, "-c", code], cwd=ROOT,
+    subprocess.run([*mpirun_args(2), sys.executable, "-c", code], cwd=ROOT,
                    capture_output=True, timeout=120)  # not run_cmd: it would clean up
     with hang_guard(30):  # the aborted ranks may still be exiting when mpirun returns
         while not [p for p in mpi_util.orphaned_mpich_segments()
@@ -55,7 +55,7 @@ def running_job_keeps_its_segment(tmp_path, orphans):
                f"open(os.path.join({str(tmp_path)!r}, f'up{{c.Get_rank()}}'), 'w').close()\n"
                f"while not os.path.exists({str(go)!r}): time.sleep(0.1)")
     entries_before = shm_entries()
-    job = subprocess.Popen([mpirun_exe(), "-np", "2", sys.executable, "-c", waiting], cwd=ROOT,
+    job = subprocess.Popen([*mpirun_args(2), sys.executable, "-c", waiting], cwd=ROOT,
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         with hang_guard(120):

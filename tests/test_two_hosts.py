@@ -17,7 +17,7 @@ import sys
 
 import pytest
 
-from tests.helpers import ROOT, read_progress
+from tests.helpers import ROOT, mpi_family, read_progress
 
 
 # ---------------------------------------------------------------- tools/two-hosts.sh: two machines
@@ -29,6 +29,8 @@ def why_no_simulated_hosts():
     missing = [tool for tool in ("ip", "unshare", "nsenter") if not shutil.which(tool)]
     if missing:
         return f"tools/two-hosts.sh needs {', '.join(missing)} (iproute2, util-linux)"
+    if mpi_family() != "MPICH":
+        return f"tools/two-hosts.sh needs MPICH's mpiexec (Hydra), not {mpi_family()}"
     probe = subprocess.run(["unshare", "--net", "--uts", "--mount", "ip", "link", "add", "name",
                             "probe0", "type", "veth", "peer", "name", "probe1"],
                            capture_output=True, text=True, timeout=30)

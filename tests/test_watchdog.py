@@ -20,6 +20,7 @@ import time
 
 import pytest
 
+from common.launch import launched
 from tests.helpers import (ROOT, assert_main_refuses, hang_guard, read_progress,
                            remove_orphans_of_job, run_cmd, shm_entries, train_cmd)
 
@@ -45,7 +46,8 @@ def processes_marked(mark):
 
 
 def rank_pid(mark, rank):
-    """The pid of train.py's rank `rank` of the marked job (PMI_RANK is mpirun's)."""
+    """The pid of train.py's rank `rank` of the marked job, as its launcher numbered it (MPICH's
+    PMI_RANK, Open MPI's OMPI_COMM_WORLD_RANK: common/launch.py reads either)."""
     for pid in processes_marked(mark):
         try:
             with open(f"/proc/{pid}/environ", "rb") as f:
@@ -54,7 +56,9 @@ def rank_pid(mark, rank):
                 cmdline = f.read().split(b"\0")
         except OSError:
             continue
-        if f"PMI_RANK={rank}".encode() in env and any(a.endswith(b"train.py") for a in cmdline) \
+        variables = dict(v.decode(errors="replace").split("=", 1) for v in env if b"=" in v)
+        if launched(variables) and launched(variables).rank == rank \
+                and any(a.endswith(b"train.py") for a in cmdline) \
                 and b"multiprocessing" not in b" ".join(cmdline):  # not its env processes
             return pid
     return None

@@ -85,6 +85,11 @@ check_tools() {
   MPIEXEC=$(dirname "$PYTHON")/mpiexec
   [ -x "$MPIEXEC" ] || usage_error "no mpiexec next to $PYTHON: put the project's venv first" \
                                    "on PATH or pass PYTHON=/path/to/venv/bin/python"
+  # Hydra's -launcher/-launcher-exec start host1's ranks in its namespaces; Open MPI's mpirun
+  # has no such flags (its own would need an rsh agent and a prted in each namespace).
+  "$MPIEXEC" --version 2>&1 | grep -q HYDRA ||
+    usage_error "needs MPICH's mpiexec (Hydra), found $("$MPIEXEC" --version 2>&1 | head -1):" \
+                "run it from a venv with the mpich wheel (pip install mpich mpi4py)"
   mkdir -p "$OUT" || usage_error "cannot create --out $OUT: give a folder you can write"
 }
 

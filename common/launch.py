@@ -1,0 +1,127 @@
+"""How this process was started, and whether MPI agrees: one job of N ranks, or N jobs of one.
+
+No baselines counterpart: baselines trusts the launcher. A launcher tells each process it starts
+its place in environment variables, and the MPI library finds its peers through a process
+management interface (PMI) that the launcher must speak. When they do not match (plain
+`srun -n 2` with MPICH, any `srun` with an Open MPI that takes no PMI from this Slurm) every
+process is rank 0 of a world of 1, trains alone and writes into the same run folder as the
+others, and nothing complains. check_launch() compares the two before anything is written.
+
+The variables, the launcher nearest to the process first (docs/usage.md, "On a Slurm cluster"):
+  * Open MPI's mpirun (PRRTE): OMPI_COMM_WORLD_RANK and OMPI_COMM_WORLD_SIZE;
+  * a PMI launcher (MPICH's mpirun, Hydra; Slurm's `srun --mpi=pmi2`): PMI_RANK and PMI_SIZE;
+  * Slurm's srun (any --mpi): SLURM_PROCID and SLURM_STEP_NUM_TASKS, set in the tasks of a job
+    step. A batch script's own shell is no step (no SLURM_STEP_NUM_TASKS there): one
+    `python train.py` run by the script itself is a job of one rank, whatever the allocation.
+mpirun inside an allocation passes the allocation's SLURM_* on to its ranks; its own variables
+come first, so they decide.
+
+Env processes never import mpi4py (vecenv.py says why); where they need their rank's number
+(the tests' fault injection), launcher_rank() reads it from these variables.
+
+Test: `python -m pytest -q tests/test_launch.py`.
+"""
+import collections
+import os
+import socket
+import sys
+
+# (who started the process, its rank variable, its size variable): the nearest launcher first
+LAUNCHERS = (("Open MPI's mpirun", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
+             ("mpirun or srun --mpi=pmi2", "PMI_RANK", "PMI_SIZE"),
+             ("srun", "SLURM_PROCID", "SLURM_STEP_NUM_TASKS"))
+
+Launch = collections.namedtuple("Launch", "launcher rank size")
+
+
+def launched(environ=os.environ):
+    """The Launch the nearest launcher describes in `environ`, or None (started by hand)."""
+    for launcher, rank_var, size_var in LAUNCHERS:
+        if rank_var in environ and size_var in environ:
+            return Launch(launcher, int(environ[rank_var]), int(environ[size_var]))
+    return None
+
+
+def launcher_rank(environ=os.environ):
+    """This process's rank as its launcher numbered it (0 when started by hand); for processes
+    that must not initialise MPI."""
+    launch = launched(environ)
+    return launch.rank if launch else 0
+
+
+def mpi_library():
+    """The MPI library this process runs on, with its version: 'MPICH 5.0.2', 'Open MPI
+    v5.0.11'. Imports mpi4py (which initialises MPI): never call it in an env process."""
+    from mpi4py import MPI
+    return library_name(MPI.Get_library_version())
+
+
+def library_name(version_text):
+    """The name and version in the first line of MPI.Get_library_version()'s text."""
+    first = version_text.strip().splitlines()[0] if version_text.strip() else "unknown MPI"
+    if first.startswith("MPICH Version:"):
+        return "MPICH " + first.split(":", 1)[1].strip()
+    return first.split(",")[0].strip()
+
+
+def wrong_launch(n_ranks, library, prog="train.py", environ=os.environ):
+    """The one line that ends a process whose MPI world (n_ranks) is not the job its launcher
+    started, naming the fix for this MPI library; None when they agree."""
+    launch = launched(environ)
+    if launch is None or launch.size == n_ranks:
+        return None
+    if library.startswith("Open MPI"):
+        fix = (f"Open MPI takes no PMI from this srun here: run `mpirun -np {launch.size} "
+               f"python {prog} ...` inside the allocation (sbatch script or salloc)")
+    else:
+        fix = (f"start them with `srun --mpi=pmi2 -n {launch.size} python {prog} ...`, or "
+               f"`mpirun -np {launch.size}` inside the allocation")
+    return (f"{launch.launcher} started {launch.size} processes, but {library} sees each as a "
+            f"job of {n_ranks} rank(s): {launch.size} copies that would each train alone into "
+            f"the same folder. {fix}; nothing was written")
+
+
+def check_launch(n_ranks, library, prog="train.py"):
+    """None if this process's MPI world (n_ranks) is the job its launcher started; else the
+    exit code 2, after the launcher's rank 0 alone has printed wrong_launch's line (N copies
+    would print it N times). Not collective: in a wrong launch each process is a world alone."""
+    line = wrong_launch(n_ranks, library, prog)
+    if line is None:
+        return None
+    if launcher_rank() == 0:
+        print(f"{prog}: error: {line}", file=sys.stderr, flush=True)
+    return 2
+
+
+def describe_job(comm):
+    """Collective: the run header's line on MPI: the library, and where each rank runs."""
+    return f"MPI: {mpi_library()}, {comm.Get_size()} rank(s); {rank_placement(comm)}"
+
+
+def rank_placement(comm):
+    """Collective: one line naming each host, the ranks on it and the cores each may use
+    (what the OS lets it run on: Slurm's --cpus-per-task, mpirun's binding, taskset)."""
+    here = (socket.gethostname(), len(os.sched_getaffinity(0)))
+    places = comm.allgather(here)  # [MPI]
+    by_host = collections.defaultdict(list)
+    for rank, (host, cores) in enumerate(places):
+        by_host[host].append((rank, cores))
+    parts = []
+    for host, ranks in by_host.items():
+        cores = sorted({c for _, c in ranks})
+        usable = f"{cores[0]}" if len(cores) == 1 else f"{cores[0]}-{cores[-1]}"
+        parts.append(f"{host}: rank(s) {rank_ranges([r for r, _ in ranks])}, "
+                     f"{usable} usable core(s) each")
+    return "; ".join(parts)
+
+
+def rank_ranges(ranks):
+    """'0-3,6' for [0, 1, 2, 3, 6]."""
+    spans, start = [], None
+    for i, rank in enumerate(ranks):
+        if start is None:
+            start = rank
+        if i + 1 == len(ranks) or ranks[i + 1] != rank + 1:
+            spans.append(str(start) if start == rank else f"{start}-{rank}")
+            start = None
+    return ",".join(spans)

@@ -1,0 +1,56 @@
+"""One job per run folder: a lock that rank 0 holds in it for the whole run.
+
+No baselines counterpart: there two jobs given the same log dir both write it, and so did this
+code. The lock is the operating system's (flock on `<logdir>/run.lock`), so it is released
+when the process ends, however it ends: a killed job leaves no stale lock. The file itself
+stays, holding who had it last (pid, host, start time), which the refusal quotes.
+
+Only rank 0 takes it: ranks on other machines without a shared file system write their own
+copies of the folder, where nothing else looks; with a shared file system every rank's folder
+is rank 0's. flock works across NFS clients on Linux (since 2.6.12, as a POSIX lock).
+
+Test: `python -m pytest -q tests/test_launch.py`.
+"""
+import fcntl
+import os
+import socket
+import time
+
+from common.errors import UsageError
+
+LOCK_NAME = "run.lock"
+
+
+class RunLock:
+    """The lock of one run folder, held from acquire() until release() or the process's end."""
+
+    def __init__(self, logdir):
+        self.path = os.path.join(logdir, LOCK_NAME)
+        self.file = None
+
+    def acquire(self):
+        """Take the lock, or raise UsageError naming the job that holds it. Creates the folder
+        and the lock file if they are not there (a new run); writes nothing else."""
+        os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        lock_file = open(self.path, "a+")
+        try:
+            fcntl.flock(lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock_file.seek(0)
+            holder = lock_file.read().strip() or "another process"
+            lock_file.close()
+            raise UsageError(f"run folder {os.path.dirname(self.path)!r} is in use by "
+                             f"{holder}; wait for that job to end, or pass another --logdir")
+        # who holds it now, for the refusal of the next job that tries
+        lock_file.seek(0)
+        lock_file.truncate()
+        lock_file.write(f"pid {os.getpid()} on {socket.gethostname()} since "
+                        f"{time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+        lock_file.flush()
+        self.file = lock_file
+        return self
+
+    def release(self):
+        if self.file is not None:
+            self.file.close()  # closing the only descriptor releases the flock
+            self.file = None

@@ -1,0 +1,136 @@
+"""common/launch.py and common/runlock.py: a launch that checks itself, one job per run folder.
+
+No baselines counterpart. Held against the launchers' own variables (the ones MPICH's mpirun,
+Open MPI's mpirun, srun and srun --mpi=pmi2 were seen to set on this machine, docs/usage.md)
+and against real processes: N one-rank copies (what plain srun starts) end with one line and
+write nothing; a second job on a run folder is refused and writes nothing; a killed job leaves
+no lock; the header names the MPI library of the mpirun the suite runs under, and a job whose
+output goes into a file gets short progress lines, no bar.
+
+Run: `python -m pytest -q tests/test_launch.py` (from the repository's root).
+"""
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from common import launch
+from common.runlock import RunLock
+from tests.helpers import (ROOT, TINY_RUN, assert_one_line_error, hang_guard, mpi_family,
+                           run_cmd, train_cmd)
+
+# What each launcher put into a rank's environment here (rank 1 of 2)
+OPEN_MPI = {"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2", "PMIX_RANK": "1"}
+HYDRA = {"PMI_RANK": "1", "PMI_SIZE": "2", "PMI_FD": "9"}
+SRUN = {"SLURM_PROCID": "1", "SLURM_STEP_ID": "0", "SLURM_STEP_NUM_TASKS": "2",
+        "SLURM_NTASKS": "2", "SLURM_JOB_ID": "7"}
+SRUN_PMI2 = {**SRUN, "PMI_RANK": "1", "PMI_SIZE": "2", "PMI_FD": "13"}
+BATCH_SHELL = {"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_JOB_ID": "7"}  # no step
+
+
+class TestLaunch:
+    """common/launch.py."""
+
+    def test_each_launcher_is_read_the_nearest_first(self):
+        assert launch.launched({}) is None
+        assert launch.launched(BATCH_SHELL) is None  # a batch script's own shell is no step
+        assert launch.launched(OPEN_MPI) == ("Open MPI's mpirun", 1, 2)
+        assert launch.launched(HYDRA)[1:] == (1, 2)
+        assert launch.launched(SRUN) == ("srun", 1, 2)
+        assert launch.launched(SRUN_PMI2)[0] == "mpirun or srun --mpi=pmi2"
+        # mpirun inside an allocation: its ranks inherit the script's SLURM_*; mpirun decides
+        assert launch.launched({**BATCH_SHELL, **OPEN_MPI, "SLURM_STEP_NUM_TASKS": "1"}) \
+            == ("Open MPI's mpirun", 1, 2)
+        assert launch.launcher_rank(SRUN) == 1 and launch.launcher_rank({}) == 0
+
+    def test_n_one_rank_copies_get_the_fix_of_their_mpi(self):
+        assert launch.wrong_launch(2, "MPICH 5.0.2", environ=SRUN_PMI2) is None
+        assert launch.wrong_launch(1, "MPICH 5.0.2", environ=BATCH_SHELL) is None
+        mpich = launch.wrong_launch(1, "MPICH 5.0.2", environ=SRUN)
+        assert "srun started 2 processes" in mpich and "srun --mpi=pmi2 -n 2" in mpich
+        ompi = launch.wrong_launch(1, "Open MPI v5.0.11", environ=SRUN)
+        assert "mpirun -np 2" in ompi and "inside the allocation" in ompi
+        assert "\n" not in mpich + ompi
+
+    def test_library_names_and_rank_ranges(self):
+        assert launch.library_name("MPICH Version:      5.0.2\nMPICH Release date: x") \
+            == "MPICH 5.0.2"
+        assert launch.library_name("Open MPI v5.0.11, package: Open MPI user@localhost "
+                                   "Distribution, ident: 5.0.11") == "Open MPI v5.0.11"
+        assert launch.rank_ranges([0, 1, 2, 3, 6]) == "0-3,6"
+        assert launch.rank_ranges([5]) == "5"
+
+    @pytest.mark.slow
+    def test_two_one_rank_copies_end_with_one_line_and_write_nothing(self, tmp_path):
+        """What plain `srun -n 2` does, without Slurm: two processes whose variables say
+        'task 0 and 1 of a step of 2', each a world of one for MPI."""
+        logdir = str(tmp_path / "run")
+        copies = []
+        with hang_guard(120):
+            for task in ("0", "1"):
+                env = dict(os.environ, SLURM_PROCID=task, SLURM_STEP_ID="0",
+                           SLURM_STEP_NUM_TASKS="2")
+                copies.append(subprocess.Popen(train_cmd("--logdir", logdir, *TINY_RUN),
+                                               cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                                               stderr=subprocess.STDOUT, text=True))
+            outs = [c.communicate()[0] for c in copies]
+        assert [c.returncode for c in copies] == [2, 2], outs
+        assert_one_line_error(2, "".join(outs), 2, "srun started 2 processes")
+        assert not os.path.exists(logdir)
+
+
+class TestRunLock:
+    """common/runlock.py, and train.py refusing a folder another job holds."""
+
+    def test_a_held_folder_is_refused_and_a_released_one_taken(self, tmp_path):
+        first = RunLock(str(tmp_path)).acquire()
+        with pytest.raises(Exception, match=f"is in use by pid {os.getpid()}"):
+            RunLock(str(tmp_path)).acquire()
+        first.release()
+        RunLock(str(tmp_path)).acquire().release()
+
+    @pytest.mark.slow
+    def test_a_second_job_on_a_run_folder_writes_nothing_and_a_killed_one_leaves_no_lock(
+            self, tmp_path):
+        logdir = tmp_path / "run"
+        holder = subprocess.Popen([sys.executable, "-c",  # another job, holding the lock
+                                   "import sys, time; from common.runlock import RunLock; "
+                                   f"lock = RunLock({str(logdir)!r}).acquire(); print('held', "
+                                   "flush=True); time.sleep(600)"],
+                                  cwd=ROOT, stdout=subprocess.PIPE, text=True)
+        try:
+            assert holder.stdout.readline().strip() == "held"
+            before = sorted(os.listdir(logdir))
+            rc, out = run_cmd(train_cmd("--logdir", str(logdir), *TINY_RUN, n_ranks=2), 300)
+            assert_one_line_error(rc, out, 2, f"is in use by pid {holder.pid}")
+            assert sorted(os.listdir(logdir)) == before == ["run.lock"]
+        finally:
+            holder.send_signal(signal.SIGKILL)
+            holder.wait()
+        rc, out = run_cmd(train_cmd("--logdir", str(logdir), "--n_epochs", "1", *TINY_RUN),
+                          300)  # the killed holder's lock went with it
+        assert rc == 0, out[-3000:]
+
+
+class TestJobOutput:
+    """The run header's MPI line, and progress where no terminal shows a bar."""
+
+    @pytest.mark.slow
+    def test_the_header_names_the_mpi_and_a_file_gets_progress_lines(self, tmp_path):
+        logdir, output = str(tmp_path / "run"), tmp_path / "job.out"
+        with open(output, "w") as f:
+            proc = subprocess.run(train_cmd("--logdir", logdir, "--n_epochs", "1", *TINY_RUN,
+                                            "--num_env", "2", n_ranks=2),
+                                  cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, timeout=300)
+        out = output.read_text()
+        assert proc.returncode == 0, out[-3000:]
+        family = "Open MPI v" if mpi_family() == "Open MPI" else "MPICH "
+        header = [line for line in out.splitlines() if line.startswith("MPI: ")]
+        assert len(header) == 1 and header[0].startswith(f"MPI: {family}"), out[-3000:]
+        assert "2 rank(s)" in header[0] and "usable core(s)" in header[0]
+        assert header[0] in open(os.path.join(logdir, "log.txt")).read()
+        # 5 cycles: a line after cycles 2 and 4 (every ceil(5 / 4)), none drawn in place
+        assert "epoch 0: 2 of 5 cycles" in out and "epoch 0: 4 of 5 cycles" in out, out[-3000:]
+        assert "\r" not in out and "cycle/s" not in out

@@ -1,0 +1,153 @@
+"""tools/slurm-cluster.sh and tools/slurm/*.sbatch: train.py as Slurm batch jobs, on one node.
+
+No baselines counterpart. A one-node cluster on this machine (as root; skipped with the
+reason where it cannot be made) runs the recipe of the MPI the suite runs under:
+  (a) a 2-rank x 2-env job learns FetchReach and names its MPI in its header;
+  (b) scancel mid-epoch: the checkpoint is saved within Slurm's KillWait, the line is in the
+      job's output, and --resume goes on (MPICH: srun passes SIGTERM on to the ranks; Open
+      MPI's mpirun aborts on SIGTERM, so there the test stops it the way usage.md says);
+  (c) a job longer than its time limit finishes by itself: the signal before the limit, a
+      save, a requeue, a resume, and its progress.csv and policies equal (a)'s, bit for bit;
+  (d) plain `srun -n 2` (two one-rank copies) is refused with one line and writes nothing.
+
+Run: `python -m pytest -q tests/test_slurm.py` (from the repository's root, as root).
+"""
+import os
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.helpers import (ROOT, arrays_of, assert_same_arrays, assert_same_progress,
+                           hang_guard, mpi_family, read_progress, run_cmd, train_cmd)
+
+REACH = ("--num_env", "2", "--n_epochs", "3", "--seed", "1")  # FetchReach-v4, 10 cycles
+LONG = ("--num_env", "2", "--n_epochs", "20", "--n_cycles", "5", "--n_batches", "20",
+        "--n_test_rollouts", "1", "--seed", "4")
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """The environment that reaches a one-node cluster, up while this file's tests run."""
+    if os.geteuid() != 0:
+        pytest.skip("tools/slurm-cluster.sh runs Slurm's daemons as root")
+    proc = subprocess.Popen(["bash", "tools/slurm-cluster.sh", "sleep", "infinity"], cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    env = None
+    with hang_guard(600):  # apt-get on a machine without Slurm takes a while
+        for line in proc.stderr:
+            if line.startswith("slurm-cluster: up, SLURM_CONF="):
+                env = dict(os.environ, SLURM_CONF=line.split("=", 1)[1].strip(),
+                           PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
+                break
+            if "slurm-cluster: error:" in line:
+                proc.wait()
+                pytest.skip(line.strip())
+    try:
+        yield env
+    finally:
+        proc.terminate()
+        proc.wait(timeout=120)
+
+
+def recipe():
+    return "tools/slurm/openmpi.sbatch" if mpi_family() == "Open MPI" \
+        else "tools/slurm/mpich.sbatch"
+
+
+def sbatch(env, run, *options, train_args=()):
+    """Submit the recipe (2 tasks x 1 core) with RUN=run; return (job id, its output file)."""
+    output = f"{run}.out"
+    cmd = ["sbatch", "--parsable", "-n", "2", "-c", "1", "-o", output, *options, recipe(),
+           *train_args]
+    job = subprocess.run(cmd, cwd=ROOT, env=dict(env, RUN=run), capture_output=True,
+                         text=True, timeout=60, check=True).stdout.strip()
+    return job, output
+
+
+def wait_for_job(env, job, timeout):
+    """Until the job has left the queue; its `scontrol show job` fields."""
+    with hang_guard(timeout):
+        while subprocess.run(["squeue", "-h", "-j", job], env=env, capture_output=True,
+                             text=True).stdout.strip():
+            time.sleep(2)
+    shown = subprocess.run(["scontrol", "show", "job", job], env=env, capture_output=True,
+                           text=True).stdout
+    return dict(re.findall(r"(\w+)=(\S+)", shown))
+
+
+@pytest.fixture(scope="module")
+def reach_job(cluster, tmp_path_factory):
+    """(a)'s run: the recipe, no time limit."""
+    run = str(tmp_path_factory.mktemp("slurm") / "straight")
+    job, output = sbatch(cluster, run, train_args=REACH)
+    return run, output, wait_for_job(cluster, job, 1200)
+
+
+class TestSlurm:
+    """tools/slurm-cluster.sh and the recipes of tools/slurm/."""
+
+    @pytest.mark.slow
+    def test_a_2_x_2_job_learns_and_names_its_mpi(self, reach_job):
+        run, output, job = reach_job
+        out = open(output).read()
+        assert job["JobState"] == "COMPLETED" and job["ExitCode"] == "0:0", out[-3000:]
+        family = "Open MPI" if mpi_family() == "Open MPI" else "MPICH"
+        assert re.search(rf"^MPI: {family} .*2 rank\(s\)", out, re.M), out[-3000:]
+        success = [float(r["test/success_rate"]) for r in read_progress(run)]
+        assert len(success) == 3 and success[-1] >= 0.5 > success[0], success
+
+    @pytest.mark.slow
+    def test_scancel_mid_epoch_saves_and_resume_goes_on(self, cluster, tmp_path):
+        run = str(tmp_path / "cancelled")
+        job, output = sbatch(cluster, run, train_args=LONG)
+        with hang_guard(600):
+            while not os.path.exists(os.path.join(run, "progress.csv")):
+                time.sleep(1)
+        time.sleep(3)  # into the next epoch
+        stop = ["--batch", "--signal=USR1"] if mpi_family() == "Open MPI" else []
+        subprocess.run(["scancel", *stop, job], env=cluster, check=True, timeout=60)
+        wait_for_job(cluster, job, 120)  # KillWait is 30 s
+        out = open(output).read()
+        assert re.search(r"interrupted in epoch \d+ after cycle \d+: saved", out), out[-3000:]
+        for rank in (0, 1):
+            saved = arrays_of(os.path.join(run, "checkpoint", f"rank{rank}.npz"))
+            assert int(saved["cycle"]) > 0
+        if mpi_family() == "Open MPI":  # USR1 asked for a requeue: take it back
+            subprocess.run(["scancel", job], env=cluster, timeout=60)
+        rc, out = run_cmd(train_cmd("--resume", run, "--n_epochs", "2", n_ranks=2), 600)
+        assert rc == 0 and "2 rank(s) in sync" in out, out[-3000:]
+
+    @pytest.mark.slow
+    def test_a_job_past_its_time_limit_is_requeued_and_ends_as_one_run(self, cluster,
+                                                                       reach_job, tmp_path):
+        straight = reach_job[0]
+        run = str(tmp_path / "requeued")
+        job, output = sbatch(cluster, run, "--time=1", "--signal=B:USR1@40", "--requeue",
+                             train_args=REACH)
+        shown = wait_for_job(cluster, job, 1800)
+        out = open(output).read()
+        assert shown["JobState"] == "COMPLETED" and int(shown["Restarts"]) >= 1, out[-3000:]
+        assert "requeued, the next start resumes" in out and "resuming" in out, out[-3000:]
+        assert_same_progress(straight, run)
+        for name in ("policy_latest.npz", "policy_best.npz", "checkpoint/rank0.npz",
+                     "checkpoint/rank1.npz"):
+            assert_same_arrays(os.path.join(straight, name), os.path.join(run, name),
+                               skip=("config_json",))
+
+    @pytest.mark.slow
+    def test_plain_srun_of_two_copies_is_refused_and_writes_nothing(self, cluster, tmp_path):
+        run, output = str(tmp_path / "copies"), str(tmp_path / "copies.out")
+        job = subprocess.run(["sbatch", "--parsable", "-n", "2", "-c", "1", "-o", output,
+                              "--wrap", f"srun python train.py --logdir {run}"],
+                             cwd=ROOT, env=cluster, capture_output=True, text=True,
+                             timeout=60, check=True).stdout.strip()
+        wait_for_job(cluster, job, 300)
+        out = open(output).read()
+        errors = [line for line in out.splitlines() if line.startswith("train.py")]
+        assert len(errors) == 1 and "srun started 2 processes" in errors[0], out[-3000:]
+        fix = "mpirun -np 2" if mpi_family() == "Open MPI" else "srun --mpi=pmi2 -n 2"
+        assert fix in errors[0]
+        assert not os.path.exists(run)
