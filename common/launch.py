@@ -74,7 +74,7 @@ def wrong_launch(n_ranks, library, prog="train.py", environ=os.environ):
         fix = (f"Open MPI takes no PMI from this srun here: run `mpirun -np {launch.size} "
                f"python {prog} ...` inside the allocation (sbatch script or salloc)")
     else:
-        fix = (f"start them with `srun --mpi=pmi2 -n {launch.size} python {prog} ...`, or "
+        fix = (f"Start them with `srun --mpi=pmi2 -n {launch.size} python {prog} ...`, or "
                f"`mpirun -np {launch.size}` inside the allocation")
     return (f"{launch.launcher} started {launch.size} processes, but {library} sees each as a "
             f"job of {n_ranks} rank(s): {launch.size} copies that would each train alone into "

@@ -5,10 +5,11 @@ job of N ranks (Plappert et al. 2018, Sec. 2.2, run 19) needs to log one number 
 together and clean up after itself. mpi4py is imported on first use (train.py's main says why).
 Every line that talks to other ranks carries the comment tag `[MPI]`.
 
-A job that ends in MPI_Abort or is killed by a signal never reaches MPI_Finalize, which unlinks
-its ranks' shared segment /dev/shm/mpich_shm_* (about 1 MB per rank; docs/faults.md). It stays
-until the machine reboots, or until this deletes those no process uses:
-    python -c "from common import mpi_util; print(mpi_util.remove_orphaned_mpich_segments())"
+A job that ends in MPI_Abort (MPICH) or is killed by a signal (both MPIs) never unlinks its
+shared segments: /dev/shm/mpich_shm_* (about 1 MB per rank) or Open MPI's sm_segment.* (16 MB
+per rank; docs/faults.md). They stay until the machine reboots, or until this deletes those
+no process uses:
+    python -c "from common import mpi_util; print(mpi_util.remove_orphaned_mpi_segments())"
 
 Test: `python -m pytest -q tests/test_mpi_util.py`.
 """
@@ -145,21 +146,27 @@ def shm_files_in_use(shm_dir="/dev/shm"):
     return {path for path in in_use if path.startswith(prefix)}
 
 
-def orphaned_mpich_segments(shm_dir="/dev/shm"):
-    """MPICH segments that no process uses. A running job holds its segment open or mapped on
+# The shared-memory files each MPI library makes in /dev/shm: MPICH one per job and machine,
+# Open MPI one per rank (16 MB each). Both unlink them as a job ends, even in MPI_Abort for
+# Open MPI; what a dead job leaves (docs/faults.md) is what nothing removed.
+SEGMENT_PREFIXES = ("mpich_shm_", "sm_segment.")
+
+
+def orphaned_mpi_segments(shm_dir="/dev/shm"):
+    """MPI segments that no process uses. A running job holds its segment open or mapped on
     every rank of the machine from its creation on, so it never counts as orphaned."""
     if not os.path.isdir(shm_dir):
         return []
     paths = [os.path.join(shm_dir, name) for name in sorted(os.listdir(shm_dir))
-             if name.startswith("mpich_shm_")]
+             if name.startswith(SEGMENT_PREFIXES)]
     in_use = shm_files_in_use(shm_dir) if paths else set()
     return [path for path in paths if path not in in_use]
 
 
-def remove_orphaned_mpich_segments(shm_dir="/dev/shm"):
-    """Delete orphaned_mpich_segments(); return the paths removed."""
+def remove_orphaned_mpi_segments(shm_dir="/dev/shm"):
+    """Delete orphaned_mpi_segments(); return the paths removed."""
     removed = []
-    for path in orphaned_mpich_segments(shm_dir):
+    for path in orphaned_mpi_segments(shm_dir):
         try:
             os.unlink(path)
             removed.append(path)

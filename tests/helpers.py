@@ -65,7 +65,7 @@ def mpirun_args(n_ranks):
 
 def run_cmd(cmd, timeout):
     """Run a command with a hang guard; return (returncode, combined output). An MPI job that
-    ended in MPI_Abort leaves MPICH's segment in /dev/shm (common/mpi_util.py says why): once
+    ended in MPI_Abort or killed leaves its segments in /dev/shm (common/mpi_util.py says why): once
     the job is over, the segments it orphaned are removed."""
     is_mpi = os.path.basename(cmd[0]).startswith(("mpirun", "mpiexec"))
     before = shm_entries()
@@ -86,10 +86,10 @@ def remove_orphans_of_job(entries_before, patience_s=30.):
     more. mpirun can return while the ranks of an aborted job are still exiting, so a new
     segment is waited for until it is an orphan; one still held after patience_s belongs to
     another job running beside the tests and is left alone. Returns the names removed."""
-    new = {e for e in shm_entries() - entries_before if e.startswith("mpich_shm_")}
+    new = {e for e in shm_entries() - entries_before if e.startswith(mpi_util.SEGMENT_PREFIXES)}
     removed, deadline = set(), time.time() + patience_s
     while new and time.time() < deadline:
-        for path in mpi_util.orphaned_mpich_segments():
+        for path in mpi_util.orphaned_mpi_segments():
             if os.path.basename(path) in new:
                 with contextlib.suppress(FileNotFoundError):  # its job's MPI_Finalize was first
                     os.unlink(path)

@@ -23,25 +23,33 @@ import pytest
 
 from common import mpi_util
 from common.one_rank import ONE_RANK
-from tests.helpers import (ROOT, TINY_RUN, hang_guard, mpirun_args, remove_orphans_of_job,
-                           run_cmd, shm_entries, train_cmd)
+from tests.helpers import (ROOT, TINY_RUN, hang_guard, mpi_family, mpirun_args,
+                           remove_orphans_of_job, run_cmd, shm_entries, train_cmd)
 
 
 # ---------------------------------------------------------------- mpi_util.py: MPI jobs, /dev/shm
 
 
-def orphan_of_an_aborted_job(before):
-    """Run a 2-rank job whose rank 1 aborts; return the one segment it left behind."""
-    code = ("from mpi4py import MPI; c = MPI.COMM_WORLD; c.Barrier(); "
-            "c.Abort(1) if c.Get_rank() == 1 else c.Barrier()")
+def orphans_of_a_dead_job(before):
+    """Run a 2-rank job that dies without cleaning up; return the segments it left behind.
+    MPICH's MPI_Abort leaves its one segment; Open MPI's removes them, so there both ranks
+    are killed (SIGKILL), which leaves one segment per rank."""
+    if mpi_family() == "Open MPI":
+        code = ("import os, signal; from mpi4py import MPI; c = MPI.COMM_WORLD; c.Barrier(); "
+                "os.kill(os.getpid(), signal.SIGKILL)")
+    else:
+        code = ("from mpi4py import MPI; c = MPI.COMM_WORLD; c.Barrier(); "
+                "c.Abort(1) if c.Get_rank() == 1 else c.Barrier()")
     subprocess.run([*mpirun_args(2), sys.executable, "-c", code], cwd=ROOT,
                    capture_output=True, timeout=120)  # not run_cmd: it would clean up
     with hang_guard(30):  # the aborted ranks may still be exiting when mpirun returns
-        while not [p for p in mpi_util.orphaned_mpich_segments()
+        while not [p for p in mpi_util.orphaned_mpi_segments()
                    if os.path.basename(p) not in before]:
             time.sleep(0.2)
-    orphans = {p for p in mpi_util.orphaned_mpich_segments() if os.path.basename(p) not in before}
-    assert len(orphans) == 1 and os.path.basename(min(orphans)).startswith("mpich_shm_")
+    orphans = {p for p in mpi_util.orphaned_mpi_segments() if os.path.basename(p) not in before}
+    expected = ("sm_segment.", 2) if mpi_family() == "Open MPI" else ("mpich_shm_", 1)
+    assert len(orphans) == expected[1], orphans
+    assert all(os.path.basename(p).startswith(expected[0]) for p in orphans)
     return orphans
 
 
@@ -62,10 +70,11 @@ def running_job_keeps_its_segment(tmp_path, orphans):
             while not all((tmp_path / f"up{rank}").exists() for rank in (0, 1)):
                 assert job.poll() is None, f"the waiting job ended early (exit {job.returncode})"
                 time.sleep(0.1)
-            running = {e for e in shm_entries() - entries_before if e.startswith("mpich_shm_")}
-            assert len(running) == 1
-            assert orphans <= set(mpi_util.remove_orphaned_mpich_segments())
-            assert not mpi_util.orphaned_mpich_segments()
+            running = {e for e in shm_entries() - entries_before
+                       if e.startswith(mpi_util.SEGMENT_PREFIXES)}
+            assert len(running) >= 1
+            assert orphans <= set(mpi_util.remove_orphaned_mpi_segments())
+            assert not mpi_util.orphaned_mpi_segments()
             assert running <= shm_entries(), "the running job's segment was removed"
             go.touch()
             assert job.wait() == 0
@@ -84,7 +93,7 @@ class TestMpiUtil:
     """common/mpi_util.py: MPI jobs, /dev/shm."""
 
     @pytest.mark.slow
-    def test_orphaned_mpich_segments_are_found_and_removed_but_live_ones_kept(self, tmp_path):
+    def test_orphaned_mpi_segments_are_found_and_removed_but_live_ones_kept(self, tmp_path):
         """A job that aborts leaves its segment; it is an orphan once the job is over, while the
         segment of a job still running (held open by its ranks) never is."""
         before = shm_entries()

