@@ -3,32 +3,32 @@
 Mirrors openai/baselines `common/vec_env/`: vec_env.py (VecEnv), subproc_vec_env.py
 (SubprocVecEnv), dummy_vec_env.py (DummyVecEnv) and shmem_vec_env.py (ShmemVecEnv);
 vec_video_recorder.py is in experiment/play.py. In Plappert et al. (2018), Sec. 2.2, each of
-the 19 MPI workers (here: ranks) runs 2 environments in parallel; this file is that "2". The rank sends one
-action per env down a pipe, each env process steps its own env, and the rank stacks what comes
-back into arrays of shape (num_env, dim). Nothing here is MPI, and no gradient passes through.
+the 19 MPI workers (ranks) runs 2 environments in parallel; this file is that "2": the rank
+sends one action per env down a pipe, each env process steps its env, and the rank stacks the
+answers into arrays of shape (num_env, dim). Nothing here is MPI; no gradient passes through.
 
 Deviations from baselines (1, 3, 31 and 32 in docs/deviations.md):
   * No auto-reset. baselines resets an env inside step() when it reports done, and the HER
     rollout loses each episode's last transition; here rollout.RolloutWorker steps exactly T
     times and then calls reset(), so every episode keeps all T transitions.
   * step() returns gymnasium's done = terminated or truncated, and the per-env info dicts.
-  * Env processes are started with the `spawn` method and never import mpi4py: a forked
-    child would share its rank's MPI state (sockets, shared memory), which MPI does not allow,
-    and a spawned one re-imports the main script, which must not initialise MPI a second time
-    (train.py's main says why).
-  * Refused, with a one-line error: actions not of shape (num_envs, dim_u) or not numbers, a
-    call out of turn (reset, step_async or get_images with a step pending, step_wait with
-    none), an observation whose dtype or shape is not its space's (baselines' ShmemVecEnv
-    casts it silently), and any call after the vec env closed itself (an env process failed,
-    died or stayed silent past --env_timeout).
+  * Env processes are started with `spawn` and never import mpi4py: a forked child would share
+    its rank's MPI state, which MPI does not allow, and a spawned one re-imports the main
+    script, which must not initialise MPI a second time (train.py's main says why).
+  * Refused, in one line: actions not of shape (num_envs, dim_u) or not numbers, a call out of
+    turn (reset, step_async or get_images with a step pending, step_wait with none), an
+    observation not of its space's dtype and shape (baselines' ShmemVecEnv casts it), and
+    any call after the vec env closed itself (an env process failed, died or went silent).
 
 Test: `python -m pytest -q test_all.py::TestVecEnv`.
 """
+import contextlib
 import ctypes
 import functools
 import multiprocessing as mp
 import os
 import signal
+import threading
 import time
 import traceback
 
@@ -36,9 +36,8 @@ import numpy as np
 
 
 class VecEnv:
-    """num_envs environments driven as one. Each call sends every env a command (_send_all)
-    and reads their answers (_recv); the subclasses say where the envs run. Observations are
-    dicts of (num_envs, dim) arrays."""
+    """num_envs environments driven as one: every call sends each env a command (_send_all) and
+    reads the answers (_recv); observations are dicts of (num_envs, dim) arrays."""
 
     closed_why = None  # once closed: why (close() called, an env process failed, ...)
 
@@ -60,8 +59,7 @@ class VecEnv:
         return stack_obs([self._obs(i, self._recv(i)) for i in range(self.num_envs)])
 
     def step_async(self, u):
-        """Step env i with action u[i]. u is checked whole before anything is sent: an action
-        refused half-way through the sends would leave some envs a step ahead of the others."""
+        """Step env i with u[i]; u is checked whole first, so that no env gets a step ahead."""
         self._check_turn("step_async()")
         u = np.asarray(u)
         expected = (self.num_envs, *self.action_space.shape)  # (num_envs, dim_u)
@@ -144,8 +142,7 @@ def answer(env, cmd, data, out):
 
 
 class DummyVecEnv(VecEnv):
-    """Every env in this process, each command answered when its answer is read: the
-    sequential reference for tests."""
+    """Every env in this process, each command answered when read: the tests' reference."""
 
     def __init__(self, env_fns):
         self.envs = [fn() for fn in env_fns]
@@ -173,17 +170,33 @@ def shared_views(obs_buffers):
             for key, (buf, dtype, shape) in obs_buffers.items()}
 
 
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)  # the rank's, never an env's
+
+
+@contextlib.contextmanager
+def stop_signals_ignored():
+    """Around starting env processes: each is forked ignoring STOP_SIGNALS (kept through exec),
+    so a signal before env_process_main runs cannot kill it; the rank's handlers return after
+    (a stop signal in these milliseconds is lost). Only the main thread sets handlers."""
+    old = {}
+    if threading.current_thread() is threading.main_thread():
+        old = {sig: signal.signal(sig, signal.SIG_IGN) for sig in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in old.items():  # None: set outside Python, given back as the default
+            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
+
+
 def env_process_main(remote, parent_remote, env_fn, obs_buffers=None):
     """Body of one env process: answer commands until told to close. With obs_buffers
-    (ShmemVecEnv's {key: (shared array, dtype, shape)}), observations are written there and
-    the pipe carries None in their place. An exception goes back as a traceback for the rank
-    to raise, instead of this process dying silently and the rank waiting forever."""
+    (ShmemVecEnv's {key: (shared array, dtype, shape)}), observations go there and the pipe
+    carries None. An exception goes back as a traceback for the rank to raise."""
     parent_remote.close()  # this process only talks through its own end of the pipe
     die_with_parent()
-    # Ctrl-C in a terminal reaches the whole process group, and Slurm signals every process of a
-    # job step (scancel: SIGTERM; srun passing on SIGUSR1): the rank decides when env processes
-    # stop (after it has saved), so an env process dies of none of these on its own.
-    for stop_signal in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1):
+    # Ctrl-C reaches the whole process group, Slurm signals every process of a job step: the
+    # rank decides when env processes stop (after it has saved), so none dies of these itself.
+    for stop_signal in STOP_SIGNALS:
         signal.signal(stop_signal, signal.SIG_IGN)
     views = shared_views(obs_buffers) if obs_buffers is not None else None
 
@@ -220,9 +233,8 @@ def env_process_main(remote, parent_remote, env_fn, obs_buffers=None):
 
 
 def die_with_parent():
-    """Ask Linux to SIGKILL this process when the rank that started it ends. A rank killed
-    outright (SIGKILL, or mpirun ending a failed job) closes its pipes, which ends a waiting
-    env process; one busy in a step that never returns would not notice and stay for ever."""
+    """Ask Linux to SIGKILL this process when its rank ends: a rank killed outright closes its
+    pipes, but an env process busy in a step that never returns would not notice."""
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
@@ -235,10 +247,9 @@ def die_with_parent():
 
 def answered_within(remote, timeout):
     """Whether an answer is on `remote` within `timeout` seconds of waiting, not counting time
-    this process spent stopped. A job suspended with Ctrl-Z (SIGSTOP) has its env processes
-    stopped with it; once continued, a single poll(timeout) would find its deadline long past
-    and take the env process for hung. Waiting in slices of at most 1 s, each counted for no
-    more than its length, leaves such a pause out."""
+    this process spent stopped (Ctrl-Z): after a pause a single poll(timeout) would find its
+    deadline past and take the env process for hung; slices of at most 1 s, each counted for
+    no more than its length, leave the pause out."""
     waited = 0.
     while waited < timeout:
         slice_s = min(1., timeout - waited)
@@ -254,10 +265,9 @@ class SubprocVecEnv(VecEnv):
 
     timeout: seconds to wait for an env process's answer (0: for ever). One that does not
     answer in time (a simulator deadlock) is named and killed with its siblings, and the call
-    raises, as in gymnasium's AsyncVectorEnv(timeout=): the run ends instead of waiting in
-    silence for ever. Any failure part-way through a command (an env error, a dead or silent
-    env process, a failed send, Ctrl-C while waiting) leaves the env processes at different
-    steps: the vec env then closes itself, and every later call says why."""
+    raises, as in gymnasium's AsyncVectorEnv(timeout=). A failure part-way through a command
+    (an env error, a dead or silent env process, a failed send, Ctrl-C while waiting) leaves
+    the env processes out of step: the vec env closes itself, and every later call says why."""
 
     def __init__(self, env_fns, timeout=0):
         ctx = mp.get_context("spawn")
@@ -269,9 +279,10 @@ class SubprocVecEnv(VecEnv):
                                args=(work_remotes[i], self.remotes[i], env_fns[i],
                                      self._obs_buffers(ctx, i)))
                    for i in range(n)]
-        for p in self.ps:
-            p.start()
-        # Easy to miss: the rank must close its copy of each env process's end, or a dead env
+        with stop_signals_ignored():  # and so are the env processes, from their first moment
+            for p in self.ps:
+                p.start()
+        # Easy to miss: unless the rank closes its copy of each env process's end, a dead env
         # process never produces EOF on the rank's end and recv() blocks forever.
         for work_remote in work_remotes:
             work_remote.close()
@@ -285,8 +296,7 @@ class SubprocVecEnv(VecEnv):
         """Env process i's answer to its pending command; any failure closes (see the class)."""
         p, cmd = self.ps[i], self._pending[i]
         try:
-            # Starting (spawning, importing the simulator) is not timed: it grows with the
-            # number of env processes per core.
+            # Starting (spawn, imports) is not timed: it grows with env processes per core.
             if self.timeout and cmd != "start" and not answered_within(self.remotes[i],
                                                                        self.timeout):
                 self._fail(f"env process {i} (pid {p.pid}) did not answer {cmd!r} within "
@@ -330,10 +340,9 @@ class SubprocVecEnv(VecEnv):
                 raise  # KeyboardInterrupt stays what it is
 
     def close(self, why=None):
-        """Stop every env process and reap it, so no child process outlives this object. Only
-        an env process that still owes an answer is waited for, and at most 10 s. With `why`
-        (the vec env broke, see the class), every env process is killed at once, none left
-        with a command half-done, and every later call repeats `why`."""
+        """Stop and reap every env process (an answer still owed is waited for, 10 s at most).
+        With `why` (the vec env broke), all are killed at once, none left with a command
+        half-done, and every later call repeats `why`."""
         if self.closed:
             return
         self.closed = True
@@ -363,16 +372,14 @@ class SubprocVecEnv(VecEnv):
 
 class ShmemVecEnv(SubprocVecEnv):
     """SubprocVecEnv with observations through shared memory (baselines' shmem_vec_env.py;
-    --vec_env shmem): the pipe carries only commands, rewards, dones and infos. Worth it for
-    large observations (images), every byte of which a pipe pickles and copies twice; for the
-    tens of floats of the goal tasks the two are within noise (docs/performance.md). The arrays
-    are RawArrays, files unlinked as soon as made, so nothing is ever left in /dev/shm; no
-    lock: an env process writes only while the rank waits for its answer."""
+    --vec_env shmem): the pipe carries commands, rewards, dones and infos. Worth it for images;
+    for the goal tasks' tens of floats within noise (docs/performance.md). RawArrays, unlinked
+    as soon as made (nothing left in /dev/shm); no lock: an env process writes only while the
+    rank waits for its answer."""
 
     def __init__(self, env_fns, timeout=0):
-        # The shapes must be known before the env processes start (the arrays are handed to
-        # them at start), so one env is built here to read its observation space, as baselines
-        # does.
+        # The arrays are handed to the env processes at start, so one env is built here to read
+        # its observation space, as baselines does.
         env = env_fns[0]()
         self._layout = obs_layout(env.observation_space)
         env.close()

@@ -21,7 +21,8 @@ import time
 import pytest
 
 from tests.helpers import (ROOT, arrays_of, assert_same_arrays, assert_same_progress,
-                           hang_guard, mpi_family, read_progress, run_cmd, train_cmd)
+                           hang_guard, mpi_family, read_progress, remove_orphans_of_job,
+                           run_cmd, shm_entries, train_cmd)
 
 REACH = ("--num_env", "2", "--n_epochs", "3", "--seed", "1")  # FetchReach-v4, 10 cycles
 LONG = ("--num_env", "2", "--n_epochs", "20", "--n_cycles", "5", "--n_batches", "20",
@@ -33,6 +34,7 @@ def cluster():
     """The environment that reaches a one-node cluster, up while this file's tests run."""
     if os.geteuid() != 0:
         pytest.skip("tools/slurm-cluster.sh runs Slurm's daemons as root")
+    shm_before = shm_entries()
     proc = subprocess.Popen(["bash", "tools/slurm-cluster.sh", "sleep", "infinity"], cwd=ROOT,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     env = None
@@ -50,6 +52,7 @@ def cluster():
     finally:
         proc.terminate()
         proc.wait(timeout=120)
+        remove_orphans_of_job(shm_before, patience_s=2.)  # what a job that aborted left
 
 
 def recipe():
