@@ -94,11 +94,11 @@ class TestMpiUtil:
 
     @pytest.mark.slow
     def test_orphaned_mpi_segments_are_found_and_removed_but_live_ones_kept(self, tmp_path):
-        """A job that aborts leaves its segment; it is an orphan once the job is over, while the
+        """A job that dies leaves its segments; they are orphans once the job is over, while the
         segment of a job still running (held open by its ranks) never is."""
         before = shm_entries()
         try:
-            orphans = orphan_of_an_aborted_job(before)
+            orphans = orphans_of_a_dead_job(before)
             running_job_keeps_its_segment(tmp_path, orphans)
         finally:  # whatever failed, this test's jobs leave nothing behind to fail another test
             remove_orphans_of_job(before, patience_s=2.)
