@@ -5,10 +5,12 @@ Plappert et al. (2018), Sec. 2.2, which is Algorithm 1 of Andrychowicz et al. (2
 ranks at once: each epoch is n_cycles x (collect num_env episodes per rank, store them,
 n_batches updates, a target update), then test rollouts. Every rank runs this same file;
 there is no master. The settings are config.Config, one --flag each (--help); with
---demo_file, the demonstrations of Nair et al. (2018) are loaded into every rank's agent first.
-What is not learning (checks, files, resume, logs, the stop check) is common/bookkeeping.py's;
-the loop itself deviates from baselines' in nothing (its bookkeeping does: 10 and 15 in
-docs/deviations.md, resumable runs and policy_latest.npz every epoch).
+--demo_file, learn() loads the demonstrations of Nair et al. (2018) into every rank's buffer.
+What is not learning (checks, files, resume, logs, the stop check) is common/bookkeeping.py's.
+The loop deviates from baselines' in three places, each marked where it happens: the stop
+check after every cycle (deviations 9 and 10 of docs/deviations.md), check_synced after every
+epoch (8), and no per-epoch check that the ranks' seeds differ (34); its bookkeeping adds
+resumable runs (10) and policy_latest.npz every epoch (15).
 
 Run:
     python train.py                                                # FetchReach-v4, one process
@@ -27,6 +29,7 @@ import numpy as np
 from common.bookkeeping import Bookkeeping, prepare_run
 from common.cli import parse_train_args, shared_config
 from common.errors import EXIT_CODES
+from common.files import set_policy_from_file
 from common.goal_env import build_venv
 from common.launch import check_launch, mpi_library
 from common.mpi_util import one_blas_thread, run_on_every_rank
@@ -37,33 +40,40 @@ from ddpg import DDPG
 from rollout import RolloutWorker
 
 
-def train(cfg, policy, rollout_worker, evaluator, run):
-    """Algorithm 1 on this rank, as baselines' train(); `run` (common/bookkeeping.py) keeps the
-    books: where a resumed run starts, the stop check after each cycle, the epoch's logs and
-    saves. Returns the best test success rate."""
-    for epoch, first_cycle in run.epochs():
+def train(cfg, policy, rollout_worker, evaluator, books):
+    """Algorithm 1 on this rank, as baselines' train(). `books` (common/bookkeeping.py) keeps
+    what is not learning: where a resumed run starts, the trace and the progress bar, the stop
+    check, the epoch's logs and files. Collective. Returns the best test success rate."""
+    for epoch, first_cycle in books.epochs():
         if first_cycle == 0:  # (a run resumed mid-epoch has its history back)
             rollout_worker.clear_history()
-        for losses in run.cycles(epoch, first_cycle):
-            episode = rollout_worker.generate_rollouts()  # num_env episodes in this rank's envs
-            policy.store_episode(episode)  # this rank's buffer; normalisers over all ranks
-            for _ in range(cfg.n_batches):
-                losses.append(policy.train())  # MpiAdam sums the gradients of all ranks
-            policy.update_target_net()
+        for cycle in range(first_cycle, cfg.n_cycles):
+            with books.cycle(epoch, cycle):  # --trace records it; the bar moves on after it
+                episodes = rollout_worker.generate_rollouts()  # num_env episodes, this rank's envs
+                policy.store_episode(episodes)  # [MPI] this rank's buffer; normalisers pooled
+                for _ in range(cfg.n_batches):
+                    books.losses.append(policy.train())  # [MPI] MpiAdam sums the gradients
+                policy.update_target_net()
+                # Not in baselines: every rank stops after the same cycle, saving, on a signal
+                # to any rank, and none goes on past a non-finite loss or weight on any rank.
+                books.stop_safely_if_needed(epoch, cycle)  # [MPI] one allgather
         evaluator.clear_history()
         for _ in range(cfg.n_test_rollouts):
             evaluator.generate_rollouts()
-        policy.check_synced()
-        run.end_epoch(epoch)
-    return run.best_success_rate
+        policy.check_synced()  # [MPI] not in baselines: every rank holds rank 0's weights
+        books.end_epoch(epoch)  # [MPI] the logs averaged over ranks; files; checkpoints
+    return books.best_success_rate
 
 
 def learn(cfg, plan, comm, tracer, watchdog):
-    """baselines' learn(): this rank's agent and its two rollout workers, then train()."""
+    """baselines' learn(): this rank's agent, its weights (rank 0's, --load_path's or a
+    checkpoint's), the demonstrations, the two rollout workers, then train(). Collective."""
     rng = np.random.default_rng(cfg.seed + 1000000 * comm.Get_rank())  # each rank its own data
-    policy = DDPG(cfg, plan.task, rng, comm)  # collective: every rank takes rank 0's weights
+    policy = DDPG(cfg, plan.task, rng, comm)  # [MPI] every rank takes rank 0's weights
+    if plan.init_policy is not None:  # --load_path: every rank reads the same file
+        set_policy_from_file(policy, plan.init_policy, plan.load_path)
     venv = tracer.wrap_venv(build_venv(cfg))  # with --trace, its pipes count every message
-    run = None
+    books = None
     try:
         # Training and test rollouts share the envs, as in baselines (eval_env = env).
         rollout_worker = RolloutWorker(venv, policy, rng, noise_eps=cfg.noise_eps,
@@ -71,12 +81,17 @@ def learn(cfg, plan, comm, tracer, watchdog):
                                        success_key=plan.task.success_key)
         evaluator = RolloutWorker(venv, policy, rng, exploit=True, compute_Q=True,
                                   success_key=plan.task.success_key)
-        run = Bookkeeping(cfg, plan, policy, (rollout_worker, evaluator), comm, tracer, watchdog)
-        best = train(cfg, policy, rollout_worker, evaluator, run)
-        tracer.finish()  # if the run ended before its traced cycles did
+        # --resume: each rank its own checkpoint (agent, buffer, counters); no MPI call
+        books = Bookkeeping(cfg, plan, policy, (rollout_worker, evaluator), comm, tracer, watchdog)
+        if plan.demos is not None:  # Nair et al. (2018): every rank's buffer holds the demos;
+            # a resumed run's normaliser sums hold them already (its checkpoint has them)
+            policy.init_demo_buffer(plan.demos, update_stats=plan.checkpoint is None)  # [MPI]
+        books.save_start()  # [MPI] a new run's checkpoint before any training
+        best = train(cfg, policy, rollout_worker, evaluator, books)
+        tracer.finish()  # [MPI] if the run ended before its traced cycles did
     finally:
-        if run is not None:
-            run.close()
+        if books is not None:
+            books.close()
         venv.close()
     if comm.Get_rank() == 0:
         print(f"Done: best test success rate {best:.3f}; {comm.Get_size()} rank(s) in sync; "

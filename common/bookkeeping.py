@@ -7,11 +7,13 @@ from its checkpoint (deviation 10 of docs/deviations.md), writes log.txt, draws 
 bar, and stops safely once per cycle (common/checkpoint.py).
 
 prepare_run() is the setup before the agent exists; Bookkeeping is what train() calls: epochs()
-(where a resumed run starts), cycles() (the trace, the bar, the stop check), end_epoch() (the
-epoch's logs averaged over ranks, progress.csv, policies, checkpoints).
+(where a resumed run starts), cycle() (the trace, the bar), stop_safely_if_needed() (the stop
+check), end_epoch() (the epoch's logs averaged over ranks, progress.csv, policies,
+checkpoints).
 
 Test: `python -m pytest -q tests/test_checkpoint.py tests/test_logger.py`.
 """
+import contextlib
 import dataclasses
 import json
 import os
@@ -25,8 +27,7 @@ from common.checkpoint import (checkpoint_positions, common_position, read_check
                                stop_safely_if_needed)
 from common.cli import parse_reward_range
 from common.errors import BadFileError, UsageError
-from common.files import (atomic_write_text, load_demos, load_policy_arrays, save_policy,
-                          set_policy_from_file)
+from common.files import atomic_write_text, load_demos, load_policy_arrays, save_policy
 from common.goal_env import GoalTask, check_policy_fits, describe_env
 from common.launch import describe_job
 from common.logger import EpochLogger, RunLog, output_is_terminal
@@ -68,8 +69,8 @@ def read_inputs(cfg, args, rank, n_ranks):
         plan.checkpoints = checkpoint_positions(args.resume, rank, n_ranks)
     if args.load_path:
         plan.load_path = args.load_path
-        plan.init_policy, params = load_policy_arrays(args.load_path)
-        check_policy_fits(params, args.load_path, cfg.env, plan.task.dims)
+        plan.init_policy, policy_config = load_policy_arrays(args.load_path)
+        check_policy_fits(policy_config, args.load_path, cfg.env, plan.task.dims)
     if cfg.demo_file:  # every rank reads the whole file, as in baselines
         plan.demos = load_demos(cfg.demo_file, cfg.env, plan.task.dims, plan.task.T,
                                 cfg.num_demo)
@@ -134,13 +135,14 @@ def make_logdir(cfg, comm, folders=()):
         error = (f"cannot write to log dir {cfg.logdir!r} on rank {comm.Get_rank()} "
                  f"({e.strerror}); pass a --logdir that every rank can write")
     raise_if_any_rank_failed(comm, error)
-    save_on_every_rank(comm, write_config, cfg, comm.Get_rank())
+    save_on_every_rank(comm, write_config, cfg, comm.Get_rank(), comm.Get_size())
 
 
-def write_config(cfg, rank):
+def write_config(cfg, rank, n_ranks):
+    """config.json: the Config, and the number of ranks that ran it (not a flag: mpirun's -np)."""
     if rank == 0:
         atomic_write_text(os.path.join(cfg.logdir, "config.json"),
-                          json.dumps(dataclasses.asdict(cfg), indent=1))
+                          json.dumps({**dataclasses.asdict(cfg), "n_ranks": n_ranks}, indent=1))
 
 
 def load_checkpoint(plan, run_dir, comm):
@@ -164,20 +166,14 @@ def print_setup(cfg, task, n_ranks, job):
               flush=True)
 
 
-def restore_run(plan, policy, workers, logdir, comm):
-    """The agent from --load_path or its checkpoint, then the demos; returns where the loop
-    starts: (epoch, cycle, best test success so far, the epoch's losses so far). A new run
-    first saves a checkpoint of the state before any training, so a failure always has one."""
-    if plan.init_policy is not None:
-        set_policy_from_file(policy, plan.init_policy, plan.load_path)
+def restore_run(plan, policy, workers):
+    """A resumed run's agent and workers from its checkpoint; returns where the loop starts:
+    (epoch, cycle, best test success so far, the epoch's losses so far). Local: each rank its
+    own file."""
     ckpt = plan.checkpoint
-    if ckpt is not None:
-        restore_agent(policy, ckpt, plan.checkpoint_path)
-    if plan.demos is not None:  # after the restore: a resumed run's normaliser sums hold them
-        policy.init_demo_buffer(plan.demos, update_stats=ckpt is None)
     if ckpt is None:
-        save_on_every_rank(comm, save_checkpoint, logdir, 0, 0, -1., policy, workers, comm)
         return 0, 0, -1., []
+    restore_agent(policy, ckpt, plan.checkpoint_path)
     for worker, n_episodes in zip(workers, ckpt["n_episodes"]):
         worker.n_episodes = int(n_episodes)
     losses = restore_epoch_so_far(ckpt, workers[0])
@@ -185,44 +181,60 @@ def restore_run(plan, policy, workers, logdir, comm):
 
 
 class Bookkeeping:
-    """The bookkeeping of train()'s loop on one rank; restores a resumed run when made.
-    workers: (rollout_worker, evaluator); stop: what a first SIGINT/SIGTERM/SIGUSR1 sets `requested`
-    of (common/watchdog.py's Watchdog)."""
+    """The bookkeeping of train()'s loop on one rank; restores a resumed run's agent when made.
+    workers: (rollout_worker, evaluator); watchdog: common/watchdog.py's Watchdog, whose
+    `requested` a first SIGINT/SIGTERM/SIGUSR1 sets."""
 
-    def __init__(self, cfg, plan, policy, workers, comm, tracer, stop):
+    def __init__(self, cfg, plan, policy, workers, comm, tracer, watchdog):
         self.cfg, self.policy, self.workers, self.comm, self.tracer = (cfg, policy, workers,
                                                                        comm, tracer)
         self.rank0 = comm.Get_rank() == 0
         (self.start_epoch, self.start_cycle, self.best_success_rate,
-         self.start_losses) = restore_run(plan, policy, workers, cfg.logdir, comm)
+         self.start_losses) = restore_run(plan, policy, workers)
+        self.resumed = plan.checkpoint is not None
         self.logger = EpochLogger(cfg.logdir, enabled=self.rank0, start_epoch=self.start_epoch)
-        self.stop = stop
+        self.watchdog = watchdog
         self.screen = plan.log.screen
         self.draw_bar = self.rank0 and output_is_terminal(self.screen)
         self.losses, self.bar = [], None
 
+    def save_start(self):
+        """Collective: a new run saves a checkpoint of its state before any training, so that
+        a failure always has one to resume from (a resumed run has its own already)."""
+        if not self.resumed:
+            save_on_every_rank(self.comm, save_checkpoint, self.cfg.logdir, 0, 0, -1.,
+                               self.policy, self.workers, self.comm)
+
     def epochs(self):
-        """(epoch, its first cycle) of every epoch left: a resumed run starts mid-way."""
+        """(epoch, its first cycle) of every epoch left: a resumed run starts mid-way. Each
+        epoch's cycles get a progress bar (on a terminal) and `losses` (its (critic, actor)
+        losses so far)."""
         for epoch in range(self.start_epoch, self.cfg.n_epochs):
             first_cycle = self.start_cycle if epoch == self.start_epoch else 0
             self.losses = list(self.start_losses) if first_cycle > 0 else []
             self.t_start = time.time()
+            self.bar = tqdm(total=self.cfg.n_cycles, initial=first_cycle, desc=f"epoch {epoch}",
+                            unit="cycle", leave=False, file=self.screen,
+                            disable=not self.draw_bar)
             yield epoch, first_cycle
 
-    def cycles(self, epoch, first_cycle):
-        """Yields the epoch's list of (critic, actor) losses once per cycle left; after each
-        cycle, every rank checks with the others whether to stop (stop_safely_if_needed)."""
-        self.bar = tqdm(total=self.cfg.n_cycles, initial=first_cycle, desc=f"epoch {epoch}",
-                        unit="cycle", leave=False, file=self.screen, disable=not self.draw_bar)
-        for cycle in range(first_cycle, self.cfg.n_cycles):
-            with self.tracer.cycle(epoch, cycle):
-                yield self.losses
-                stop_safely_if_needed(self.losses, self.stop, epoch, cycle,
-                                      self.best_success_rate, self.policy, self.workers,
-                                      self.cfg.logdir, self.comm)
-            self.bar.update()
-            self.report_progress(epoch, cycle + 1)
-        self.close()
+    @contextlib.contextmanager
+    def cycle(self, epoch, cycle):
+        """Around one cycle: --trace records it; once it is over, the bar (or a progress line)
+        moves on, and after the epoch's last cycle the bar leaves the screen."""
+        with self.tracer.cycle(epoch, cycle):
+            yield
+        self.bar.update()
+        self.report_progress(epoch, cycle + 1)
+        if cycle + 1 == self.cfg.n_cycles:
+            self.close()
+
+    def stop_safely_if_needed(self, epoch, cycle):
+        """Collective, after every cycle: all ranks learn whether any saw a stop signal or a
+        non-finite value, and all stop (saving, or not: common/checkpoint.py) or none does."""
+        stop_safely_if_needed(self.losses, self.watchdog, epoch, cycle,
+                              self.best_success_rate, self.policy, self.workers,
+                              self.cfg.logdir, self.comm)
 
     def report_progress(self, epoch, cycles_done):
         """Where no bar is drawn (a file, a pipe: a Slurm job's output), rank 0 prints a short
@@ -236,7 +248,8 @@ class Bookkeeping:
               file=self.screen, flush=True)
 
     def end_epoch(self, epoch):
-        """The epoch's progress.csv row, then the policies and every rank's checkpoint."""
+        """Collective: the epoch's progress.csv row (test figures and losses averaged over
+        ranks), then the policies and every rank's checkpoint."""
         rollout_worker, evaluator = self.workers
         success_rate = mpi_average(evaluator.current_success_rate(), self.comm)
         row = epoch_logs(epoch, success_rate, self.losses, self.policy, rollout_worker,

@@ -149,7 +149,9 @@ def config_for(args):
         path = os.path.join(args.resume, "config.json")
         try:
             with open(path) as f:
-                cfg = Config(**json.load(f))
+                saved = json.load(f)
+            saved.pop("n_ranks", None)  # what ran it, not a setting: this launch's decides
+            cfg = Config(**saved)
         except FileNotFoundError:
             raise UsageError(f"--resume {args.resume}: no config.json there; "
                              "give the run directory that train.py wrote") from None

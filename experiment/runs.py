@@ -1,6 +1,6 @@
 """Run folders read and summarised over seeds: what the figures and tables of plot.py draw on.
 
-A run folder is what train.py writes: config.json (its Config) and progress.csv (a row per
+A run folder is what train.py writes: config.json (its Config and n_ranks) and progress.csv (a row per
 epoch, from 0: row e is written after e + 1 epochs). The seeds of one (env, MPI ranks, num_env,
 run_variant) are one group; a group's summaries are per epoch over the seeds that reached it.
 A run also knows its folder and when it started (log.txt's first line), so that two starts of
@@ -25,9 +25,7 @@ def read_run(run_dir):
         rows = list(csv.DictReader(f))
     if not rows:
         raise ValueError(f"{run_dir}/progress.csv has no epochs yet")
-    # total/episodes counts all ranks: after epoch e it is (e+1) * n_cycles * num_env * n_ranks
-    episodes_per_rank = (int(rows[0]["epoch"]) + 1) * cfg["n_cycles"] * cfg["num_env"]
-    n_ranks = int(rows[0]["total/episodes"]) // episodes_per_rank
+    n_ranks = cfg.get("n_ranks") or ranks_from_episodes(cfg, rows[0])  # older runs lack it
     T = int(rows[0]["total/timesteps"]) // int(rows[0]["total/episodes"])
     def column(key, kind=float):
         return np.array([kind(row[key]) for row in rows])
@@ -40,6 +38,13 @@ def read_run(run_dir):
                 episodes=column("total/episodes"), steps=column("total/timesteps"),
                 epoch_s=epoch_s,
                 hours=np.cumsum(epoch_s) / 3600.)  # training time only: not the pauses between
+
+
+def ranks_from_episodes(cfg, row):
+    """The number of ranks of a run whose config.json does not record it: total/episodes counts
+    all ranks, after epoch e (e+1) * n_cycles * num_env * n_ranks."""
+    episodes_per_rank = (int(row["epoch"]) + 1) * cfg["n_cycles"] * cfg["num_env"]
+    return int(row["total/episodes"]) // episodes_per_rank
 
 
 def run_started(run_dir):

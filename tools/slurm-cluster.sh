@@ -61,7 +61,7 @@ install_if_missing() {
 write_config() {
   local node cpus
   node=$(hostname -s)
-  cpus=$(nproc)
+  cpus=$(env -u OMP_NUM_THREADS nproc)  # nproc obeys OMP_NUM_THREADS, which runs set to 1
   # Job ids new to this machine: MPICH names its shared memory after the job and step, and a
   # segment that a killed job 1.0 of an earlier cluster left in /dev/shm would be joined by
   # this cluster's job 1.0 (MPI_Init then fails: "Message truncated", or UCX's "failed to
