@@ -6,8 +6,9 @@ reason where it cannot be made) runs the recipe of the MPI the suite runs under:
   (b) scancel mid-epoch: the checkpoint is saved within Slurm's KillWait, the line is in the
       job's output, and --resume goes on (MPICH: srun passes SIGTERM on to the ranks; Open
       MPI's mpirun aborts on SIGTERM, so there the test stops it the way usage.md says);
-  (c) a job longer than its time limit finishes by itself: the signal before the limit, a
-      save, a requeue, a resume, and its progress.csv and policies equal (a)'s, bit for bit;
+  (c) a job longer than its time limit finishes by itself: the signal before the limit (the
+      limit cut short once the run has a checkpoint), a save, a requeue, a resume, and its
+      progress.csv and policies equal (a)'s, bit for bit;
   (d) plain `srun -n 2` (two one-rank copies) is refused with one line and writes nothing.
 
 Run: `python -m pytest -q tests/test_slurm.py` (from the repository's root, as root).
@@ -24,7 +25,7 @@ from tests.helpers import (ROOT, arrays_of, assert_same_arrays, assert_same_prog
                            hang_guard, mpi_family, read_progress, remove_orphans_of_job,
                            run_cmd, shm_entries, train_cmd)
 
-REACH = ("--num_env", "2", "--n_epochs", "3", "--seed", "1")  # FetchReach-v4, 10 cycles
+REACH = ("--num_env", "2", "--n_epochs", "4", "--seed", "1")  # FetchReach-v4, 10 cycles
 LONG = ("--num_env", "2", "--n_epochs", "20", "--n_cycles", "5", "--n_batches", "20",
         "--n_test_rollouts", "1", "--seed", "4")
 
@@ -81,6 +82,10 @@ def wait_for_job(env, job, timeout):
     return dict(re.findall(r"(\w+)=(\S+)", shown))
 
 
+def scontrol(env, *args):
+    subprocess.run(["scontrol", *args], env=env, check=True, timeout=60)
+
+
 @pytest.fixture(scope="module")
 def reach_job(cluster, tmp_path_factory):
     """(a)'s run: the recipe, no time limit."""
@@ -100,7 +105,7 @@ class TestSlurm:
         family = "Open MPI" if mpi_family() == "Open MPI" else "MPICH"
         assert re.search(rf"^MPI: {family} .*2 rank\(s\)", out, re.M), out[-3000:]
         success = [float(r["test/success_rate"]) for r in read_progress(run)]
-        assert len(success) == 3 and success[-1] >= 0.5 > success[0], success
+        assert len(success) == 4 and success[-1] >= 0.5 > success[0], success
 
     @pytest.mark.slow
     def test_scancel_mid_epoch_saves_and_resume_goes_on(self, cluster, tmp_path):
@@ -128,9 +133,21 @@ class TestSlurm:
                                                                        reach_job, tmp_path):
         straight = reach_job[0]
         run = str(tmp_path / "requeued")
-        job, output = sbatch(cluster, run, "--time=1", "--signal=B:USR1@40", "--requeue",
+        job, output = sbatch(cluster, run, "--time=10", "--signal=B:USR1@60", "--requeue",
                              train_args=REACH)
-        shown = wait_for_job(cluster, job, 1800)
+        with hang_guard(600):  # train.py has started: it takes the signal from here on
+            while not os.path.exists(output) or "\nMPI: " not in open(output).read():
+                time.sleep(1)
+        # Its limit cut to 2 minutes: the job is now within the signal's 60 s of it, and Slurm
+        # sends it at its next check of the limits (every 30 s), before the run could end. (A
+        # limit that short from the submission made the signal come during train.py's start-up,
+        # start after start: sbatch(1) says it may come up to 60 s early.)
+        scontrol(cluster, "update", f"JobId={job}", "TimeLimit=2")
+        with hang_guard(300):
+            while "requeued, the next start resumes" not in open(output).read():
+                time.sleep(1)
+        scontrol(cluster, "update", f"JobId={job}", "TimeLimit=10")  # the next start finishes
+        shown = wait_for_job(cluster, job, 900)
         out = open(output).read()
         assert shown["JobState"] == "COMPLETED" and int(shown["Restarts"]) >= 1, out[-3000:]
         assert "requeued, the next start resumes" in out and "resuming" in out, out[-3000:]
