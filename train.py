@@ -32,7 +32,7 @@ from common.errors import EXIT_CODES
 from common.files import set_policy_from_file
 from common.goal_env import build_venv
 from common.launch import check_launch, mpi_library
-from common.mpi_util import one_blas_thread, run_on_every_rank
+from common.mpi_util import ObservedComm, one_blas_thread, run_on_every_rank
 from common.tracing import Tracer
 from common.watchdog import Watchdog
 from config import Config
@@ -114,7 +114,10 @@ def main(argv=None):
     # (the limit until rank 0's configuration has come: the flag's or the default).
     watchdog = Watchdog(Config.mpi_timeout if args.mpi_timeout is None else args.mpi_timeout)
     tracer = Tracer(args.trace)
-    comm = tracer.wrap_comm(watchdog.wrap_comm(MPI.COMM_WORLD))  # --trace records every call
+    # One proxy: the watchdog times every collective call, and with --trace the tracer records
+    # it; the watchdog's own Abort goes to MPI directly, the trace's own gather is timed too.
+    comm = ObservedComm(MPI.COMM_WORLD, (watchdog, tracer))
+    watchdog.comm, tracer.comm = MPI.COMM_WORLD, comm
 
     def job():
         cfg = shared_config(args, comm)  # rank 0's, on every rank

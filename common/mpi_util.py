@@ -14,6 +14,7 @@ no process uses:
 Test: `python -m pytest -q tests/test_mpi_util.py`.
 """
 import array
+import dataclasses
 import fcntl
 import os
 import stat
@@ -26,6 +27,48 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 
 from common.errors import SaveError, UsageError
+
+
+@dataclasses.dataclass
+class CollectiveCall:
+    """One collective call as an ObservedComm's observers see it."""
+    name: str  # the communicator's method: "Allreduce", "Bcast", ...
+    frame: object  # the frame that made the call
+    args: tuple
+    kwargs: dict
+    start: float = 0.  # set by an observer that times it
+    done: bool = False  # the call returned (left() is also called when it raised)
+    result: object = None  # what it returned (lower-case, pickling calls: the object)
+
+
+class ObservedComm:
+    """An MPI communicator whose collective calls its observers see: each gets entering(call)
+    before the call and left(call) after it, also when it raised. train.py's observers are
+    common/watchdog.py's Watchdog (a time limit on every call) and common/tracing.py's Tracer
+    (--trace: a row per call); they only look, so nothing they do changes what is computed.
+    Every other attribute (Get_rank, Get_size) is the communicator's own."""
+    COLLECTIVE = ("Allreduce", "Bcast", "allgather", "bcast", "gather", "Abort")
+
+    def __init__(self, comm, observers):
+        self._comm, self._observers = comm, tuple(observers)
+
+    def __getattr__(self, name):
+        method = getattr(self._comm, name)
+        if name not in self.COLLECTIVE:
+            return method
+
+        def observed(*args, **kwargs):
+            call = CollectiveCall(name, sys._getframe(1), args, kwargs)  # 1: who called it
+            for observer in self._observers:
+                observer.entering(call)
+            try:
+                call.result = method(*args, **kwargs)
+                call.done = True
+                return call.result
+            finally:
+                for observer in reversed(self._observers):
+                    observer.left(call)
+        return observed
 
 
 def one_blas_thread():

@@ -2,9 +2,10 @@
 
 No baselines counterpart (baselines logs scalars per epoch). It shows what crosses between the
 ranks whose gradients are summed before every update (Plappert et al. 2018, Sec. 2.2) and
-between each rank and its env processes: train.py wraps the communicator (TracedComm) and the
-ends of the vec env's pipes (TracedPipe) where it creates them, so the learning code is
-unchanged; with N = 0 nothing is wrapped. The trace holds the setup, the first N cycles and what
+between each rank and its env processes: the Tracer observes the communicator (one of
+mpi_util.ObservedComm's observers, as the watchdog is) and wraps the ends of the vec env's pipes
+(TracedPipe) where train.py creates them, so the learning code is unchanged; with N = 0 it
+records nothing and no pipe is wrapped. The trace holds the setup, the first N cycles and what
 ran between them. Each rank writes <logdir>/trace/rank<r>.csv (COLUMNS); rank 0 gathers all
 rows (the CSVs may be on other machines' disks), prints a table of call sites and writes
 trace.json in the Chrome trace event format (ui.perfetto.dev, chrome://tracing).
@@ -76,7 +77,7 @@ class Tracer:
         self.rows = []  # tuples in COLUMNS order, without the rank
         self.phase, self.epoch, self.cycle_in_epoch = "setup", "", ""
         self.cycles_done = 0
-        self.comm = self.folder = None
+        self.comm = self.folder = None  # comm: the communicator finish() gathers through
 
     def write_to(self, folder):
         """Where finish() writes rank<r>.csv: <logdir>/trace, once the log dir exists."""
@@ -86,10 +87,6 @@ class Tracer:
     def folders(self):
         """The log-dir folders a traced run writes to (bookkeeping.make_logdir creates them)."""
         return ("trace",) if self.n_cycles else ()
-
-    def wrap_comm(self, comm):
-        self.comm = comm  # the tracer's own gather at the end goes through the real one
-        return TracedComm(comm, self) if self.n_cycles else comm
 
     def wrap_venv(self, venv):
         if self.n_cycles and hasattr(venv, "remotes"):  # DummyVecEnv has no pipes
@@ -102,6 +99,18 @@ class Tracer:
         if self.recording:
             self.rows.append((kind, call, site, peer, elements, bytes_sent, bytes_received,
                               self.phase, self.epoch, self.cycle_in_epoch, start, duration))
+
+    def entering(self, call):
+        """Before each collective call (mpi_util.ObservedComm)."""
+        call.start = self.clock()
+
+    def left(self, call):
+        """After it: a row, if it returned while the trace records (its own calls in finish()
+        come after recording stopped)."""
+        if self.recording and call.done:
+            elements, sent, received = call_sizes(call, self.comm.Get_rank())
+            self.record("mpi", call.name, caller_site(call.frame), "all ranks", elements, sent,
+                        received, call.start, self.clock() - call.start)
 
     @contextlib.contextmanager
     def cycle(self, epoch, cycle):
@@ -153,53 +162,24 @@ def write_if_any(path, text):
         atomic_write_text(path, text)
 
 
-class TracedComm:
-    """An MPI communicator whose Tracer records each collective call the code makes; every
-    other attribute (Get_rank, Get_size) is the communicator's own."""
-
-    def __init__(self, comm, tracer):
-        self._comm, self._tracer = comm, tracer
-
-    def __getattr__(self, name):
-        return getattr(self._comm, name)
-
-    def _call(self, name, elements, sent, received, *args, **kwargs):
-        """received=None: the pickled size of what the call returns."""
-        site = caller_site(sys._getframe(2))  # who called Allreduce, Bcast, ...
-        start = self._tracer.clock()
-        result = getattr(self._comm, name)(*args, **kwargs)
-        if received is None:
-            received = pickled_size(result) if result is not None else 0
-        self._tracer.record("mpi", name, site, "all ranks", elements, sent, received, start,
-                            self._tracer.clock() - start)
-        return result
-
-    def _is_root(self, args, kwargs):
-        return self._comm.Get_rank() == kwargs.get("root", args[0] if args else 0)
-
-    # Buffer calls (capitalised, as mpi4py names them): the array goes as it is.
-    def Allreduce(self, sendbuf, recvbuf, *args, **kwargs):
-        elements, n_bytes = buffer_size(sendbuf)
-        return self._call("Allreduce", elements, n_bytes, n_bytes, sendbuf, recvbuf, *args,
-                          **kwargs)
-
-    def Bcast(self, buf, *args, **kwargs):
-        elements, n_bytes = buffer_size(buf)
-        root = self._is_root(args, kwargs)  # the root sends the array, the others receive it
-        return self._call("Bcast", elements, n_bytes if root else 0, 0 if root else n_bytes,
-                          buf, *args, **kwargs)
-
-    def Abort(self, *args):
-        return self._call("Abort", "", 0, 0, *args)
-
-    # Object calls (lower case): mpi4py pickles the object.
-    def allgather(self, obj):
-        return self._call("allgather", "", pickled_size(obj), None, obj)
-
-    def bcast(self, obj, *args, **kwargs):
-        root = self._is_root(args, kwargs)
-        return self._call("bcast", "", pickled_size(obj) if root else 0, 0 if root else None,
-                          obj, *args, **kwargs)
+def call_sizes(call, rank):
+    """(elements, bytes sent, bytes received) of one collective call on this rank: buffer calls
+    (capitalised, as mpi4py names them) send the array as it is, object calls (lower case) the
+    pickled object; a broadcast's root only sends, the other ranks only receive."""
+    args, kwargs = call.args, call.kwargs
+    if call.name == "Abort":
+        return "", 0, 0
+    if call.name == "Allreduce":
+        elements, n_bytes = buffer_size(args[0])
+        return elements, n_bytes, n_bytes
+    is_root = rank == kwargs.get("root", args[1] if len(args) > 1 else 0)
+    if call.name == "Bcast":
+        elements, n_bytes = buffer_size(args[0])
+        return elements, (n_bytes if is_root else 0), (0 if is_root else n_bytes)
+    sent, received = pickled_size(args[0]), pickled_size(call.result)
+    if call.name == "bcast":
+        return "", (sent if is_root else 0), (0 if is_root else received)
+    return "", sent, (received if call.result is not None else 0)  # allgather, gather
 
 
 class TracedPipe:

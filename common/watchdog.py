@@ -4,8 +4,9 @@ No baselines counterpart: baselines and the PyTorch port wait for ever, and so d
 has no time limit. A rank blocked in a collective (a peer stopped or hung, a host lost with its
 wire) runs no Python code, signal handlers included, until the call returns. So one thread per
 rank, the watchdog, does what the main thread cannot while it waits:
-  * it times the collective call the rank is in (WatchedComm wraps the communicator, as
-    --trace's TracedComm does, and only watches: nothing it does changes what is computed).
+  * it times the collective call the rank is in (it observes the communicator through
+    mpi_util.ObservedComm, as --trace's Tracer does, and only watches: nothing it does changes
+    what is computed).
     After WARN_FRACTION of --mpi_timeout it prints one warning line; after --mpi_timeout
     seconds it prints one line naming the call, kills this rank's env processes and aborts the
     job (MPI_Abort), so every rank on every host exits. Time this process spent suspended
@@ -43,14 +44,10 @@ class Watchdog:
         self.limit_s, self.prog = limit_s, prog
         self.requested = False  # a first stop signal asked to stop after this cycle
         self.logdir = None  # named in the second signal's line, once known
-        self.comm = None  # the communicator MPI_Abort ends the job through
+        self.comm = None  # the communicator MPI_Abort ends the job through (not observed)
         self._call = None  # [frame of the caller, call name, seconds waited, warned]
         self._lock = threading.Lock()
         self._thread = None
-
-    def wrap_comm(self, comm):
-        self.comm = comm
-        return WatchedComm(comm, self)
 
     def start(self):
         """Take the stop SIGNALS (main thread only: set_wakeup_fd's rule) and start watching."""
@@ -78,11 +75,13 @@ class Watchdog:
 
     # -------------------------------------------------- the main thread's side
 
-    def entering(self, frame, name):
-        with self._lock:
-            self._call = [frame, name, 0., False]
+    def entering(self, call):
+        """Before each collective call (mpi_util.ObservedComm); an Abort is not timed."""
+        if call.name != "Abort":
+            with self._lock:
+                self._call = [call.frame, call.name, 0., False]
 
-    def left(self):
+    def left(self, call):
         with self._lock:
             self._call = None
 
@@ -164,36 +163,3 @@ def describe_call(frame, name):
     site = caller_site(frame, skip=("tracing.py", "watchdog.py"))  # file:function
     file, _, function = site.partition(":")
     return f"{function}'s {name} ({file})"
-
-
-class WatchedComm:
-    """An MPI communicator whose collective calls the Watchdog times; every other attribute
-    (Get_rank, Get_size, Abort) is the communicator's own."""
-
-    def __init__(self, comm, watchdog):
-        self._comm, self._watchdog = comm, watchdog
-
-    def __getattr__(self, name):
-        return getattr(self._comm, name)
-
-    def _watched(self, name, *args, **kwargs):
-        self._watchdog.entering(sys._getframe(2), name)  # the caller of Allreduce, Bcast, ...
-        try:
-            return getattr(self._comm, name)(*args, **kwargs)
-        finally:
-            self._watchdog.left()
-
-    def Allreduce(self, *args, **kwargs):
-        return self._watched("Allreduce", *args, **kwargs)
-
-    def Bcast(self, *args, **kwargs):
-        return self._watched("Bcast", *args, **kwargs)
-
-    def allgather(self, *args, **kwargs):
-        return self._watched("allgather", *args, **kwargs)
-
-    def bcast(self, *args, **kwargs):
-        return self._watched("bcast", *args, **kwargs)
-
-    def gather(self, *args, **kwargs):
-        return self._watched("gather", *args, **kwargs)

@@ -16,7 +16,7 @@ import time
 import numpy as np
 
 from common import goal_env
-from common.mpi_util import one_blas_thread
+from common.mpi_util import ObservedComm, one_blas_thread
 from common.tracing import Tracer
 from config import Config
 from ddpg import DDPG
@@ -49,8 +49,9 @@ def bench_mpi():
 
 
 def bench_trace_cost(quick):
-    """Per rank, two FetchPush agents as bench_epoch builds them, one under Tracer(0) (train.py
-    without --trace: nothing wrapped), one under a Tracer recording every call. Collective:
+    """Per rank, two FetchPush agents as bench_epoch builds them, each on a communicator that
+    its Tracer observes: Tracer(0) records nothing (train.py without --trace), the other every
+    call. Collective:
     every rank trains both agents, cycle for cycle."""
     from mpi4py import MPI
     comm = MPI.COMM_WORLD
@@ -60,7 +61,8 @@ def bench_trace_cost(quick):
     agents, times = {}, {"untraced": [], "traced": []}  # per cycle; cycle 0 warms up
     for name, tracer in zip(times, (Tracer(0), Tracer(n_cycles + 1))):  # never finish()es
         rng = np.random.default_rng(cfg.seed + 1000000 * comm.Get_rank())  # as train.py
-        policy = DDPG(cfg, task, rng, tracer.wrap_comm(comm))  # [MPI]
+        tracer.comm = comm
+        policy = DDPG(cfg, task, rng, ObservedComm(comm, [tracer]))  # [MPI]
         venv = tracer.wrap_venv(goal_env.build_venv(cfg))
         agents[name] = (tracer, RolloutWorker(venv, policy, rng, noise_eps=cfg.noise_eps,
                                               random_eps=cfg.random_eps))

@@ -154,6 +154,7 @@ class TestWatchdog:
         script.write_text(textwrap.dedent(f"""\
             import os, sys, time
             sys.path.insert(0, {ROOT!r})
+            from common.mpi_util import ObservedComm
             from common.watchdog import Watchdog
 
             class NeverComm:
@@ -170,7 +171,8 @@ class TestWatchdog:
                 comm.Allreduce(None, None)  # [MPI] a fake communicator's, never returning
 
             watchdog = Watchdog(4.0)
-            comm = watchdog.wrap_comm(NeverComm())
+            watchdog.comm = NeverComm()
+            comm = ObservedComm(watchdog.comm, [watchdog])
             watchdog.start()
             print("waiting", flush=True)
             mpi_adam_update(comm)
