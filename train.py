@@ -31,7 +31,7 @@ from common.cli import parse_train_args, shared_config
 from common.errors import EXIT_CODES
 from common.files import set_policy_from_file
 from common.goal_env import build_venv
-from common.launch import check_launch, mpi_library
+from common.launch import check_launch, mpi_library, start_mpi
 from common.mpi_util import ObservedComm, one_blas_thread, run_on_every_rank
 from common.tracing import Tracer
 from common.watchdog import Watchdog
@@ -104,7 +104,7 @@ def main(argv=None):
     # mpi4py is imported here, not at the top: importing it initialises MPI, and every env
     # process re-imports this file (`spawn` runs it as __mp_main__), where a top-level import
     # would initialise MPI as a second copy of its rank, which hangs the job.
-    from mpi4py import MPI
+    MPI = start_mpi()  # (under Open MPI a job of one leaves no shared memory behind)
     # N copies of a one-rank job (a launcher whose PMI this MPI does not speak) end here, each
     # before it writes anything, with one line from the first of them.
     wrong = check_launch(MPI.COMM_WORLD.Get_size(), mpi_library())

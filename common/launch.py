@@ -49,6 +49,26 @@ def launcher_rank(environ=os.environ):
     return launch.rank if launch else 0
 
 
+def start_mpi():
+    """Import mpi4py, which initialises MPI, and return its MPI module. A process that Open
+    MPI's mpirun did not start (`python train.py`, a job of one) is an Open MPI singleton, and
+    Open MPI 5 gives it a 16 MB shared-memory segment that it never removes, even after a clean
+    end (/dev/shm/sm_segment.*; measured with 5.0.11: one per run). A world of one talks only
+    to itself, so for the start its transport is restricted to `self` (the MCA parameter btl,
+    read once, in MPI_Init); the variable is gone again afterwards, so that an mpirun this
+    process starts (the tests do) is not told the same. MPICH reads no OMPI_* variable; a
+    value the user set is kept."""
+    restrict = "OMPI_COMM_WORLD_SIZE" not in os.environ and "OMPI_MCA_btl" not in os.environ
+    if restrict:
+        os.environ["OMPI_MCA_btl"] = "self"
+    try:
+        from mpi4py import MPI
+    finally:
+        if restrict:
+            del os.environ["OMPI_MCA_btl"]
+    return MPI
+
+
 def mpi_library():
     """The MPI library this process runs on, with its version: 'MPICH 5.0.2', 'Open MPI
     v5.0.11'. Imports mpi4py (which initialises MPI): never call it in an env process."""

@@ -5,10 +5,10 @@ job of N ranks (Plappert et al. 2018, Sec. 2.2, run 19) needs to log one number 
 together and clean up after itself. mpi4py is imported on first use (train.py's main says why).
 Every line that talks to other ranks carries the comment tag `[MPI]`.
 
-A job that ends in MPI_Abort (MPICH) or is killed by a signal (both MPIs) never unlinks its
-shared segments: /dev/shm/mpich_shm_* (about 1 MB per rank) or Open MPI's sm_segment.* (16 MB
-per rank; docs/faults.md). They stay until the machine reboots, or until this deletes those
-no process uses:
+A job that ends in MPI_Abort or is killed by a signal (MPICH), or whose mpirun is killed too
+(Open MPI), never unlinks its shared segments: /dev/shm/mpich_shm_* (about 1 MB per rank) or
+Open MPI's sm_segment.* (16 MB per rank; docs/faults.md). They stay until the machine
+reboots, or until this deletes those no process uses:
     python -c "from common import mpi_util; print(mpi_util.remove_orphaned_mpi_segments())"
 
 Test: `python -m pytest -q tests/test_mpi_util.py`.

@@ -16,6 +16,7 @@ import time
 import numpy as np
 
 from common import goal_env
+from common.launch import start_mpi
 from common.mpi_util import ObservedComm, one_blas_thread
 from common.tracing import Tracer
 from config import Config
@@ -27,8 +28,7 @@ from rollout import RolloutWorker
 def bench_mpi():
     """MpiAdam.update, its Allreduce alone and a DDPG.train() update, timed on every rank of
     the job. Collective: every rank makes the same calls."""
-    from mpi4py import MPI
-    comm = MPI.COMM_WORLD
+    comm = start_mpi().COMM_WORLD
     policy, _, _ = make_policy(comm, buffer_size=10_000, n_episodes=20)  # [MPI]
     adam = policy.Q_adam
     g = np.zeros(adam.size, np.float32)
@@ -53,8 +53,7 @@ def bench_trace_cost(quick):
     its Tracer observes: Tracer(0) records nothing (train.py without --trace), the other every
     call. Collective:
     every rank trains both agents, cycle for cycle."""
-    from mpi4py import MPI
-    comm = MPI.COMM_WORLD
+    comm = start_mpi().COMM_WORLD
     n_cycles = 3 if quick else 10
     cfg = Config(env=ENV, num_env=2)
     task = goal_env.describe_env(ENV)

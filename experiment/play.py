@@ -26,6 +26,7 @@ from common.cli import ArgumentParser, config_flags, make_config, validate_confi
 from common.errors import BadFileError, UsageError
 from common.files import atomic_file, load_policy_arrays, policy_on_task
 from common.goal_env import build_venv, check_policy_fits, describe_env
+from common.launch import start_mpi
 from common.mpi_util import (mpi_average, one_blas_thread, raise_if_any_rank_failed,
                              run_on_every_rank)
 from rollout import RolloutWorker
@@ -150,8 +151,7 @@ def main(argv=None):
         # first imported (it reads MUJOCO_GL once) and before env processes start (they
         # inherit it).
         os.environ["MUJOCO_GL"] = "egl"
-    from mpi4py import MPI  # here, not at the top: train.py's main says why
-    comm = MPI.COMM_WORLD
+    comm = start_mpi().COMM_WORLD  # here, not at the top: train.py's main says why
 
     def job():
         cfg = make_config(args)

@@ -114,11 +114,16 @@ def small_disk(folder, size):
         subprocess.run(["umount", str(folder)], check=True)
 
 
+class Hang(Exception):
+    """What hang_guard raises: not a TimeoutError, which is an OSError that a block waiting on
+    files (`except OSError: continue`) would swallow, and so loop on for ever."""
+
+
 @contextlib.contextmanager
 def hang_guard(seconds):
     """Fail (instead of hanging the suite) if the block does not finish in `seconds`."""
     def on_alarm(signum, frame):
-        raise TimeoutError(f"block did not finish within {seconds}s")
+        raise Hang(f"block did not finish within {seconds}s")
     old = signal.signal(signal.SIGALRM, on_alarm)
     signal.alarm(seconds)
     try:

@@ -315,7 +315,6 @@ class TestCheckpoint:
 
     def test_nonfinite_parameters_are_caught_even_when_the_losses_were_finite(self, tmp_path):
         """The last update of a cycle can make the weights NaN after its loss was computed."""
-        from mpi4py import MPI
 
         class NotInterrupted:
             requested = False
@@ -323,7 +322,7 @@ class TestCheckpoint:
         policy.main.Q.theta[5] = np.inf
         try:
             checkpoint.stop_safely_if_needed([(0.1, 0.2)] * 3, NotInterrupted(), 2, 7, 0.5, policy, (),
-                                        str(tmp_path), MPI.COMM_WORLD)
+                                        str(tmp_path), ONE_RANK)
             raise AssertionError("non-finite critic parameters were not caught")
         except errors.NonFiniteError as e:
             assert "non-finite critic parameters in epoch 2, cycle 7" in str(e)

@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 
 from common import mpi_util
+from common.launch import start_mpi
 from common.one_rank import ONE_RANK
 from tests.helpers import (ROOT, TINY_RUN, hang_guard, mpi_family, mpirun_args,
                            remove_orphans_of_job, run_cmd, shm_entries, train_cmd)
@@ -32,11 +33,13 @@ from tests.helpers import (ROOT, TINY_RUN, hang_guard, mpi_family, mpirun_args,
 
 def orphans_of_a_dead_job(before):
     """Run a 2-rank job that dies without cleaning up; return the segments it left behind.
-    MPICH's MPI_Abort leaves its one segment; Open MPI's removes them, so there both ranks
-    are killed (SIGKILL), which leaves one segment per rank."""
+    MPICH's MPI_Abort leaves its one segment. Open MPI removes them in MPI_Abort, and its
+    mpirun removes those of ranks that were killed; a job whose mpirun is killed too (kill -9,
+    a lost machine) leaves one per rank: rank 0 kills mpirun, then each rank itself."""
     if mpi_family() == "Open MPI":
-        code = ("import os, signal; from mpi4py import MPI; c = MPI.COMM_WORLD; c.Barrier(); "
-                "os.kill(os.getpid(), signal.SIGKILL)")
+        code = ("import os, signal, time; from mpi4py import MPI; c = MPI.COMM_WORLD; "
+                "c.Barrier(); c.Get_rank() == 0 and os.kill(os.getppid(), signal.SIGKILL); "
+                "time.sleep(1); os.kill(os.getpid(), signal.SIGKILL)")
     else:
         code = ("from mpi4py import MPI; c = MPI.COMM_WORLD; c.Barrier(); "
                 "c.Abort(1) if c.Get_rank() == 1 else c.Barrier()")
@@ -141,8 +144,7 @@ class TestOneRank:
     """common/one_rank.py; the algorithm files' imports."""
 
     def test_one_rank_answers_as_comm_world_of_one_process(self):
-        from mpi4py import MPI  # a singleton world: this process alone
-        world = MPI.COMM_WORLD
+        world = start_mpi().COMM_WORLD  # a singleton world: this process alone
         assert world.Get_size() == 1
         for comm in (world, ONE_RANK):
             assert (comm.Get_rank(), comm.Get_size()) == (0, 1)
