@@ -101,10 +101,7 @@ def learn(cfg, plan, comm, tracer, watchdog):
 def main(argv=None):
     one_blas_thread()  # before any env process starts: they inherit it
     args = parse_train_args(argv)
-    # mpi4py is imported here, not at the top: importing it initialises MPI, and every env
-    # process re-imports this file (`spawn` runs it as __mp_main__), where a top-level import
-    # would initialise MPI as a second copy of its rank, which hangs the job.
-    MPI = start_mpi()  # (under Open MPI a job of one leaves no shared memory behind)
+    MPI = start_mpi()  # here, not at the top: launch.start_mpi says why
     # N copies of a one-rank job (a launcher whose PMI this MPI does not speak) end here, each
     # before it writes anything, with one line from the first of them.
     wrong = check_launch(MPI.COMM_WORLD.Get_size(), mpi_library())

@@ -14,7 +14,7 @@ Deviations from baselines (1, 3, 31 and 32 in docs/deviations.md):
   * step() returns gymnasium's done = terminated or truncated, and the per-env info dicts.
   * Env processes are started with `spawn` and never import mpi4py: a forked child would share
     its rank's MPI state, which MPI does not allow, and a spawned one re-imports the main
-    script, which must not initialise MPI a second time (train.py's main says why).
+    script, which must not initialise MPI a second time (launch.start_mpi says why).
   * Refused, in one line: actions not of shape (num_envs, dim_u) or not numbers, a call out of
     turn (reset, step_async or get_images with a step pending, step_wait with none), an
     observation not of its space's dtype and shape (baselines' ShmemVecEnv casts it), and

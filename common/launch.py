@@ -50,7 +50,10 @@ def launcher_rank(environ=os.environ):
 
 
 def start_mpi():
-    """Import mpi4py, which initialises MPI, and return its MPI module. A process that Open
+    """Import mpi4py, which initialises MPI, and return its MPI module. Called inside main(),
+    never at the top of an entry point: every env process re-imports the entry point's file
+    (`spawn` runs it as __mp_main__), where a top-level import would initialise MPI as a second
+    copy of its rank, which hangs the job. A process that Open
     MPI's mpirun did not start (`python train.py`, a job of one) is an Open MPI singleton, and
     Open MPI 5 gives it a 16 MB shared-memory segment that it never removes, even after a clean
     end (/dev/shm/sm_segment.*; measured with 5.0.11: one per run). A world of one talks only

@@ -2,7 +2,7 @@
 
 Mirrors openai/baselines `common/mpi_util.py` and `common/mpi_moments.py` (mpi_average): what a
 job of N ranks (Plappert et al. 2018, Sec. 2.2, run 19) needs to log one number per epoch, stop
-together and clean up after itself. mpi4py is imported on first use (train.py's main says why).
+together and clean up after itself. mpi4py is imported on first use (launch.start_mpi says why).
 Every line that talks to other ranks carries the comment tag `[MPI]`.
 
 A job that ends in MPI_Abort or is killed by a signal (MPICH), or whose mpirun is killed too

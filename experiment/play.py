@@ -151,7 +151,7 @@ def main(argv=None):
         # first imported (it reads MUJOCO_GL once) and before env processes start (they
         # inherit it).
         os.environ["MUJOCO_GL"] = "egl"
-    comm = start_mpi().COMM_WORLD  # here, not at the top: train.py's main says why
+    comm = start_mpi().COMM_WORLD  # here, not at the top: launch.start_mpi says why
 
     def job():
         cfg = make_config(args)
