@@ -5,7 +5,7 @@
     mpi_util.py     MPI helpers: averages for the logs, agreeing on errors, ending a job
     errors.py       the errors reported as one line and an exit code
     files.py        atomic writes, pickle-free .npz reading, policy files, the demo file
-    checkpoint.py   checkpoints and resume, stopping safely
+    checkpoint.py   checkpoints and resume
     logger.py       progress.csv, the epoch table, log.txt
     bookkeeping.py  a rank's setup, and the bookkeeping around train()'s loop
     tracing.py      --trace: every message between processes, measured

@@ -4,7 +4,7 @@ Mirrors what openai/baselines `her/her.py` (learn) and `her/experiment/train.py`
 algorithm: check the input, make the log dir, write the policies. Added here (baselines has
 none of it): every rank agrees on bad input before anything collective can hang, resumes
 from its checkpoint (deviation 10 of docs/deviations.md), writes log.txt, draws a progress
-bar, and stops safely once per cycle (common/checkpoint.py).
+bar, and stops safely once per cycle.
 
 prepare_run() is the setup before the agent exists; Bookkeeping is what train() calls: epochs()
 (where a resumed run starts), cycle() (the trace, the bar), stop_safely_if_needed() (the stop
@@ -22,11 +22,11 @@ import time
 import numpy as np
 from tqdm import tqdm
 
-from common.checkpoint import (checkpoint_positions, common_position, read_checkpoint,
-                               restore_agent, restore_epoch_so_far, save_checkpoint,
-                               stop_safely_if_needed)
+from common.checkpoint import (checkpoint_positions, common_position, nonfinite_names,
+                               read_checkpoint, restore_agent, restore_epoch_so_far,
+                               save_checkpoint)
 from common.cli import parse_reward_range
-from common.errors import BadFileError, UsageError
+from common.errors import BadFileError, Interrupted, NonFiniteError, UsageError
 from common.files import atomic_write_text, load_demos, load_policy_arrays, save_policy
 from common.goal_env import GoalTask, check_policy_fits, describe_env
 from common.launch import describe_job
@@ -230,11 +230,32 @@ class Bookkeeping:
             self.close()
 
     def stop_safely_if_needed(self, epoch, cycle):
-        """Collective, after every cycle: all ranks learn whether any saw a stop signal or a
-        non-finite value, and all stop (saving, or not: common/checkpoint.py) or none does."""
-        stop_safely_if_needed(self.losses, self.watchdog, epoch, cycle,
-                              self.best_success_rate, self.policy, self.workers,
-                              self.cfg.logdir, self.comm)
+        """Collective, after every cycle: all ranks learn whether any saw a stop signal
+        (common/watchdog.py takes them) or a non-finite loss or weight, and all stop after
+        this same cycle or none does, instead of one rank leaving the others waiting in an
+        Allreduce for ever. On a signal every rank saves first; on a non-finite value nothing
+        is saved: the checkpoint from before this epoch is the last good one."""
+        bad = nonfinite_names(self.losses, self.policy)
+        statuses = self.comm.allgather((self.watchdog.requested, bad))  # [MPI]
+        nonfinite = [(rank, names) for rank, (_, names) in enumerate(statuses) if names]
+        logdir = self.cfg.logdir
+        if nonfinite:
+            rank, names = nonfinite[0]
+            raise NonFiniteError(f"non-finite {' and '.join(names)} in epoch {epoch}, cycle "
+                                 f"{cycle} (rank {rank}); training stopped; the last good "
+                                 f"checkpoint, from before this epoch, is in {logdir} (--resume)")
+        if any(requested for requested, _ in statuses):
+            save_on_every_rank(self.comm, self.save_interrupted, epoch, cycle)  # [MPI]
+            raise Interrupted(f"interrupted in epoch {epoch} after cycle {cycle}: saved "
+                              f"policy_latest.npz and checkpoint/ in {logdir}; continue with "
+                              f"--resume {logdir}")
+
+    def save_interrupted(self, epoch, cycle):
+        """This rank's checkpoint after `cycle`, then (rank 0) policy_latest.npz."""
+        save_checkpoint(self.cfg.logdir, epoch, cycle + 1, self.best_success_rate,
+                        self.policy, self.workers, self.comm, self.losses)
+        if self.rank0:
+            save_policy(self.policy, os.path.join(self.cfg.logdir, "policy_latest.npz"))
 
     def report_progress(self, epoch, cycles_done):
         """Where no bar is drawn (a file, a pipe: a Slurm job's output), rank 0 prints a short
@@ -250,47 +271,48 @@ class Bookkeeping:
     def end_epoch(self, epoch):
         """Collective: the epoch's progress.csv row (test figures and losses averaged over
         ranks), then the policies and every rank's checkpoint."""
+        epoch_s = time.time() - self.t_start
+        row = self.epoch_row(epoch, epoch_s)  # [MPI] 5 averages over ranks
+        is_best = row["test/success_rate"] >= self.best_success_rate
+        self.best_success_rate = max(self.best_success_rate, row["test/success_rate"])
+        save_on_every_rank(self.comm, self.save_epoch, epoch, row, is_best)  # [MPI]
+
+    def epoch_row(self, epoch, epoch_s):
+        """Collective: one progress.csv row, test figures averaged over ranks, totals over all
+        ranks."""
         rollout_worker, evaluator = self.workers
-        success_rate = mpi_average(evaluator.current_success_rate(), self.comm)
-        row = epoch_logs(epoch, success_rate, self.losses, self.policy, rollout_worker,
-                         evaluator, time.time() - self.t_start, self.comm)
-        is_best = success_rate >= self.best_success_rate
-        self.best_success_rate = max(self.best_success_rate, success_rate)
-        save_on_every_rank(self.comm, save_epoch, self.cfg, epoch, row, is_best,
-                           self.best_success_rate, self.logger, self.policy, self.workers,
-                           self.comm)
+        comm, n_ranks, T = self.comm, self.comm.Get_size(), self.policy.T
+        critic_loss, actor_loss = np.mean(self.losses, axis=0) if self.losses else (np.nan,
+                                                                                     np.nan)
+        return {"epoch": epoch,
+                "test/success_rate": mpi_average(evaluator.current_success_rate(), comm),  # [MPI]
+                "test/mean_Q": mpi_average(evaluator.current_mean_Q(), comm),  # [MPI]
+                "train/success_rate": mpi_average(rollout_worker.current_success_rate(),
+                                                  comm),  # [MPI]
+                "train/critic_loss": mpi_average(critic_loss, comm),  # [MPI]
+                "train/actor_loss": mpi_average(actor_loss, comm),  # [MPI]
+                **self.policy.logs(),
+                "total/episodes": rollout_worker.n_episodes * n_ranks,
+                "total/timesteps": rollout_worker.n_episodes * n_ranks * T,
+                "time/epoch_s": epoch_s}
+
+    def save_epoch(self, epoch, row, is_best):
+        """The epoch's progress.csv row, the policies, then this rank's checkpoint: if anything
+        before it fails, the run resumes at this epoch's start and logs its row again."""
+        self.logger.dump(row)
+        logdir = self.cfg.logdir
+        if self.rank0:  # ranks hold identical weights, so rank 0 alone writes them
+            if is_best:
+                save_policy(self.policy, os.path.join(logdir, "policy_best.npz"))
+            save_policy(self.policy, os.path.join(logdir, "policy_latest.npz"))
+            interval = self.cfg.policy_save_interval
+            if interval > 0 and epoch % interval == 0:
+                save_policy(self.policy, os.path.join(logdir, f"policy_{epoch}.npz"))
+        save_checkpoint(logdir, epoch + 1, 0, self.best_success_rate, self.policy,
+                        self.workers, self.comm)
 
     def close(self):
         """Take the progress bar off the screen (also when a cycle raised)."""
         if self.bar is not None:
             self.bar.close()
             self.bar = None
-
-
-def epoch_logs(epoch, success_rate, losses, policy, rollout_worker, evaluator, epoch_s, comm):
-    """One progress.csv row: test figures averaged over ranks, totals over all ranks."""
-    n_ranks = comm.Get_size()
-    critic_loss, actor_loss = np.mean(losses, axis=0) if losses else (np.nan, np.nan)
-    return {"epoch": epoch,
-            "test/success_rate": success_rate,
-            "test/mean_Q": mpi_average(evaluator.current_mean_Q(), comm),
-            "train/success_rate": mpi_average(rollout_worker.current_success_rate(), comm),
-            "train/critic_loss": mpi_average(critic_loss, comm),
-            "train/actor_loss": mpi_average(actor_loss, comm),
-            **policy.logs(),
-            "total/episodes": rollout_worker.n_episodes * n_ranks,
-            "total/timesteps": rollout_worker.n_episodes * n_ranks * policy.T,
-            "time/epoch_s": epoch_s}
-
-
-def save_epoch(cfg, epoch, row, is_best, best, logger, policy, workers, comm):
-    """The epoch's progress.csv row, the policies, then every rank's checkpoint: if anything
-    before it fails, the run resumes at this epoch's start and logs its row again."""
-    logger.dump(row)
-    if comm.Get_rank() == 0:  # ranks hold identical weights, so rank 0 alone writes them
-        if is_best:
-            save_policy(policy, os.path.join(cfg.logdir, "policy_best.npz"))
-        save_policy(policy, os.path.join(cfg.logdir, "policy_latest.npz"))
-        if cfg.policy_save_interval > 0 and epoch % cfg.policy_save_interval == 0:
-            save_policy(policy, os.path.join(cfg.logdir, f"policy_{epoch}.npz"))
-    save_checkpoint(cfg.logdir, epoch + 1, 0, best, policy, workers, comm)

@@ -6,10 +6,8 @@ epoch's logs so far), one file per rank, written atomically (files.py) at the en
 and on Ctrl-C, with the one before it kept beside it: a resumed run equals the run that was
 never stopped, byte for byte.
 
-Stopping is collective: once per cycle every rank tells the others (one allgather) whether it
-was interrupted or saw a non-finite loss or weight, so all ranks stop at the same cycle instead
-of one leaving the others waiting in an Allreduce for ever. The signals themselves are taken by
-common/watchdog.py, which also ends the run at once on a second one.
+Stopping safely is Bookkeeping.stop_safely_if_needed's (common/bookkeeping.py); what it looks
+for in each rank's losses and weights is nonfinite_names' here.
 
 Test: `python -m pytest -q tests/test_checkpoint.py`.
 """
@@ -19,9 +17,8 @@ import os
 import numpy as np
 
 from ddpg import POLICY_KEYS
-from common.errors import Interrupted, NonFiniteError, UsageError
-from common.files import atomic_savez, load_npz, save_policy, set_policy_from_file
-from common.mpi_util import save_on_every_rank
+from common.errors import UsageError
+from common.files import atomic_savez, load_npz, set_policy_from_file
 
 CHECKPOINT_KEYS = POLICY_KEYS + ("epoch", "cycle", "n_ranks", "rng_json", "Q_adam/m",
                                  "log/train_success_history", "log/train_losses")
@@ -126,34 +123,12 @@ def read_checkpoint(path):
 
 # ---------------------------------------------------------------- stopping safely
 
-def save_interrupted(logdir, epoch, cycle, best, policy, workers, comm, losses):
-    """Every rank's checkpoint after `cycle`, then rank 0's policy_latest.npz."""
-    save_checkpoint(logdir, epoch, cycle + 1, best, policy, workers, comm, losses)
-    if comm.Get_rank() == 0:
-        save_policy(policy, os.path.join(logdir, "policy_latest.npz"))
-
-
-def stop_safely_if_needed(losses, stop, epoch, cycle, best, policy, workers, logdir, comm):
-    """Collective, once per cycle (see the module docstring); `losses`: the epoch's so far. On
-    a non-finite value nothing is saved: the checkpoint from before this epoch is the last good
-    one."""
+def nonfinite_names(losses, policy):
+    """The names of what is not finite: the epoch's (critic, actor) losses so far, and the
+    parameters, which the cycle's last update can turn non-finite after its loss was computed
+    (the epoch's checkpoint must not save such weights)."""
     critic_losses, actor_losses = np.transpose(losses)
-    # The parameters too: the cycle's last update can turn them non-finite after its loss
-    # was computed, and the epoch's checkpoint must not save such weights.
     quantities = {"train/critic_loss": critic_losses, "train/actor_loss": actor_losses,
                   "critic parameters": policy.main.Q.theta,
                   "actor parameters": policy.main.pi.theta}
-    bad = [name for name, values in quantities.items() if not np.all(np.isfinite(values))]
-    statuses = comm.allgather((stop.requested, bad))  # [MPI]
-    nonfinite = [(rank, bad) for rank, (_, bad) in enumerate(statuses) if bad]
-    if nonfinite:
-        rank, names = nonfinite[0]
-        raise NonFiniteError(f"non-finite {' and '.join(names)} in epoch {epoch}, cycle {cycle} "
-                             f"(rank {rank}); training stopped; the last good checkpoint, from "
-                             f"before this epoch, is in {logdir} (--resume)")
-    if any(requested for requested, _ in statuses):
-        save_on_every_rank(comm, save_interrupted, logdir, epoch, cycle, best, policy, workers,
-                           comm, losses)
-        raise Interrupted(f"interrupted in epoch {epoch} after cycle {cycle}: saved "
-                          f"policy_latest.npz and checkpoint/ in {logdir}; continue with "
-                          f"--resume {logdir}")
+    return [name for name, values in quantities.items() if not np.all(np.isfinite(values))]

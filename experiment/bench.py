@@ -17,18 +17,20 @@ Test: `python -m pytest -q tests/test_plot_bench.py`.
 import argparse
 import functools
 import os
+import tempfile
 import time
 
 import numpy as np
 
 from common import goal_env
-from common.logger import EpochLogger
+from common.bookkeeping import Bookkeeping
 from common.mpi_util import one_blas_thread
 from common.one_rank import ONE_RANK
 from config import Config
 from ddpg import DDPG
-from experiment.timing import (ENV, make_policy, one_cycle, random_episodes, row, timed,
-                               timeit)
+from experiment.timing import (ENV, TRAIN_PY, make_policy, patched, random_episodes, row,
+                               run_script, timed, timed_between_yields, timeit)
+from replay import ReplayBuffer
 from rollout import RolloutWorker
 from vecenv import DummyVecEnv, ShmemVecEnv, SubprocVecEnv
 
@@ -195,37 +197,32 @@ def bench_large_observations(quick):
 # ---------------------------------------------------------------- one epoch, phase by phase
 
 def bench_epoch(quick):
-    """One FetchPush epoch of one rank (train.train's loop) with each phase timed."""
+    """One FetchPush epoch of train.py itself on one rank, run as `python train.py` runs it,
+    with each phase timed where train.train calls it: the classes' methods wrapped meanwhile."""
     n_cycles = 10 if quick else 50
-    cfg = Config(env=ENV, num_env=2, n_cycles=n_cycles, n_epochs=1)
-    task = goal_env.describe_env(ENV)
-    rng = np.random.default_rng(0)
-    policy = DDPG(cfg, task, rng, ONE_RANK)
-    venv = goal_env.build_venv(cfg)
     seconds = {}
-    worker = RolloutWorker(venv, policy, rng, noise_eps=cfg.noise_eps,
-                           random_eps=cfg.random_eps)
-    evaluator = RolloutWorker(venv, policy, rng, exploit=True, compute_Q=True)
-    # Each phase of the cycle, timed where it is called: the instance's own methods wrapped.
-    policy.buffer.sample = timed(seconds, "sampling", policy.buffer.sample)
-    worker.generate_rollouts = timed(seconds, "rollout", worker.generate_rollouts)
-    policy.store_episode = timed(seconds, "store + normaliser", policy.store_episode)
-    policy.train = timed(seconds, "update (incl. sampling)", policy.train)
-    policy.update_target_net = timed(seconds, "target update", policy.update_target_net)
-    t0 = time.perf_counter()
-    for _ in range(cfg.n_cycles):
-        one_cycle(policy, worker, cfg.n_batches)
-    for _ in range(cfg.n_test_rollouts):
-        timed(seconds, "test rollouts", evaluator.generate_rollouts)()
-    logger = EpochLogger("/tmp", enabled=False)
-    timed(seconds, "logging", logger.dump)({"epoch": 0})
-    total = time.perf_counter() - t0
-    venv.close()
+    phases = [(ReplayBuffer, "sample", "sampling"),
+              (RolloutWorker, "generate_rollouts",
+               lambda worker: "test rollouts" if worker.compute_Q else "rollout"),  # evaluator: Q
+              (DDPG, "store_episode", "store + normaliser"),
+              (DDPG, "train", "update (incl. sampling)"),
+              (DDPG, "update_target_net", "target update"),
+              (Bookkeeping, "stop_safely_if_needed", "stop check"),
+              (Bookkeeping, "end_epoch", "epoch's logs, policies, checkpoint")]
+    timers = [(cls, name, timed(seconds, label, getattr(cls, name)))
+              for cls, name, label in phases]
+    timers.append((Bookkeeping, "epochs",
+                   timed_between_yields(seconds, "epoch", Bookkeeping.epochs)))
+    with patched(timers), tempfile.TemporaryDirectory() as folder:
+        run_script(TRAIN_PY, "--env", ENV, "--num_env", "2", "--n_epochs", "1",
+                   "--n_cycles", str(n_cycles), "--logdir", os.path.join(folder, "run"))
+    total = seconds.pop("epoch")
     update_total = seconds.pop("update (incl. sampling)")
     seconds["update (excl. sampling)"] = update_total - seconds["sampling"]
-    print(f"-- one {ENV} epoch, 1 rank, num_env {cfg.num_env}, {n_cycles} cycles: {total:.1f} s")
+    print(f"-- one {ENV} epoch of train.py, 1 rank, num_env 2, {n_cycles} cycles: {total:.1f} s")
     for name in ("rollout", "sampling", "update (excl. sampling)", "target update",
-                 "store + normaliser", "test rollouts", "logging"):
+                 "store + normaliser", "stop check", "test rollouts",
+                 "epoch's logs, policies, checkpoint"):
         row(f"   {name}", seconds.get(name, 0.), "s", f"{seconds.get(name, 0.) / total:.1%}")
 
 

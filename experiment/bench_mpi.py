@@ -1,28 +1,27 @@
-"""Where the time goes across ranks: MpiAdam's Allreduce, and what --trace costs a cycle.
+"""Where the time goes across ranks: MpiAdam's Allreduce, and what --trace costs an epoch.
 
 No baselines counterpart (baselines has no benchmark). Times the one aggregation of Plappert et
 al. (2018), Sec. 2.2 (the gradient Allreduce of MpiAdam.update) beside the update it belongs to,
 and the cost of recording every message (common/tracing.py). How a figure is taken is timing.py's.
 
 Run: `mpirun -np R python -m experiment.bench_mpi` (MpiAdam.update and its Allreduce with R
-ranks) and `mpirun -np 2 python -m experiment.bench_mpi --trace_cost [--quick]` (a traced
-cycle against an untraced).
+ranks) and `python -m experiment.bench_mpi --trace_cost [--quick]` (without mpirun: it runs
+`mpirun -np 2 python train.py` with and without --trace, and compares their epochs).
 Test: `python -m pytest -q tests/test_plot_bench.py`.
 """
 import argparse
+import csv
 import os
-import time
+import shutil
+import subprocess
+import sys
+import tempfile
 
 import numpy as np
 
-from common import goal_env
-from common.launch import start_mpi
-from common.mpi_util import ObservedComm, one_blas_thread
-from common.tracing import Tracer
-from config import Config
-from ddpg import DDPG
-from experiment.timing import ENV, make_policy, one_cycle, row, timeit
-from rollout import RolloutWorker
+from common.launch import launched, start_mpi
+from common.mpi_util import one_blas_thread
+from experiment.timing import ENV, TRAIN_PY, make_policy, row, timeit
 
 
 def bench_mpi():
@@ -49,39 +48,48 @@ def bench_mpi():
 
 
 def bench_trace_cost(quick):
-    """Per rank, two FetchPush agents as bench_epoch builds them, each on a communicator that
-    its Tracer observes: Tracer(0) records nothing (train.py without --trace), the other every
-    call. Collective:
-    every rank trains both agents, cycle for cycle."""
-    comm = start_mpi().COMM_WORLD
-    n_cycles = 3 if quick else 10
-    cfg = Config(env=ENV, num_env=2)
-    task = goal_env.describe_env(ENV)
-    agents, times = {}, {"untraced": [], "traced": []}  # per cycle; cycle 0 warms up
-    for name, tracer in zip(times, (Tracer(0), Tracer(n_cycles + 1))):  # never finish()es
-        rng = np.random.default_rng(cfg.seed + 1000000 * comm.Get_rank())  # as train.py
-        tracer.comm = comm
-        policy = DDPG(cfg, task, rng, ObservedComm(comm, [tracer]))  # [MPI]
-        venv = tracer.wrap_venv(goal_env.build_venv(cfg))
-        agents[name] = (tracer, RolloutWorker(venv, policy, rng, noise_eps=cfg.noise_eps,
-                                              random_eps=cfg.random_eps))
-    for i in range(n_cycles + 1):
-        # Alternate which agent goes first, so that drift falls on both alike.
-        order = ("traced", "untraced") if i % 2 else ("untraced", "traced")
-        for name in order:
-            tracer, worker = agents[name]
-            t = time.perf_counter()
-            with tracer.cycle(0, i):  # train.train's cycle; Tracer(0) records nothing
-                one_cycle(worker.policy, worker, cfg.n_batches)  # [MPI]
-            times[name].append(time.perf_counter() - t)  # the Allreduces keep ranks in step
-    for _, worker in agents.values():
-        worker.venv.close()
-    plain = float(np.median(times["untraced"][1:]))
-    traced = float(np.median(times["traced"][1:]))
-    if comm.Get_rank() == 0:
-        row(f"traced / untraced cycle, {comm.Get_size()} ranks x 2 envs, {ENV}", traced / plain,
-            "x", f"{traced:.2f} s / {plain:.2f} s, medians of {n_cycles}; "
-            f"{len(agents['traced'][0].rows) / (n_cycles + 1):.0f} rows recorded per cycle")
+    """train.py's epoch with --trace against one without, at 2 ranks x 2 envs of FetchPush:
+    each run started as a user starts it (`mpirun -np 2 python train.py`), the two kinds
+    alternating so that drift falls on both alike. It starts the jobs; it is not one."""
+    n_cycles, repeats = (5, 2) if quick else (10, 3)
+    args = ("--env", ENV, "--num_env", "2", "--n_epochs", "1", "--n_cycles", str(n_cycles),
+            "--n_test_rollouts", "1")
+    epoch_s = {"untraced": [], "traced": []}
+    with tempfile.TemporaryDirectory() as folder:
+        for i in range(repeats):
+            for name in ("untraced", "traced") if i % 2 == 0 else ("traced", "untraced"):
+                logdir = os.path.join(folder, f"{name}{i}")
+                trace = ("--trace", str(n_cycles)) if name == "traced" else ()
+                job = subprocess.run([mpirun(), "-np", "2", sys.executable, TRAIN_PY, *args,
+                                      *trace, "--logdir", logdir], capture_output=True,
+                                     text=True)
+                if job.returncode != 0:
+                    raise RuntimeError(f"train.py ended with exit code {job.returncode}:\n"
+                                       f"{(job.stdout + job.stderr)[-3000:]}")
+                epoch_s[name].append(progress_epoch_s(logdir))
+        rows = cycle_rows(os.path.join(folder, "traced0", "trace"))
+    plain, traced = (float(np.median(epoch_s[name])) for name in ("untraced", "traced"))
+    row(f"traced / untraced epoch of train.py, 2 ranks x 2 envs, {n_cycles} cycles, {ENV}",
+        traced / plain, "x", f"{traced:.2f} s / {plain:.2f} s, medians of {repeats}; "
+        f"{rows / n_cycles:.0f} rows recorded per cycle (rank 0)")
+
+
+def mpirun():
+    """The mpirun beside this Python (a venv's), else the first on PATH."""
+    return shutil.which("mpirun", path=os.path.dirname(sys.executable)) or "mpirun"
+
+
+def progress_epoch_s(logdir):
+    """The time/epoch_s of a one-epoch run's progress.csv."""
+    with open(os.path.join(logdir, "progress.csv")) as f:
+        return float(next(csv.DictReader(f))["time/epoch_s"])
+
+
+def cycle_rows(trace_folder):
+    """How many rows rank 0's trace holds from within cycles."""
+    with open(os.path.join(trace_folder, "rank0.csv")) as f:
+        lines = (line for line in f if not line.startswith("#"))
+        return sum(r["phase"] == "cycle" for r in csv.DictReader(lines))
 
 
 def main():
@@ -91,6 +99,9 @@ def main():
     p.add_argument("--quick", action="store_true", help="fewer cycles (--trace_cost)")
     args = p.parse_args()
     if args.trace_cost:
+        if launched():
+            sys.exit("bench_mpi.py: --trace_cost starts its own 2-rank jobs; run it without "
+                     "mpirun: python -m experiment.bench_mpi --trace_cost")
         bench_trace_cost(args.quick)
     else:
         bench_mpi()

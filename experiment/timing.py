@@ -1,4 +1,5 @@
-"""How bench.py and bench_mpi.py measure: the timers, the printed row, a FetchPush-sized agent.
+"""How bench.py and bench_mpi.py measure: the timers, the printed row, a FetchPush-sized agent,
+train.py run in this process with its phases timed.
 
 No baselines counterpart. A figure is the median over repeats of the mean time of a number of
 calls, taken side by side with the figure it is compared to, so that the ratio holds on a busy
@@ -6,6 +7,12 @@ machine where the absolute times do not (machines here differ 2-3x from one day 
 
 Test: `python -m pytest -q tests/test_plot_bench.py`.
 """
+import contextlib
+import functools
+import io
+import os
+import runpy
+import sys
 import time
 
 import numpy as np
@@ -16,6 +23,7 @@ from ddpg import DDPG
 from replay import empty_episodes
 
 ENV = "FetchPush-v4"
+TRAIN_PY = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "train.py")
 
 
 def timeit(fn, repeats, number):
@@ -55,19 +63,56 @@ def random_episodes(rng, dims, T, n):
     return episodes
 
 
-def timed(seconds, name, fn):
-    """fn, adding the time each call takes to seconds[name]."""
-    def wrapper(*args, **kwargs):
+def timed(seconds, label, method):
+    """method, adding the time each call takes to seconds[label], or to seconds[label(self)]
+    where label is a function (one method, two phases: a worker's rollouts and test rollouts)."""
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
         t = time.perf_counter()
-        out = fn(*args, **kwargs)
-        seconds[name] = seconds.get(name, 0.) + time.perf_counter() - t
-        return out
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            key = label(self) if callable(label) else label
+            seconds[key] = seconds.get(key, 0.) + time.perf_counter() - t
     return wrapper
 
 
-def one_cycle(policy, rollout_worker, n_batches):
-    """One cycle as train.train runs it (rollouts, store, n_batches updates, target update)."""
-    policy.store_episode(rollout_worker.generate_rollouts())
-    for _ in range(n_batches):
-        policy.train()
-    policy.update_target_net()
+def timed_between_yields(seconds, label, generator_method):
+    """A generator method whose items each add to seconds[label] the time their consumer took
+    over them, from the yield to the next request (Bookkeeping.epochs: one epoch of train())."""
+    @functools.wraps(generator_method)
+    def wrapper(self, *args, **kwargs):
+        for item in generator_method(self, *args, **kwargs):
+            t = time.perf_counter()
+            yield item
+            seconds[label] = seconds.get(label, 0.) + time.perf_counter() - t
+    return wrapper
+
+
+@contextlib.contextmanager
+def patched(replacements):
+    """While inside, each (class, name, function) of `replacements` is that class's method."""
+    originals = [(cls, name, cls.__dict__[name]) for cls, name, _ in replacements]
+    for cls, name, function in replacements:
+        setattr(cls, name, function)
+    try:
+        yield
+    finally:
+        for cls, name, original in originals:
+            setattr(cls, name, original)
+
+
+def run_script(path, *args):
+    """The script as `python path args` runs it, but in this process (runpy), so that the
+    methods it calls can be timed; its output is kept back, and shown if it fails."""
+    output, argv = io.StringIO(), sys.argv
+    sys.argv = [path, *args]
+    try:
+        with contextlib.redirect_stdout(output), contextlib.redirect_stderr(output):
+            runpy.run_path(path, run_name="__main__")
+    except SystemExit as end:
+        if end.code not in (0, None):
+            raise RuntimeError(f"{path} ended with exit code {end.code}:\n"
+                               f"{output.getvalue()[-3000:]}") from None
+    finally:
+        sys.argv = argv

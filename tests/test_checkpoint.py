@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 import train
-from common import checkpoint, errors, files, watchdog
+from common import checkpoint, files, watchdog
 from common.one_rank import ONE_RANK
 from tests.helpers import (ROOT, TINY_RUN, arrays_of, assert_one_line_error, assert_same_arrays,
                            assert_same_progress, env_processes_left, fetch_reach_policy,
@@ -313,20 +313,15 @@ class TestCheckpoint:
         assert (int(ckpt["epoch"]), int(ckpt["cycle"])) == (1, 0)  # end of epoch 0: the last good
         assert all(np.isfinite(v).all() for k, v in ckpt.items() if v.dtype.kind == "f")
 
-    def test_nonfinite_parameters_are_caught_even_when_the_losses_were_finite(self, tmp_path):
+    def test_nonfinite_parameters_are_caught_even_when_the_losses_were_finite(self):
         """The last update of a cycle can make the weights NaN after its loss was computed."""
-
-        class NotInterrupted:
-            requested = False
         policy, _, _ = fetch_reach_policy(np.random.default_rng(17), hidden=16)
+        assert checkpoint.nonfinite_names([(0.1, 0.2)] * 3, policy) == []
         policy.main.Q.theta[5] = np.inf
-        try:
-            checkpoint.stop_safely_if_needed([(0.1, 0.2)] * 3, NotInterrupted(), 2, 7, 0.5, policy, (),
-                                        str(tmp_path), ONE_RANK)
-            raise AssertionError("non-finite critic parameters were not caught")
-        except errors.NonFiniteError as e:
-            assert "non-finite critic parameters in epoch 2, cycle 7" in str(e)
-        assert os.listdir(tmp_path) == []  # nothing saved
+        assert checkpoint.nonfinite_names([(0.1, 0.2)] * 3, policy) == ["critic parameters"]
+        policy.main.pi.theta[0] = np.nan
+        assert checkpoint.nonfinite_names([(0.1, np.nan)], policy) == [
+            "train/actor_loss", "critic parameters", "actor parameters"]
 
     @pytest.mark.slow
     def test_ranks_without_a_shared_file_system_each_save_and_resume(self, tmp_path):

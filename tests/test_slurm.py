@@ -7,7 +7,7 @@ reason where it cannot be made) runs the recipe of the MPI the suite runs under:
       job's output, and --resume goes on (MPICH: srun passes SIGTERM on to the ranks; Open
       MPI's mpirun aborts on SIGTERM, so there the test stops it the way usage.md says);
   (c) a job longer than its time limit finishes by itself: the signal before the limit (the
-      limit cut short once the run has a checkpoint), a save, a requeue, a resume, and its
+      limit cut short while the ranks are held still, so that the run cannot end first), a save, a requeue, a resume, and its
       progress.csv and policies equal (a)'s, bit for bit;
   (d) plain `srun -n 2` (two one-rank copies) is refused with one line and writes nothing.
 
@@ -15,6 +15,7 @@ Run: `python -m pytest -q tests/test_slurm.py` (from the repository's root, as r
 """
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -82,6 +83,38 @@ def wait_for_job(env, job, timeout):
     return dict(re.findall(r"(\w+)=(\S+)", shown))
 
 
+def job_run_time_s(env, job):
+    """How long a running job has run, in seconds (its RunTime: [days-]hours:minutes:seconds)."""
+    shown = subprocess.run(["scontrol", "show", "job", job], env=env, capture_output=True,
+                           text=True, check=True).stdout
+    days, _, hms = re.search(r"RunTime=(\S+)", shown).group(1).rpartition("-")
+    hours, minutes, seconds = (int(x) for x in hms.split(":"))
+    return ((int(days or 0) * 24 + hours) * 60 + minutes) * 60 + seconds
+
+
+def rank_pids(run):
+    """The job's ranks: the processes started as `python train.py ...` on `run`, whichever
+    launcher started them (not the launcher itself, whose command line holds the same)."""
+    pids = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                argv = f.read().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        if len(argv) > 1 and argv[1].endswith("train.py") and run in argv:
+            pids.append(int(pid))
+    return sorted(pids)
+
+
+def signal_pending(pid, signum):
+    """Whether `signum` waits for the (stopped) process `pid`: /proc's SigPnd or ShdPnd."""
+    with open(f"/proc/{pid}/status") as f:
+        masks = [int(line.split()[1], 16) for line in f
+                 if line.startswith(("SigPnd:", "ShdPnd:"))]
+    return any(mask >> (signum - 1) & 1 for mask in masks)
+
+
 def scontrol(env, *args):
     subprocess.run(["scontrol", *args], env=env, check=True, timeout=60)
 
@@ -138,15 +171,25 @@ class TestSlurm:
         with hang_guard(600):  # train.py has started: it takes the signal from here on
             while not os.path.exists(output) or "\nMPI: " not in open(output).read():
                 time.sleep(1)
-        # Its limit cut to 2 minutes: the job is now within the signal's 60 s of it, and Slurm
-        # sends it at its next check of the limits (every 30 s), before the run could end. (A
-        # limit that short from the submission made the signal come during train.py's start-up,
-        # start after start: sbatch(1) says it may come up to 60 s early.)
-        scontrol(cluster, "update", f"JobId={job}", "TimeLimit=2")
-        with hang_guard(300):
-            while "requeued, the next start resumes" not in open(output).read():
-                time.sleep(1)
-        scontrol(cluster, "update", f"JobId={job}", "TimeLimit=10")  # the next start finishes
+        # The ranks held still (SIGSTOP) until Slurm's signal is pending in them, so that the
+        # run cannot end before it comes: Slurm looks at its limits every 30 s and the signal
+        # may come up to 60 s early (sbatch(1)), a window as long as the whole run. The limit
+        # is cut to the first whole minute of run time more than 60 s away; once the signal has come, it is
+        # set back, so that the requeued start has its 10 minutes.
+        ranks = rank_pids(run)
+        assert len(ranks) == 2, (ranks, open(output).read()[-3000:])
+        for pid in ranks:
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            minutes = job_run_time_s(cluster, job) // 60 + 2
+            scontrol(cluster, "update", f"JobId={job}", f"TimeLimit={minutes}")
+            with hang_guard(180):
+                while not all(signal_pending(pid, signal.SIGUSR1) for pid in ranks):
+                    time.sleep(1)
+            scontrol(cluster, "update", f"JobId={job}", "TimeLimit=10")
+        finally:
+            for pid in ranks:
+                os.kill(pid, signal.SIGCONT)
         shown = wait_for_job(cluster, job, 900)
         out = open(output).read()
         assert shown["JobState"] == "COMPLETED" and int(shown["Restarts"]) >= 1, out[-3000:]
