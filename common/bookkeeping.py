@@ -202,7 +202,7 @@ class Bookkeeping:
         """Collective: a new run saves a checkpoint of its state before any training, so that
         a failure always has one to resume from (a resumed run has its own already)."""
         if not self.resumed:
-            save_on_every_rank(self.comm, save_checkpoint, self.cfg.logdir, 0, 0, -1.,
+            save_on_every_rank(self.comm, save_checkpoint, self.cfg.logdir, 0, 0, -1.,  # [MPI]
                                self.policy, self.workers, self.comm)
 
     def epochs(self):

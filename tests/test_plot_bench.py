@@ -3,7 +3,8 @@
 No baselines counterpart as such (baselines' her/experiment/plot.py draws curves only): plot.py's
 figures and tables from synthetic runs written here (medians over seeds, variants never taken
 for another seed, the scaling and suite tables with the published anchors), plot_trace.py's
-drawing of a traced cycle, and bench.py's update section (run, not timed: no timing asserts).
+drawing of a traced cycle, and bench.py's update and epoch sections (run, not timed: no timing
+asserts).
 
 Run: `python -m pytest -q tests/test_plot_bench.py` (from the repository's root).
 """
@@ -317,3 +318,21 @@ class TestPlotBench:
             assert any(k.startswith(name) and np.isfinite(v) and v > 0 for k, v in rows.items()), \
                 (name, out)
         assert "ratio to floor" in out, out
+
+    @pytest.mark.slow
+    def test_bench_epoch_times_train_py_itself_phase_by_phase(self):
+        """bench.py's epoch runs train.py (not a copy of its loop): every phase train() calls
+        was timed at least once, and the phases, which do not overlap, add up to no more than
+        the epoch (no timing asserts: only what is part of what)."""
+        rc, out = run_cmd(train_cmd("--only", "epoch", "--quick", module="experiment.bench"),
+                          timeout=300)
+        assert rc == 0, out
+        assert re.search(r"one FetchPush-v4 epoch of train.py, 1 rank, num_env 2, 10 cycles", out)
+        seconds = {m.group(1): float(m.group(2))
+                   for m in re.finditer(r"^   (\S.*?)\s{2,}([0-9.]+) s\s+[0-9.]+%$", out, re.M)}
+        total = float(re.search(r"10 cycles: ([0-9.]+) s", out).group(1))
+        assert set(seconds) == {"rollout", "sampling", "update (excl. sampling)", "target update",
+                                "store + normaliser", "stop check", "test rollouts",
+                                "epoch's logs, policies, checkpoint"}, out
+        assert seconds["rollout"] > 0 and seconds["update (excl. sampling)"] > 0, out
+        assert sum(seconds.values()) <= total + 0.05, out  # the epoch is printed to 0.1 s
