@@ -1020,9 +1020,9 @@ class TestDDPG:
 
 
 def mpi_case_mpi_adam(comm):
-    """Ranks with different local gradients end identical, equal to Adam on the sum (HER's
-    scale_grad_by_procs=False) or on the mean (the default True, which is what baselines'
-    MpiAdamOptimizer does); and summing equals averaging with epsilon / n_ranks."""
+    """Collective. Ranks with different local gradients end identical, equal to Adam on the
+    sum (HER's scale_grad_by_procs=False) or on the mean (the default True, which is what
+    baselines' MpiAdamOptimizer does); and summing equals averaging with epsilon / n_ranks."""
     rank, n = comm.Get_rank(), comm.Get_size()
     rng = np.random.default_rng(0)  # same stream on every rank: every rank knows all gradients
     init = [rng.normal(size=(4, 3)).astype(np.float32), rng.normal(size=7).astype(np.float32)]

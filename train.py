@@ -5,11 +5,13 @@ Plappert et al. (2018), Sec. 2.2, which is Algorithm 1 of Andrychowicz et al. (2
 ranks at once: each epoch is n_cycles x (collect num_env episodes per rank, store them,
 n_batches updates, a target update), then test rollouts. Every rank runs this same file;
 there is no master. The settings are config.Config, one --flag each (--help); with
---demo_file, learn() loads the demonstrations of Nair et al. (2018) into every rank's buffer.
+--demo_file, learn() puts the demonstrations of Nair et al. (2018), read at setup, into every
+rank's demo buffer.
 What is not learning (checks, files, resume, logs, the stop check) is common/bookkeeping.py's.
-The loop deviates from baselines' in three places, each marked where it happens: the stop
-check after every cycle (deviations 9 and 10 of docs/deviations.md), check_synced after every
-epoch (8), and no per-epoch check that the ranks' seeds differ (34); its bookkeeping adds
+The loop deviates from baselines' in three places: two calls, each marked where it is made
+(the stop check after every cycle, deviations 9 and 10 of docs/deviations.md; check_synced
+after every epoch, 8), and one call left out, baselines' per-epoch check that the ranks' seeds
+differ (34: train() has no line to mark for it, the list says why); its bookkeeping adds
 resumable runs (10) and policy_latest.npz every epoch (15).
 
 Run:
@@ -48,7 +50,9 @@ def train(cfg, policy, rollout_worker, evaluator, books):
         if first_cycle == 0:  # (a run resumed mid-epoch has its history back)
             rollout_worker.clear_history()
         for cycle in range(first_cycle, cfg.n_cycles):
-            with books.cycle(epoch, cycle):  # --trace records it; the bar moves on after it
+            # --trace records the cycle ([MPI] after its last traced cycle, Tracer.finish
+            # gathers the trace); the bar moves on after it
+            with books.cycle(epoch, cycle):
                 episodes = rollout_worker.generate_rollouts()  # num_env episodes, this rank's envs
                 policy.store_episode(episodes)  # [MPI] this rank's buffer; normalisers pooled
                 for _ in range(cfg.n_batches):

@@ -221,7 +221,8 @@ class Bookkeeping:
     @contextlib.contextmanager
     def cycle(self, epoch, cycle):
         """Around one cycle: --trace records it; once it is over, the bar (or a progress line)
-        moves on, and after the epoch's last cycle the bar leaves the screen."""
+        moves on, and after the epoch's last cycle the bar leaves the screen. Collective with
+        --trace: Tracer.cycle."""
         with self.tracer.cycle(epoch, cycle):
             yield
         self.bar.update()

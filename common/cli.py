@@ -167,9 +167,10 @@ def config_for(args):
 
 
 def shared_config(args, comm):
-    """Rank 0 builds the configuration and every rank takes it from there: its default log
-    dir name holds a time stamp, and on --resume only rank 0's machine need hold config.json
-    (ranks on other machines without a shared file system have just their checkpoints)."""
+    """Collective: rank 0 builds the configuration and every rank takes it from there: its
+    default log dir name holds a time stamp, and on --resume only rank 0's machine need hold
+    config.json (ranks on other machines without a shared file system have just their
+    checkpoints)."""
     cfg, error = None, None
     if comm.Get_rank() == 0:
         try:

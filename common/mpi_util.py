@@ -81,7 +81,7 @@ def one_blas_thread():
 
 
 def mpi_average(value, comm):
-    """Mean of a scalar (or of the elements of an array) over all ranks, for logging."""
+    """Collective: the mean of a scalar (or of an array's elements) over all ranks, for logs."""
     value = np.asarray(value, dtype=np.float64).ravel()
     local = np.array([value.sum(), value.size], dtype=np.float64)  # (2,) = sum, count
     total = np.zeros_like(local)
@@ -134,8 +134,9 @@ def run_on_every_rank(comm, prog, job, exit_codes):
 
 
 def abort_job(comm):
-    """This rank raised while the others may be waiting for it in an Allreduce, which would
-    hang the job for ever: print this rank's traceback and take the whole job down."""
+    """Collective in effect (MPI's Abort ends every rank): this rank raised while the others
+    may be waiting for it in an Allreduce, which would hang the job for ever: print this
+    rank's traceback and take the whole job down."""
     sys.stderr.write(f"[rank {comm.Get_rank()} of {comm.Get_size()}] {traceback.format_exc()}")
     for stream in (sys.stdout, sys.stderr):
         stream.flush()

@@ -114,7 +114,8 @@ class Tracer:
 
     @contextlib.contextmanager
     def cycle(self, epoch, cycle):
-        """Around the body of one cycle: stops the trace where cycle n_cycles would begin."""
+        """Around the body of one cycle: stops the trace where cycle n_cycles would begin.
+        Collective then (finish())."""
         if self.recording and self.cycles_done == self.n_cycles:
             self.finish()
         self.phase, self.epoch, self.cycle_in_epoch = "cycle", epoch, cycle

@@ -14,8 +14,8 @@ rank, the watchdog, does what the main thread cannot while it waits:
     PyTorch's process groups time a collective out (there: 60 s to warn; 10 or 30 minutes).
   * it takes SIGINT, SIGTERM and SIGUSR1 (set_wakeup_fd hands it each signal the moment it
     arrives): the first asks the loop to stop safely at the end of the cycle (`requested`,
-    read once per cycle by bookkeeping.Bookkeeping.stop_safely_if_needed), the second ends the rank at
-    once, exit code 130, its env processes killed, also while the main thread waits in MPI.
+    read once per cycle by bookkeeping.Bookkeeping.stop_safely_if_needed), the second ends the
+    rank at once, exit code 130, its env processes killed, also while the main thread waits in MPI.
 
 Test: `python -m pytest -q tests/test_watchdog.py`.
 """
@@ -115,6 +115,7 @@ class Watchdog:
                       f"(--mpi_timeout)")
 
     def _expire(self, what, waited):
+        """Collective in effect: a call waited past the limit, so MPI's Abort ends every rank."""
         self._say(f"error: {what} waited {waited:.0f} s for the other ranks (--mpi_timeout "
                   f"{self.limit_s:g}): a rank or host has died or hangs, or the network between "
                   f"the hosts is down; the job ends now (--resume continues from the last "

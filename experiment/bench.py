@@ -26,7 +26,6 @@ from common import goal_env
 from common.bookkeeping import Bookkeeping
 from common.mpi_util import one_blas_thread
 from common.one_rank import ONE_RANK
-from config import Config
 from ddpg import DDPG
 from experiment.timing import (ENV, TRAIN_PY, make_policy, patched, random_episodes, row,
                                run_script, timed, timed_between_yields, timeit)

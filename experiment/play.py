@@ -157,7 +157,7 @@ def main(argv=None):
         cfg = make_config(args)
         validate_config(cfg)
         play(cfg, args, comm)
-    return run_on_every_rank(comm, "play.py", job,
+    return run_on_every_rank(comm, "play.py", job,  # [MPI] Abort where a rank raises
                              {UsageError: (2, "error: "), BadFileError: (2, "error: ")})
 
 

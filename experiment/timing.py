@@ -43,14 +43,14 @@ def row(name, value, unit, note=""):
 
 
 def make_policy(comm, buffer_size=1_000_000, n_episodes=200, env=ENV, **overrides):
-    """An agent built as train.py builds it, on the ranks of `comm`, with n_episodes random
-    episodes stored; `overrides` are config.Config fields."""
+    """Collective: an agent built as train.py builds it, on the ranks of `comm`, with
+    n_episodes random episodes stored; `overrides` are config.Config fields."""
     task = goal_env.describe_env(env)
     cfg = Config(env=env, buffer_size=buffer_size, **overrides)
     rng = np.random.default_rng(0)
-    policy = DDPG(cfg, task, rng, comm)
+    policy = DDPG(cfg, task, rng, comm)  # [MPI] rank 0's weights
     for _ in range(n_episodes // 2):
-        policy.store_episode(random_episodes(rng, task.dims, task.T, 2))
+        policy.store_episode(random_episodes(rng, task.dims, task.T, 2))  # [MPI] normalisers
     return policy, task.dims, task.T
 
 
