@@ -150,14 +150,18 @@ class TestSlurm:
         time.sleep(3)  # into the next epoch
         stop = ["--batch", "--signal=USR1"] if mpi_family() == "Open MPI" else []
         subprocess.run(["scancel", *stop, job], env=cluster, check=True, timeout=60)
+        if mpi_family() == "Open MPI":  # USR1 asks job.sh for a requeue: take it back at once,
+            # before a next start can resume and write over the checkpoint at its epoch's end
+            with hang_guard(120):
+                while "requeued, the next start resumes" not in open(output).read():
+                    time.sleep(1)
+            subprocess.run(["scancel", job], env=cluster, check=True, timeout=60)
         wait_for_job(cluster, job, 120)  # KillWait is 30 s
         out = open(output).read()
         assert re.search(r"interrupted in epoch \d+ after cycle \d+: saved", out), out[-3000:]
         for rank in (0, 1):
             saved = arrays_of(os.path.join(run, "checkpoint", f"rank{rank}.npz"))
             assert int(saved["cycle"]) > 0
-        if mpi_family() == "Open MPI":  # USR1 asked for a requeue: take it back
-            subprocess.run(["scancel", job], env=cluster, timeout=60)
         rc, out = run_cmd(train_cmd("--resume", run, "--n_epochs", "2", n_ranks=2), 600)
         assert rc == 0 and "2 rank(s) in sync" in out, out[-3000:]
 

