@@ -164,21 +164,22 @@ def start_order(run):
     return run["seed"], run_name(run["dir"]).split("/")[0] != "first-starts", run["started"]
 
 
-def starts_of_seeds(runs):
-    """{run dir: "start k of n (date)"} for each seed run more than once, in start_order()."""
+def marks_of_repeated_seeds(runs):
+    """{run dir: "run k of n (date)"} for each seed run more than once (a start run again, a
+    10-epoch control), in start_order()."""
     marks = {}
     for seed in {run["seed"] for run in runs}:
         same = sorted((run for run in runs if run["seed"] == seed), key=start_order)
         for k, run in enumerate(same if len(same) > 1 else [], start=1):
             day = f" ({run['started'][:10]})" if run["started"] else ""
-            marks[run["dir"]] = f"start {k} of {len(same)}{day}"
+            marks[run["dir"]] = f"run {k} of {len(same)}{day}"
     return marks
 
 
 def runs_table(run_dirs, after_epochs=AFTER_EPOCHS):
     """One row per run folder, by task and seed, then per task a row "median (IQR)" over all of
     its runs: the first epochs at 0.5 and 0.9, then success after each of after_epochs epochs.
-    A seed run more than once has a row per start, marked "start k of n"."""
+    A seed run more than once has a row per run, marked "run k of n"."""
     header = ["task", "seed", "run (folder in results/)", "epochs run (of n_epochs)",
               "first epoch >= 0.5", "first epoch >= 0.9"]
     header += [f"success after {e} epochs" for e in after_epochs]
@@ -188,7 +189,7 @@ def runs_table(run_dirs, after_epochs=AFTER_EPOCHS):
         by_env.setdefault(with_variant(f"{run['env']} {run['n_ranks']} x {run['num_env']}",
                                        run["variant"]), []).append(run)
     for task, runs in sorted(by_env.items()):
-        marks = starts_of_seeds(runs)
+        marks = marks_of_repeated_seeds(runs)
         for run in runs:
             name = run_name(run["dir"]) + (f", {marks[run['dir']]}" if run["dir"] in marks else "")
             cells = [task, str(run["seed"]), name, f"{len(run['epoch'])} of {run['n_epochs']}"]
@@ -225,7 +226,7 @@ def gap_table(run_dirs, levels=(0.5, 0.75, 0.9)):
     header += [f"epochs ahead of the port at {level}" for level in levels]
     runs = sorted((read_run(d) for d in run_dirs), key=start_order)
     assert all((r["env"], r["n_ranks"], r["num_env"]) == ("FetchPush-v4", 8, 2) for r in runs)
-    marks = starts_of_seeds(runs)
+    marks = marks_of_repeated_seeds(runs)
     reach = [[epochs_to_reach(run, level) for level in levels] for run in runs]
     rows = []
     for run, epochs in zip(runs, reach):

@@ -249,8 +249,9 @@ class TestDocs:
         in the table's order, are the exact rank tests of each row's seeds against this code's."""
         results = os.path.join(ROOT, "results")
         differences = os.path.join(results, "port-differences")
-        groups = {  # a row's first words: its run folders (the suite's seeds 0-2 are this code's)
-            "this code": glob.glob(os.path.join(results, "FetchPush-v4-8x2-seed[0-9]"))
+        groups = {  # a row's first words: its run folders (this code's: the suite's seeds 0-2
+            # and the 10-epoch controls of seeds 3 and 4, run beside the arms)
+            "this code": glob.glob(os.path.join(results, "FetchPush-v4-8x2-seed[0-2]"))
             + glob.glob(os.path.join(differences, "control-FetchPush-v4-8x2-seed[0-9]")),
             "both of": glob.glob(os.path.join(differences, "FetchPush-v4-8x2-seed[0-9]")),
             "PyTorch's": glob.glob(os.path.join(differences,

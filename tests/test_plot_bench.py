@@ -248,7 +248,7 @@ class TestPlotBench:
         assert bottom.get_legend().get_window_extent().y1 < bottom.get_window_extent().y0
         plot.pyplot().close(figures[0])
 
-    def test_runs_table_counts_every_start_and_gap_table_reads_epochs_between_rows(self, tmp_path):
+    def test_runs_table_counts_every_run_of_a_seed_and_gap_table_reads_epochs_between_rows(self, tmp_path):
         """Seed 1 started twice (a short first start, stopped for good, and a full one): a row
         each, the one under first-starts/ marked start 1 although its log.txt is dated later
         (the folder says which start was run again), its levels "never"; the task's row over
@@ -269,10 +269,10 @@ class TestPlotBench:
         table = plot.runs_table(dirs, after_epochs=(2, 5)).splitlines()
         assert table[2:] == [
             "| FetchPush-v4 8 x 2 | 0 | a/FetchPush-v4-8x2-seed0 | 5 of 5 | 2 | 4 | 0.40 | 1.00 |",
-            "| FetchPush-v4 8 x 2 | 1 | first-starts/FetchPush-v4-8x2-seed1, start 1 of 2 "
+            "| FetchPush-v4 8 x 2 | 1 | first-starts/FetchPush-v4-8x2-seed1, run 1 of 2 "
             "(2026-12-03) | "
             "2 of 5 | never | never | 0.20 |  |",
-            "| FetchPush-v4 8 x 2 | 1 | a/FetchPush-v4-8x2-seed1, start 2 of 2 (2026-12-02) | "
+            "| FetchPush-v4 8 x 2 | 1 | a/FetchPush-v4-8x2-seed1, run 2 of 2 (2026-12-02) | "
             "5 of 5 | 2 | 3 | 0.20 | 1.00 |",
             "| FetchPush-v4 8 x 2 | all | every run above (3 runs), median (IQR) |  | 2 (2-2), 2 "
             "of 3 runs | 3.5 (3.25-3.75), 2 of 3 runs | 0.20 (0.20-0.30) | 1.00 (1.00-1.00), 2 "
