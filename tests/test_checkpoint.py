@@ -37,17 +37,22 @@ def resumable_copy(root, logdir):
     return logdir
 
 
-def interrupt_when_logging(cmd, logdir, timeout=300, sig=signal.SIGINT):
-    """Start a training command, send `sig` once its first epoch is logged, return (rc, out)."""
+def interrupt_when_logging(cmd, logdir, timeout=300, sig=signal.SIGINT, as_terminal=False):
+    """Start a training command, send `sig` once its first epoch is logged, return (rc, out).
+    as_terminal: the command runs as a terminal's foreground job (a process group of its own)
+    and `sig` goes to that whole group, as Ctrl-C does."""
     before = shm_entries()
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)
+                            text=True, start_new_session=as_terminal)
     progress = os.path.join(logdir, "progress.csv")
     try:
         with hang_guard(timeout):
             while not os.path.exists(progress) and proc.poll() is None:
                 time.sleep(0.2)
-            proc.send_signal(sig)
+            if as_terminal:
+                os.killpg(proc.pid, sig)
+            else:
+                proc.send_signal(sig)
             out, _ = proc.communicate()
     finally:
         if proc.poll() is None:
@@ -172,7 +177,7 @@ class TestCheckpoint:
     def test_sigint_under_mpirun_then_resume_stays_in_sync(self, tmp_path):
         """MPICH's mpirun passes SIGINT (Ctrl-C) on to the ranks; Open MPI's ends the job on
         it within a second (docs/faults.md), and passes SIGUSR1 on instead: that is the
-        signal that stops an Open MPI job safely."""
+        signal that stops an Open MPI job safely (tools/ctrl-c-saves.sh turns Ctrl-C into it)."""
         logdir = str(tmp_path / "mpi")
         args = ("--num_env", "2", "--n_epochs", "3", "--logdir", logdir, *TINY_RUN)
         sig = signal.SIGUSR1 if mpi_family() == "Open MPI" else signal.SIGINT
@@ -185,6 +190,23 @@ class TestCheckpoint:
         assert rc == 0 and "2 rank(s) in sync" in out, out[-3000:]
         rc, out = run_cmd(train_cmd("--resume", logdir, "--n_epochs", "4"), 120)  # 1 rank, not 2
         assert_one_line_error(rc, out, 2, "mpirun -np 2")
+
+    @pytest.mark.slow
+    def test_ctrl_c_to_ctrl_c_saves_sh_saves_and_exits_130(self, tmp_path):
+        """Under either MPI, `bash tools/ctrl-c-saves.sh mpirun ...` stops at the cycle's end on
+        a terminal's Ctrl-C (SIGINT to the whole foreground process group): the `--resume` line
+        reaches the terminal, the exit code is 130, every rank has saved mid-epoch. Under Open
+        MPI this is the only way Ctrl-C saves: its own mpirun kills the ranks first."""
+        logdir = str(tmp_path / "run")
+        cmd = ["bash", os.path.join(ROOT, "tools", "ctrl-c-saves.sh"),
+               *train_cmd("--num_env", "2", "--n_epochs", "3", "--logdir", logdir, *TINY_RUN,
+                          n_ranks=2)]
+        rc, out = interrupt_when_logging(cmd, logdir, as_terminal=True)
+        assert rc == 130, f"expected exit code 130 (interrupted), got {rc}:\n{out[-3000:]}"
+        assert out.count("interrupted in epoch") == 1 and \
+            f"continue with --resume {logdir}" in out, out[-3000:]
+        for rank in (0, 1):
+            assert int(arrays_of(checkpoint.checkpoint_path(logdir, rank))["cycle"]) > 0
 
     @pytest.mark.slow
     @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])

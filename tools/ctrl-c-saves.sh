@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Runs an MPI launcher so that Ctrl-C stops train.py safely under Open MPI as under MPICH:
+#   bash tools/ctrl-c-saves.sh mpirun -np 8 python train.py --env FetchPush-v4 --num_env 2
+# Open MPI's mpirun takes Ctrl-C (SIGINT) and SIGTERM as an order to end the job at once: the
+# ranks get SIGTERM and, about 0.25 s later, SIGKILL, too soon to finish the cycle and save
+# (docs/usage.md). This script starts the launcher in a session of its own, so that the
+# terminal's Ctrl-C reaches this script alone, and passes the first Ctrl-C or SIGTERM on to the
+# launcher as SIGUSR1, which both MPIs' mpirun pass to the ranks: train.py stops at the end of
+# the cycle, saves its checkpoint, prints its `--resume` line and exits 130. A second one is
+# passed on as SIGTERM: the job ends at once, without saving, as a second Ctrl-C does under
+# MPICH. The exit code is the launcher's. The launcher reads no terminal (stdin is /dev/null).
+# Test: tests/test_checkpoint.py, test_ctrl_c_to_ctrl_c_saves_sh_saves_and_exits_130.
+if [ $# -lt 2 ]; then
+  echo "usage: bash tools/ctrl-c-saves.sh mpirun -np N python train.py [ARGS...]" >&2
+  exit 2
+fi
+if ! command -v "$1" > /dev/null; then
+  echo "tools/ctrl-c-saves.sh: no command $1: activate the venv that has it" \
+    "(pip install -r requirements.txt)" >&2
+  exit 2
+fi
+signals=0
+pass_on() {
+  signals=$((signals + 1))
+  if [ "$signals" -eq 1 ]; then kill -USR1 "$launcher"; else kill -TERM "$launcher"; fi 2>/dev/null
+}
+trap pass_on INT TERM
+# Not a process group leader (no job control here), so setsid makes the session in place and
+# $! is the launcher itself
+setsid "$@" < /dev/null &
+launcher=$!
+# `wait` returns early when a trapped signal arrives: wait again until the launcher has ended
+while wait "$launcher"; status=$?; kill -0 "$launcher" 2>/dev/null; do :; done
+exit "$status"
