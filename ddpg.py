@@ -140,6 +140,7 @@ class DDPG:
     """
 
     def __init__(self, cfg, task, rng, comm, Q_range=None):
+        """Collective: both MpiAdams broadcast rank 0's weights to every rank."""
         self.cfg, self.rng = cfg, rng
         self.dims, self.T, self.max_u = dict(task.dims), task.T, float(task.max_u)
         # baselines: the discount matched to the horizon, gamma = 1 - 1/T (0.98 for T = 50)

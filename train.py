@@ -91,7 +91,7 @@ def learn(cfg, plan, comm, tracer, watchdog):
             # a resumed run's normaliser sums hold them already (its checkpoint has them)
             policy.init_demo_buffer(plan.demos, update_stats=plan.checkpoint is None)  # [MPI]
         books.save_start()  # [MPI] a new run's checkpoint before any training
-        best = train(cfg, policy, rollout_worker, evaluator, books)
+        best = train(cfg, policy, rollout_worker, evaluator, books)  # [MPI]
         tracer.finish()  # [MPI] if the run ended before its traced cycles did
     finally:
         if books is not None:
@@ -103,6 +103,7 @@ def learn(cfg, plan, comm, tracer, watchdog):
 
 
 def main(argv=None):
+    """Collective: `python train.py` on every rank; returns the exit code."""
     one_blas_thread()  # before any env process starts: they inherit it
     args = parse_train_args(argv)
     MPI = start_mpi()  # here, not at the top: launch.start_mpi says why
@@ -121,13 +122,13 @@ def main(argv=None):
     watchdog.comm, tracer.comm = MPI.COMM_WORLD, comm
 
     def job():
-        cfg = shared_config(args, comm)  # rank 0's, on every rank
+        cfg = shared_config(args, comm)  # [MPI] rank 0's, on every rank
         watchdog.limit_s, watchdog.logdir = cfg.mpi_timeout, cfg.logdir
-        with prepare_run(cfg, args, comm, tracer) as plan:  # checks, files, log dir, log.txt
-            learn(cfg, plan, comm, tracer, watchdog)
+        with prepare_run(cfg, args, comm, tracer) as plan:  # [MPI] checks, files, log dir, log.txt
+            learn(cfg, plan, comm, tracer, watchdog)  # [MPI]
     watchdog.start()
     try:
-        return run_on_every_rank(comm, "train.py", job, EXIT_CODES)
+        return run_on_every_rank(comm, "train.py", job, EXIT_CODES)  # [MPI] Abort if one raises
     finally:
         watchdog.close()
 

@@ -89,17 +89,17 @@ def prepare_run(cfg, args, comm, tracer):
         plan, error = read_inputs(cfg, args, rank, comm.Get_size()), None
     except (UsageError, BadFileError) as e:
         plan, error = None, str(e)
-    raise_if_any_rank_failed(comm, error)
+    raise_if_any_rank_failed(comm, error)  # [MPI]
     if args.resume:
-        load_checkpoint(plan, args.resume, comm)
-    plan.lock = hold_run_folder(cfg.logdir, comm)  # before anything is written there
-    make_logdir(cfg, comm, tracer.folders)
+        load_checkpoint(plan, args.resume, comm)  # [MPI]
+    plan.lock = hold_run_folder(cfg.logdir, comm)  # [MPI] before anything is written there
+    make_logdir(cfg, comm, tracer.folders)  # [MPI]
     tracer.write_to(os.path.join(cfg.logdir, "trace"))
     resumed_at = None if plan.checkpoint is None else (int(plan.checkpoint["epoch"]),
                                                        int(plan.checkpoint["cycle"]))
     plan.log = RunLog(cfg.logdir, enabled=(rank == 0), argv=["train.py", *args.argv],
                       resumed_at=resumed_at)
-    job = describe_job(comm)  # collective: every rank's host and cores
+    job = describe_job(comm)  # [MPI] every rank's host and cores
     if rank == 0:
         if plan.resume_note:
             print(plan.resume_note, flush=True)
@@ -119,14 +119,14 @@ def hold_run_folder(logdir, comm):
         except OSError as e:
             error = (f"cannot write to log dir {logdir!r} on rank 0 ({e.strerror}); pass a "
                      f"--logdir that every rank can write")
-    raise_if_any_rank_failed(comm, error)
+    raise_if_any_rank_failed(comm, error)  # [MPI]
     return lock
 
 
 def make_logdir(cfg, comm, folders=()):
-    """Each rank creates the folders it writes to (`checkpoint/` and `folders`), so ranks on
-    machines without a shared file system save into the same path on their own disk; rank 0
-    writes config.json. Every rank learns if any of them could not."""
+    """Collective: each rank creates the folders it writes to (`checkpoint/` and `folders`),
+    so ranks on machines without a shared file system save into the same path on their own
+    disk; rank 0 writes config.json. Every rank learns if any of them could not."""
     error = None
     try:
         for folder in ("checkpoint", *folders):
@@ -134,8 +134,8 @@ def make_logdir(cfg, comm, folders=()):
     except OSError as e:
         error = (f"cannot write to log dir {cfg.logdir!r} on rank {comm.Get_rank()} "
                  f"({e.strerror}); pass a --logdir that every rank can write")
-    raise_if_any_rank_failed(comm, error)
-    save_on_every_rank(comm, write_config, cfg, comm.Get_rank(), comm.Get_size())
+    raise_if_any_rank_failed(comm, error)  # [MPI]
+    save_on_every_rank(comm, write_config, cfg, comm.Get_rank(), comm.Get_size())  # [MPI]
 
 
 def write_config(cfg, rank, n_ranks):
@@ -147,13 +147,13 @@ def write_config(cfg, rank, n_ranks):
 
 def load_checkpoint(plan, run_dir, comm):
     """Collective: every rank loads its checkpoint of the newest (epoch, cycle) all ranks have."""
-    position, plan.resume_note = common_position(run_dir, plan.checkpoints, comm)
+    position, plan.resume_note = common_position(run_dir, plan.checkpoints, comm)  # [MPI]
     plan.checkpoint_path = plan.checkpoints[position]
     try:
         plan.checkpoint, error = read_checkpoint(plan.checkpoint_path), None
     except BadFileError as e:
         error = str(e)
-    raise_if_any_rank_failed(comm, error)
+    raise_if_any_rank_failed(comm, error)  # [MPI]
 
 
 def print_setup(cfg, task, n_ranks, job):
@@ -223,7 +223,7 @@ class Bookkeeping:
         """Around one cycle: --trace records it; once it is over, the bar (or a progress line)
         moves on, and after the epoch's last cycle the bar leaves the screen. Collective with
         --trace: Tracer.cycle."""
-        with self.tracer.cycle(epoch, cycle):
+        with self.tracer.cycle(epoch, cycle):  # [MPI] --trace: its gather
             yield
         self.bar.update()
         self.report_progress(epoch, cycle + 1)

@@ -1,4 +1,4 @@
-"""Checkpoints and stopping safely: every rank saves its whole state, and all ranks stop together.
+"""Checkpoints: every rank saves its whole state, and a resumed run goes on from it.
 
 No baselines counterpart: baselines cannot resume a run. A checkpoint is what continues a run
 bit for bit (the policy, both Adam states, this rank's replay buffer and random generator, the
@@ -121,7 +121,7 @@ def read_checkpoint(path):
     return load_npz(path, CHECKPOINT_KEYS, "checkpoint")
 
 
-# ---------------------------------------------------------------- stopping safely
+# ---------------------------------------------------------------- what a stop looks for
 
 def nonfinite_names(losses, policy):
     """The names of what is not finite: the epoch's (critic, actor) losses so far, and the

@@ -118,7 +118,7 @@ def check_launch(n_ranks, library, prog="train.py"):
 
 def describe_job(comm):
     """Collective: the run header's line on MPI: the library, and where each rank runs."""
-    return f"MPI: {mpi_library()}, {comm.Get_size()} rank(s); {rank_placement(comm)}"
+    return f"MPI: {mpi_library()}, {comm.Get_size()} rank(s); {rank_placement(comm)}"  # [MPI]
 
 
 def rank_placement(comm):

@@ -115,10 +115,11 @@ def raise_first(errors, error_class):
 
 
 def run_on_every_rank(comm, prog, job, exit_codes):
-    """job() on this rank. An exception of a class in exit_codes ({class: (code, prefix)}) is
-    one that every rank raises together (bad input, a stop agreed on once per cycle): rank 0
-    prints one line `prog: prefix message` and every rank returns the code. Any other
-    exception is this rank's alone: under mpirun it ends the whole job."""
+    """Collective (every rank calls it): job() on this rank. An exception of a class in
+    exit_codes ({class: (code, prefix)}) is one that every rank raises together (bad input, a
+    stop agreed on once per cycle): rank 0 prints one line `prog: prefix message` and every
+    rank returns the code. Any other exception is this rank's alone: under mpirun it ends the
+    whole job (abort_job)."""
     try:
         job()
     except tuple(exit_codes) as e:
@@ -129,7 +130,7 @@ def run_on_every_rank(comm, prog, job, exit_codes):
     except BaseException:
         if comm.Get_size() == 1:
             raise
-        abort_job(comm)
+        abort_job(comm)  # [MPI]
     return 0
 
 

@@ -117,7 +117,7 @@ class Tracer:
         """Around the body of one cycle: stops the trace where cycle n_cycles would begin.
         Collective then (finish())."""
         if self.recording and self.cycles_done == self.n_cycles:
-            self.finish()
+            self.finish()  # [MPI]
         self.phase, self.epoch, self.cycle_in_epoch = "cycle", epoch, cycle
         start = self.clock()
         yield
@@ -135,11 +135,11 @@ class Tracer:
         rank = self.comm.Get_rank()
         path = os.path.join(self.folder, f"rank{rank}.csv")
         # save_on_every_rank: a full disk on one rank ends every rank, none waits in gather
-        save_on_every_rank(self.comm, atomic_write_text, path, self.csv_text(rank))
+        save_on_every_rank(self.comm, atomic_write_text, path, self.csv_text(rank))  # [MPI]
         gathered = self.comm.gather((summarise(self.rows), self.rows), root=0)  # [MPI] --trace
         json_path = os.path.join(self.folder, "trace.json")
         json_text = chrome_trace([rows for _, rows in gathered]) if rank == 0 else None
-        save_on_every_rank(self.comm, write_if_any, json_path, json_text)
+        save_on_every_rank(self.comm, write_if_any, json_path, json_text)  # [MPI]
         if rank == 0:
             summaries = [summary for summary, _ in gathered]
             print(f"Trace of {min(self.cycles_done, self.n_cycles)} cycle(s) on "

@@ -100,6 +100,8 @@ class Watchdog:
             last = now
 
     def _count(self, seconds):
+        """Adds `seconds` to the call under way; past the limit, _expire (collective in effect:
+        its Abort ends every rank), near it a warning."""
         with self._lock:
             call = self._call
             if call is None or not self.limit_s:
@@ -107,7 +109,7 @@ class Watchdog:
             call[2] += seconds
             frame, name, waited, warned = call
         if waited >= self.limit_s:
-            self._expire(describe_call(frame, name), waited)
+            self._expire(describe_call(frame, name), waited)  # [MPI] Abort
         elif waited >= WARN_FRACTION * self.limit_s and not warned:
             call[3] = True
             self._say(f"warning: {describe_call(frame, name)} has waited {waited:.0f} s for "

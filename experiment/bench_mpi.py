@@ -104,7 +104,7 @@ def main():
                      "mpirun: python -m experiment.bench_mpi --trace_cost")
         bench_trace_cost(args.quick)
     else:
-        bench_mpi()
+        bench_mpi()  # [MPI]
 
 
 if __name__ == "__main__":

@@ -144,6 +144,7 @@ def parse_args(argv=None):
 
 
 def main(argv=None):
+    """Collective: `python -m experiment.play` on every rank; returns the exit code."""
     one_blas_thread()  # before any env process starts: they inherit it
     args = parse_args(argv)
     if args.save_video and "MUJOCO_GL" not in os.environ and not os.environ.get("DISPLAY"):
@@ -156,7 +157,7 @@ def main(argv=None):
     def job():
         cfg = make_config(args)
         validate_config(cfg)
-        play(cfg, args, comm)
+        play(cfg, args, comm)  # [MPI]
     return run_on_every_rank(comm, "play.py", job,  # [MPI] Abort where a rank raises
                              {UsageError: (2, "error: "), BadFileError: (2, "error: ")})
 

@@ -8,7 +8,8 @@
 # launcher as SIGUSR1, which both MPIs' mpirun pass to the ranks: train.py stops at the end of
 # the cycle, saves its checkpoint, prints its `--resume` line and exits 130. A second one is
 # passed on as SIGTERM: the job ends at once, without saving, as a second Ctrl-C does under
-# MPICH. The exit code is the launcher's. The launcher reads no terminal (stdin is /dev/null).
+# MPICH. A closed terminal (HUP) and Ctrl-\ (QUIT) count as Ctrl-C too. The exit code is the
+# launcher's. The launcher reads no terminal (stdin is /dev/null).
 # Test: tests/test_checkpoint.py, test_ctrl_c_to_ctrl_c_saves_sh_saves_and_exits_130.
 if [ $# -lt 2 ]; then
   echo "usage: bash tools/ctrl-c-saves.sh mpirun -np N python train.py [ARGS...]" >&2
@@ -19,12 +20,15 @@ if ! command -v "$1" > /dev/null; then
     "(pip install -r requirements.txt)" >&2
   exit 2
 fi
-signals=0
+signals=0 launcher=""
 pass_on() {
+  [ -n "$launcher" ] || exit 130  # before the launcher started: nothing to stop
   signals=$((signals + 1))
   if [ "$signals" -eq 1 ]; then kill -USR1 "$launcher"; else kill -TERM "$launcher"; fi 2>/dev/null
 }
-trap pass_on INT TERM
+# HUP (the terminal closed) and QUIT too: the launcher, out of the terminal's reach, would
+# otherwise go on alone
+trap pass_on INT TERM HUP QUIT
 # Not a process group leader (no job control here), so setsid makes the session in place and
 # $! is the launcher itself
 setsid "$@" < /dev/null &

