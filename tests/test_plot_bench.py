@@ -248,7 +248,7 @@ class TestPlotBench:
         assert bottom.get_legend().get_window_extent().y1 < bottom.get_window_extent().y0
         plot.pyplot().close(figures[0])
 
-    def test_runs_table_counts_every_run_of_a_seed_and_gap_table_reads_epochs_between_rows(self, tmp_path):
+    def test_runs_table_counts_every_run_and_gap_table_reads_epochs_between_rows(self, tmp_path):
         """Seed 1 started twice (a short first start, stopped for good, and a full one): a row
         each, the one under first-starts/ marked start 1 although its log.txt is dated later
         (the folder says which start was run again), its levels "never"; the task's row over
