@@ -135,19 +135,16 @@ class DDPG:
     and r_range (r_min, r_max). comm: the ranks that train together (mpi4py's COMM_WORLD in
     train.py; common/one_rank.py's ONE_RANK for one process). Q_range: [Q_min, Q_max] of the
     critic target as a policy file holds it (from_policy); None: the range r_range allows.
-    Making one is collective: both MpiAdams broadcast rank 0's weights. Demonstrations, if
+    Collective to make (__init__): both MpiAdams broadcast rank 0's weights. Demonstrations, if
     any, come in through init_demo_buffer().
     """
 
     def __init__(self, cfg, task, rng, comm, Q_range=None):
-        """Collective: both MpiAdams broadcast rank 0's weights to every rank."""
         self.cfg, self.rng = cfg, rng
         self.dims, self.T, self.max_u = dict(task.dims), task.T, float(task.max_u)
         # baselines: the discount matched to the horizon, gamma = 1 - 1/T (0.98 for T = 50)
         self.gamma = cfg.gamma or 1. - 1. / self.T
-        # [Q_min, Q_max]: no discounted sum of rewards in [r_min, r_max] leaves this range, so
-        # a target outside it is an error of Q_targ and is clipped. For Fetch and Hand, rewards
-        # {-1, 0}: [-1/(1 - gamma), 0], as baselines' clip_return with clip_pos_returns=True.
+        # A target outside [Q_min, Q_max] is an error of Q_targ and is clipped (target_range)
         self.Q_min, self.Q_max = (target_range(task.r_range, self.gamma, cfg.clip_return)
                                   if Q_range is None else map(float, Q_range))
 

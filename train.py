@@ -50,9 +50,7 @@ def train(cfg, policy, rollout_worker, evaluator, books):
         if first_cycle == 0:  # (a run resumed mid-epoch has its history back)
             rollout_worker.clear_history()
         for cycle in range(first_cycle, cfg.n_cycles):
-            # --trace records the cycle ([MPI] after its last traced cycle, Tracer.finish
-            # gathers the trace); the bar moves on after it
-            with books.cycle(epoch, cycle):
+            with books.cycle(epoch, cycle):  # [MPI] --trace: gathered after its last cycle
                 episodes = rollout_worker.generate_rollouts()  # num_env episodes, this rank's envs
                 policy.store_episode(episodes)  # [MPI] this rank's buffer; normalisers pooled
                 for _ in range(cfg.n_batches):
@@ -107,8 +105,7 @@ def main(argv=None):
     one_blas_thread()  # before any env process starts: they inherit it
     args = parse_train_args(argv)
     MPI = start_mpi()  # here, not at the top: launch.start_mpi says why
-    # N copies of a one-rank job (a launcher whose PMI this MPI does not speak) end here, each
-    # before it writes anything, with one line from the first of them.
+    # N one-rank copies (a launcher whose PMI this MPI lacks) end here, writing nothing, one line
     wrong = check_launch(MPI.COMM_WORLD.Get_size(), mpi_library())
     if wrong is not None:
         return wrong
