@@ -37,13 +37,22 @@ def resumable_copy(root, logdir):
     return logdir
 
 
+def take_ctrl_c_as_a_terminal_job():
+    """SIGINT and SIGQUIT back to their defaults, as a terminal's foreground job has them: a
+    test run started in the background by a shell without job control (`cmd &` in a script)
+    inherits them ignored, and bash can trap no signal that was ignored when it started."""
+    for sig in (signal.SIGINT, signal.SIGQUIT):
+        signal.signal(sig, signal.SIG_DFL)
+
+
 def interrupt_when_logging(cmd, logdir, timeout=300, sig=signal.SIGINT, as_terminal=False):
     """Start a training command, send `sig` once its first epoch is logged, return (rc, out).
     as_terminal: the command runs as a terminal's foreground job (a process group of its own)
     and `sig` goes to that whole group, as Ctrl-C does."""
     before = shm_entries()
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=as_terminal)
+                            text=True, start_new_session=as_terminal,
+                            preexec_fn=take_ctrl_c_as_a_terminal_job if as_terminal else None)
     progress = os.path.join(logdir, "progress.csv")
     try:
         with hang_guard(timeout):
