@@ -6,9 +6,9 @@ baselines has (DEFAULT_PARAMS, her.py's learn, run.py's flags, the discount 1 - 
 baselines' default; the others are this project's: vec_env, env_timeout, mpi_timeout,
 reward_range, logdir and sync_check_interval (baselines checks every 100 updates, fixed), and
 seed is 0 where baselines draws one. Each field is a command-line flag `--<name>` whose help
-text is the field's trailing comment (common/cli.py makes the flags and checks their ranges);
+text is the field's trailing comment (harness/cli.py makes the flags and checks their ranges);
 what is read off the env (dims, T, max_u, the reward and its range: baselines' configure_dims)
-is common/goal_env.py's GoalTask. Deviations from baselines (16 and 17 in docs/deviations.md):
+is harness/goal_env.py's GoalTask. Deviations from baselines (16 and 17 in docs/deviations.md):
 n_epochs defaults to 50 (baselines counts total_timesteps), and the FetchReach override
 matches every id with that prefix.
 
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 class Config:
     """Every setting of a run; the module docstring says which defaults are baselines'.
 
-    Every field is a command-line flag --<name>, made by common/cli.py from the field's type,
+    Every field is a command-line flag --<name>, made by harness/cli.py from the field's type,
     default and trailing comment (its help text): a new field needs that comment, and nothing
     else, to be on the command line (a str field with fixed values adds them to cli.CHOICES)."""
     env: str = "FetchReach-v4"  # gymnasium-robotics goal task; module:EnvId imports module first

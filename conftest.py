@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from common import mpi_util
+from harness import mpi_util
 from tests.helpers import shm_entries
 
 

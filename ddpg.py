@@ -29,7 +29,7 @@ is made and read back here alone: policy_arrays(), and DDPG.from_policy() to reb
 Deviations from baselines here, by their number in docs/deviations.md: 19, the critic target
 is clipped to the range the env's own rewards allow (target_range; for Fetch and Hand this is
 baselines' [-1/(1 - gamma), 0]); 26, the demo episodes reach the normalisers in one batch; 11,
-a policy is the arrays of policy_arrays(), which common/files.py writes as a pickle-free .npz;
+a policy is the arrays of policy_arrays(), which harness/files.py writes as a pickle-free .npz;
 33, the communicator has no default, and get_actions takes its options by keyword only.
 
 Test: `python -m pytest -q test_all.py::TestDDPG`.
@@ -131,9 +131,9 @@ class DDPG:
     """DDPG + HER agent of one MPI rank: networks, targets, normalisers, replay buffer, Adams.
 
     cfg: config.Config (the fields' comments give units and defaults). task: what is read off
-    the env (common/goal_env.py's GoalTask): dims {'o', 'g', 'u'}, T, max_u, reward_fun(ag_2, g)
+    the env (harness/goal_env.py's GoalTask): dims {'o', 'g', 'u'}, T, max_u, reward_fun(ag_2, g)
     and r_range (r_min, r_max). comm: the ranks that train together (mpi4py's COMM_WORLD in
-    train.py; common/one_rank.py's ONE_RANK for one process). Q_range: [Q_min, Q_max] of the
+    train.py; harness/one_rank.py's ONE_RANK for one process). Q_range: [Q_min, Q_max] of the
     critic target as a policy file holds it (from_policy); None: the range r_range allows.
     Collective to make (__init__): both MpiAdams broadcast rank 0's weights. Demonstrations, if
     any, come in through init_demo_buffer().

@@ -19,7 +19,7 @@ says so instead of letting ranks drift.
 Deviations from baselines (8, 28 and 33 in docs/deviations.md): check_synced's verdict
 reaches every rank; grad_clip and mpi_rank_weight are not ported; the communicator has no
 default (baselines: MPI.COMM_WORLD), so this file never imports mpi4py: train.py passes
-COMM_WORLD, a single process common/one_rank.py's ONE_RANK. update, sync and check_synced are
+COMM_WORLD, a single process harness/one_rank.py's ONE_RANK. update, sync and check_synced are
 collective: every rank must call them in the same order. Every line that talks to other ranks
 carries the comment tag `[MPI]`.
 
@@ -36,7 +36,7 @@ class MpiAdam:
     `params` are the arrays the optimiser owns a view of; in this project each network passes
     the single flat array its weights are views into (actor_critic.MLP.theta), so there is no
     gather/scatter copy, but any list of arrays works. `comm`: the ranks that share the
-    parameters (an mpi4py communicator, or common/one_rank.py's ONE_RANK).
+    parameters (an mpi4py communicator, or harness/one_rank.py's ONE_RANK).
     """
 
     def __init__(self, params, beta1=0.9, beta2=0.999, epsilon=1e-08,

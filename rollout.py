@@ -35,7 +35,7 @@ class RolloutWorker:
     def __init__(self, venv, policy, rng, exploit=False, compute_Q=False, noise_eps=0.,
                  random_eps=0., success_key="is_success"):
         """rng: this rank's np.random.Generator. success_key: the info entry that reports a
-        reached goal (common/goal_env.py's GoalTask). The episodes' dims and T are the policy's."""
+        reached goal (harness/goal_env.py's GoalTask). The episodes' dims and T are the policy's."""
         self.venv, self.policy, self.rng = venv, policy, rng
         self.success_key = success_key
         self.compute_Q = compute_Q

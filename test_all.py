@@ -14,7 +14,7 @@ test_vec_env.py, common/mpi_adam.py's test_MpiAdam):
   * DDPG's losses, update and target nets; demonstrations (Nair et al. 2018): the batch, the
     Q filter and the cloning loss;
   * end-to-end learning on FetchReach-v4, alone and under mpirun.
-The tests of common/ and experiment/ (the command line, files, checkpoints, faults, logs,
+The tests of harness/ and experiment/ (the command line, files, checkpoints, faults, logs,
 tracing, play, demos, plots, the docs) are in tests/; their shared helpers in tests/helpers.py.
 
 Run: `python -m pytest -q` from the repository's root runs this file and tests/ together (the
@@ -46,10 +46,10 @@ import pytest
 import actor_critic
 import ddpg
 from actor_critic import MLP, ActorCritic
-from common import files, goal_env
-from common.checkpoint import checkpoint_path
-from common.one_rank import ONE_RANK
-from common.cli import CHOICES
+from harness import files, goal_env
+from harness.checkpoint import checkpoint_path
+from harness.one_rank import ONE_RANK
+from harness.cli import CHOICES
 from config import Config
 from ddpg import DDPG
 from her import make_sample_her_transitions

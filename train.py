@@ -7,7 +7,7 @@ n_batches updates, a target update), then test rollouts. Every rank runs this sa
 there is no master. The settings are config.Config, one --flag each (--help); with
 --demo_file, learn() puts the demonstrations of Nair et al. (2018), read at setup, into every
 rank's demo buffer.
-What is not learning (checks, files, resume, logs, the stop check) is common/bookkeeping.py's.
+What is not learning (checks, files, resume, logs, the stop check) is harness/bookkeeping.py's.
 The loop deviates from baselines' in three places: two calls, each marked where it is made
 (the stop check after every cycle, deviations 9 and 10 of docs/deviations.md; check_synced
 after every epoch, 8), and one call left out, baselines' per-epoch check that the ranks' seeds
@@ -20,7 +20,7 @@ Run:
     python train.py --resume runs/<run>                            # continue after Ctrl-C
     python -m experiment.play runs/<run>/policy_best.npz           # watch the policy
 
-Errors are one line and an exit code (common/errors.py; docs/faults.md).
+Errors are one line and an exit code (harness/errors.py; docs/faults.md).
 
 Test: `python -m pytest -q test_all.py::TestTrain`.
 """
@@ -28,22 +28,22 @@ import sys
 
 import numpy as np
 
-from common.bookkeeping import Bookkeeping, prepare_run
-from common.cli import parse_train_args, shared_config
-from common.errors import EXIT_CODES
-from common.files import set_policy_from_file
-from common.goal_env import build_venv
-from common.launch import check_launch, mpi_library, start_mpi
-from common.mpi_util import ObservedComm, one_blas_thread, run_on_every_rank
-from common.tracing import Tracer
-from common.watchdog import Watchdog
+from harness.bookkeeping import Bookkeeping, prepare_run
+from harness.cli import parse_train_args, shared_config
+from harness.errors import EXIT_CODES
+from harness.files import set_policy_from_file
+from harness.goal_env import build_venv
+from harness.launch import check_launch, mpi_library, start_mpi
+from harness.mpi_util import ObservedComm, one_blas_thread, run_on_every_rank
+from harness.tracing import Tracer
+from harness.watchdog import Watchdog
 from config import Config
 from ddpg import DDPG
 from rollout import RolloutWorker
 
 
 def train(cfg, policy, rollout_worker, evaluator, books):
-    """Algorithm 1 on this rank, as baselines' train(). `books` (common/bookkeeping.py) keeps
+    """Algorithm 1 on this rank, as baselines' train(). `books` (harness/bookkeeping.py) keeps
     what is not learning: where a resumed run starts, the trace and the progress bar, the stop
     check, the epoch's logs and files. Collective. Returns the best test success rate."""
     for epoch, first_cycle in books.epochs():

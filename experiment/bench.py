@@ -22,10 +22,10 @@ import time
 
 import numpy as np
 
-from common import goal_env
-from common.bookkeeping import Bookkeeping
-from common.mpi_util import one_blas_thread
-from common.one_rank import ONE_RANK
+from harness import goal_env
+from harness.bookkeeping import Bookkeeping
+from harness.mpi_util import one_blas_thread
+from harness.one_rank import ONE_RANK
 from ddpg import DDPG
 from experiment.timing import (ENV, TRAIN_PY, make_policy, patched, random_episodes, row,
                                run_script, timed, timed_between_yields, timeit)

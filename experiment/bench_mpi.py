@@ -2,7 +2,7 @@
 
 No baselines counterpart (baselines has no benchmark). Times the one aggregation of Plappert et
 al. (2018), Sec. 2.2 (the gradient Allreduce of MpiAdam.update) beside the update it belongs to,
-and the cost of recording every message (common/tracing.py). How a figure is taken is timing.py's.
+and the cost of recording every message (harness/tracing.py). How a figure is taken is timing.py's.
 
 Run: `mpirun -np R python -m experiment.bench_mpi` (MpiAdam.update and its Allreduce with R
 ranks) and `python -m experiment.bench_mpi --trace_cost [--quick]` (without mpirun: it runs
@@ -19,8 +19,8 @@ import tempfile
 
 import numpy as np
 
-from common.launch import launched, start_mpi
-from common.mpi_util import one_blas_thread
+from harness.launch import launched, start_mpi
+from harness.mpi_util import one_blas_thread
 from experiment.timing import ENV, TRAIN_PY, make_policy, row, timeit
 
 

@@ -1,7 +1,7 @@
 """Demonstrations for HER: a scripted pick-and-place controller, and the demo file it writes.
 
 Mirrors openai/baselines `her/experiment/data_generation/fetch_data_generation.py`; the file's
-format and its reader are in common/files.py. Provides the demonstrations of Nair et al. (2018),
+format and its reader are in harness/files.py. Provides the demonstrations of Nair et al. (2018),
 "Overcoming Exploration in Reinforcement Learning with Demonstrations", Sec. IV, which ddpg.py
 replays next to the agent's own episodes and clones with the behaviour-cloning loss.
 
@@ -23,11 +23,11 @@ import sys
 
 import numpy as np
 
-from common.cli import ArgumentParser
-from common.errors import SaveError, UsageError
-from common.files import save_demos
-from common.goal_env import describe_env, make_env
-from common.mpi_util import one_blas_thread
+from harness.cli import ArgumentParser
+from harness.errors import SaveError, UsageError
+from harness.files import save_demos
+from harness.goal_env import describe_env, make_env
+from harness.mpi_util import one_blas_thread
 from replay import EPISODE_KEYS, empty_episodes
 
 HOVER = 0.05  # m above the object's centre where the descent starts

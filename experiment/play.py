@@ -22,12 +22,12 @@ import sys
 
 import numpy as np
 
-from common.cli import ArgumentParser, config_flags, make_config, validate_config
-from common.errors import BadFileError, UsageError
-from common.files import atomic_file, load_policy_arrays, policy_on_task
-from common.goal_env import build_venv, check_policy_fits, describe_env
-from common.launch import start_mpi
-from common.mpi_util import (mpi_average, one_blas_thread, raise_if_any_rank_failed,
+from harness.cli import ArgumentParser, config_flags, make_config, validate_config
+from harness.errors import BadFileError, UsageError
+from harness.files import atomic_file, load_policy_arrays, policy_on_task
+from harness.goal_env import build_venv, check_policy_fits, describe_env
+from harness.launch import start_mpi
+from harness.mpi_util import (mpi_average, one_blas_thread, raise_if_any_rank_failed,
                              run_on_every_rank)
 from rollout import RolloutWorker
 

@@ -32,7 +32,7 @@ Test: `python -m pytest -q tests/test_plot_bench.py`.
 import argparse
 import sys
 
-from common import files
+from harness import files
 from experiment.plot_anchors import ANCHORS, SOURCES, anchor_label, anchor_x
 from experiment.plot_tables import (AFTER_EPOCHS, BOOT_SEED, N_BOOT, gap_table, results_table,
                                     runs_table, scaling_table, suite_table)

@@ -1,7 +1,7 @@
 """One traced cycle as a picture: a lane per rank, its time in MPI calls and with env processes.
 
 No baselines counterpart (baselines traces nothing). It draws the rank<r>.csv files that
-train.py --trace N wrote (common/tracing.py) for one cycle that every rank traced whole. This
+train.py --trace N wrote (harness/tracing.py) for one cycle that every rank traced whole. This
 shows who waits for whom among the ranks that combine their gradients (Plappert et al. 2018,
 Sec. 2.2): a collective ends on every rank at once, so the rank with the shortest bar in it
 came last.
@@ -17,7 +17,7 @@ import json
 import os
 import sys
 
-from common import files
+from harness import files
 
 TRACE_INTS = ("rank", "elements", "bytes_sent", "bytes_received", "epoch", "cycle")
 COMPUTING = "computing (none of the below)"

@@ -17,7 +17,7 @@ import time
 
 import numpy as np
 
-from common import goal_env
+from harness import goal_env
 from config import Config
 from ddpg import DDPG
 from replay import empty_episodes

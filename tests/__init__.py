@@ -1,1 +1,1 @@
-"""The tests of common/ and experiment/ (the algorithm's are in ../test_all.py)."""
+"""The tests of harness/ and experiment/ (the algorithm's are in ../test_all.py)."""

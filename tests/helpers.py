@@ -30,8 +30,8 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from common import files, goal_env, launch, mpi_util
-from common.one_rank import ONE_RANK
+from harness import files, goal_env, launch, mpi_util
+from harness.one_rank import ONE_RANK
 from config import Config
 from ddpg import DDPG
 
@@ -65,7 +65,7 @@ def mpirun_args(n_ranks):
 
 def run_cmd(cmd, timeout):
     """Run a command with a hang guard; return (returncode, combined output). An MPI job that
-    ended in MPI_Abort or killed leaves its segments in /dev/shm (common/mpi_util.py says why): once
+    ended in MPI_Abort or killed leaves its segments in /dev/shm (harness/mpi_util.py says why): once
     the job is over, the segments it orphaned are removed."""
     is_mpi = os.path.basename(cmd[0]).startswith(("mpirun", "mpiexec"))
     before = shm_entries()

@@ -1,4 +1,4 @@
-"""Stopping and resuming (common/checkpoint.py, common/bookkeeping.py): every fault of a run's end.
+"""Stopping and resuming (harness/checkpoint.py, harness/bookkeeping.py): every fault of a run's end.
 
 No baselines counterpart (baselines cannot resume): SIGINT, a second signal, a hung env, a full
 disk, a rank stopped mid-save, NaN losses or weights, ranks without a shared disk, each
@@ -20,8 +20,8 @@ import numpy as np
 import pytest
 
 import train
-from common import checkpoint, files, watchdog
-from common.one_rank import ONE_RANK
+from harness import checkpoint, files, watchdog
+from harness.one_rank import ONE_RANK
 from tests.helpers import (ROOT, TINY_RUN, arrays_of, assert_one_line_error, assert_same_arrays,
                            assert_same_progress, env_processes_left, fetch_reach_policy,
                            hang_guard, mpi_family, mpirun_exe, random_demo_file, reach_task, read_progress,
@@ -93,7 +93,7 @@ def assert_log_tells_the_history(logdir, starts):
 
 
 class TestCheckpoint:
-    """common/checkpoint.py, common/bookkeeping.py: stop and resume."""
+    """harness/checkpoint.py, harness/bookkeeping.py: stop and resume."""
 
     @pytest.mark.slow
     def test_sigint_saves_checkpoint_and_resume_is_bitwise_identical(self, tmp_path):

@@ -1,4 +1,4 @@
-"""The command line (common/cli.py) made from config.Config: one flag a field, one line an error.
+"""The command line (harness/cli.py) made from config.Config: one flag a field, one line an error.
 
 Mirrors the argument handling of openai/baselines `her/experiment/train.py` and prepare_params of
 its config.py: every Config field a flag whose help is the field's comment, baselines' defaults
@@ -12,9 +12,9 @@ import dataclasses
 import numpy as np
 import pytest
 
-from common import cli
-from common.goal_env import GoalTask
-from common.one_rank import ONE_RANK
+from harness import cli
+from harness.goal_env import GoalTask
+from harness.one_rank import ONE_RANK
 from config import Config
 from ddpg import DDPG
 from tests.helpers import assert_main_refuses, assert_one_line_error, run_cmd, train_cmd
@@ -24,7 +24,7 @@ from tests.helpers import assert_main_refuses, assert_one_line_error, run_cmd, t
 
 
 class TestConfig:
-    """common/cli.py and config.py: settings, command line."""
+    """harness/cli.py and config.py: settings, command line."""
 
     def test_config_defaults_env_overrides_and_cli(self):
         cfg = cli.make_config(cli.parse_train_args([]))

@@ -2,7 +2,7 @@
 
 Mirrors openai/baselines `her/experiment/data_generation/fetch_data_generation.py` for the
 demonstrations of Nair et al. (2018): the controller succeeds on FetchPickAndPlace, the file is
-in the replay buffer's layout, loadable without pickle (common/files.py), every stored step
+in the replay buffer's layout, loadable without pickle (harness/files.py), every stored step
 replays in a fresh env, and a full disk is one line.
 
 Run: `python -m pytest -q tests/test_demos.py` (from the repository's root).
@@ -11,7 +11,7 @@ import os
 
 import numpy as np
 
-from common import files, goal_env
+from harness import files, goal_env
 from experiment import demos
 from tests.helpers import small_disk
 

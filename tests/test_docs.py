@@ -67,10 +67,10 @@ def broken_links(page):
 
 
 def python_files():
-    """Every .py file of the project, relative to the root: the top level, common/,
+    """Every .py file of the project, relative to the root: the top level, harness/,
     experiment/ and tests/."""
     top = sorted(f for f in os.listdir(ROOT) if f.endswith(".py"))
-    below = [os.path.join(d, f) for d in ("common", "experiment", "tests")
+    below = [os.path.join(d, f) for d in ("harness", "experiment", "tests")
              for f in sorted(os.listdir(os.path.join(ROOT, d))) if f.endswith(".py")]
     return top + below
 

@@ -7,7 +7,7 @@ mpi_util.mpi_average) and at docs/deviations.md by number ("deviation 13", "(1, 
 docs/deviations.md)"); a name that moved or a number that shifted would send a reader nowhere.
 So: every dotted name whose first part is one of the project's modules or classes resolves
 (import it, getattr each part; a class's attribute may also be one its methods set on self);
-every project path named (common/files.py) exists or is a file of baselines'; every deviation
+every project path named (harness/files.py) exists or is a file of baselines'; every deviation
 number is an entry of docs/deviations.md, whose entries run 1, 2, ... without a gap; and the
 README's sentence on what a rank sends per cycle states what docs/mpi.md's table of every
 call says, and what Config's defaults give.
@@ -35,7 +35,7 @@ FILE_ENDINGS = ("py", "md", "npz", "npy", "csv", "json", "txt", "png", "gif", "s
 
 def python_files():
     """The project's Python files, relative to ROOT."""
-    return sorted(os.path.relpath(path, ROOT) for folder in ("", "common", "experiment", "tests")
+    return sorted(os.path.relpath(path, ROOT) for folder in ("", "harness", "experiment", "tests")
                   for path in glob.glob(os.path.join(ROOT, folder, "*.py")))
 
 
@@ -75,7 +75,7 @@ def namespace():
         module = importlib.import_module(dotted)
         names[dotted] = module
         names.setdefault(dotted.rsplit(".", 1)[-1], module)
-    for package in ("common", "experiment", "tests"):
+    for package in ("harness", "experiment", "tests"):
         names[package] = importlib.import_module(package)
     for module in list(names.values()):
         for name, value in vars(module).items():
@@ -186,7 +186,7 @@ class TestDocsRefs:
         assert unresolved(made_up, names) == ["train.epoch_logs", "DDPG.no_such_method"]
 
     def test_every_project_path_named_exists(self):
-        pattern = re.compile(r"(?<![\w/.-])((?:common|experiment|tests)/\w+\.py)\b")
+        pattern = re.compile(r"(?<![\w/.-])((?:harness|experiment|tests)/\w+\.py)\b")
         bad = [f"{where}: {path}" for where, text in texts() for path in pattern.findall(text)
                if not os.path.exists(os.path.join(ROOT, path)) and path not in BASELINES_FILES]
         assert not bad, "files that do not exist (here or in baselines):\n" + "\n".join(bad)

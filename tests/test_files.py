@@ -1,4 +1,4 @@
-"""Files (common/files.py, common/errors.py): atomic saves, and one line for every bad file.
+"""Files (harness/files.py, harness/errors.py): atomic saves, and one line for every bad file.
 
 No baselines counterpart (it pickles its files and writes them in place): a save killed midway
 or a full disk never leaves half a file, and a truncated, foreign or pickled policy, checkpoint
@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import ddpg
-from common import checkpoint, errors, files, goal_env
+from harness import checkpoint, errors, files, goal_env
 from tests.helpers import (arrays_of, assert_main_refuses, assert_one_line_error, play_cmd,
                            random_demo_file, reach_task, run_cmd, straight_run, train_cmd)
 
@@ -24,7 +24,7 @@ from tests.helpers import (arrays_of, assert_main_refuses, assert_one_line_error
 
 
 class TestFiles:
-    """common/files.py, common/errors.py: saving, bad files."""
+    """harness/files.py, harness/errors.py: saving, bad files."""
 
     def test_atomic_save_never_leaves_a_half_written_file(self, tmp_path, monkeypatch):
         path = str(tmp_path / "policy.npz")

@@ -1,4 +1,4 @@
-"""Goal tasks (common/goal_env.py): every family's conventions read off the env, not assumed.
+"""Goal tasks (harness/goal_env.py): every family's conventions read off the env, not assumed.
 
 Mirrors the env half of openai/baselines `her/experiment/config.py` (configure_dims): dims, T,
 the reward and its range, and the success key come from the env, checked on every Fetch, Hand
@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 
 import ddpg
-from common import errors, goal_env
-from common.one_rank import ONE_RANK
+from harness import errors, goal_env
+from harness.one_rank import ONE_RANK
 from config import Config
 from ddpg import DDPG
 from rollout import RolloutWorker
@@ -87,7 +87,7 @@ class FixedGoal(PointGoal):
 
 
 class TestGoalEnv:
-    """common/goal_env.py: goal tasks, rewards."""
+    """harness/goal_env.py: goal tasks, rewards."""
 
     @pytest.mark.slow  # a training cycle on each of 11 tasks
     def test_every_goal_task_family_runs_one_cycle(self):

@@ -1,4 +1,4 @@
-"""common/launch.py and common/runlock.py: a launch that checks itself, one job per run folder.
+"""harness/launch.py and harness/runlock.py: a launch that checks itself, one job per run folder.
 
 No baselines counterpart. Held against the launchers' own variables (the ones MPICH's mpirun,
 Open MPI's mpirun, srun and srun --mpi=pmi2 were seen to set on this machine, docs/usage.md)
@@ -16,8 +16,8 @@ import sys
 
 import pytest
 
-from common import launch
-from common.runlock import RunLock
+from harness import launch
+from harness.runlock import RunLock
 from tests.helpers import (ROOT, TINY_RUN, assert_one_line_error, hang_guard, mpi_family,
                            remove_orphans_of_job, run_cmd, shm_entries, train_cmd)
 
@@ -31,7 +31,7 @@ BATCH_SHELL = {"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_JOB_ID": "7"}  #
 
 
 class TestLaunch:
-    """common/launch.py."""
+    """harness/launch.py."""
 
     def test_each_launcher_is_read_the_nearest_first(self):
         assert launch.launched({}) is None
@@ -82,7 +82,7 @@ class TestLaunch:
 
 
 class TestRunLock:
-    """common/runlock.py, and train.py refusing a folder another job holds."""
+    """harness/runlock.py, and train.py refusing a folder another job holds."""
 
     def test_a_held_folder_is_refused_and_a_released_one_taken(self, tmp_path):
         first = RunLock(str(tmp_path)).acquire()
@@ -96,7 +96,7 @@ class TestRunLock:
             self, tmp_path):
         logdir = tmp_path / "run"
         holder = subprocess.Popen([sys.executable, "-c",  # another job, holding the lock
-                                   "import sys, time; from common.runlock import RunLock; "
+                                   "import sys, time; from harness.runlock import RunLock; "
                                    f"lock = RunLock({str(logdir)!r}).acquire(); print('held', "
                                    "flush=True); time.sleep(600)"],
                                   cwd=ROOT, stdout=subprocess.PIPE, text=True)
@@ -123,7 +123,7 @@ class TestStartMpi:
         with a plain import, and removed again); start_mpi's process leaves nothing, and its
         environment is as it was, so an mpirun it starts is not restricted. Under MPICH neither
         leaves anything."""
-        check = ("import os; from common.launch import start_mpi; MPI = start_mpi(); "
+        check = ("import os; from harness.launch import start_mpi; MPI = start_mpi(); "
                  "assert 'OMPI_MCA_btl' not in os.environ; "
                  "assert MPI.COMM_WORLD.allgather(1) == [1]")  # [MPI] test only
         before = shm_entries()

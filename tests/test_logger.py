@@ -1,9 +1,9 @@
-"""What a run prints and logs (common/logger.py): log.txt, where the progress bar goes.
+"""What a run prints and logs (harness/logger.py): log.txt, where the progress bar goes.
 
 Mirrors openai/baselines `common/logger.py` (its log.txt) as HER uses it: RunLog copies both of
 rank 0's streams into log.txt and puts them back, each start headed by the commit the code ran
 at; output_is_terminal sees through mpirun (a rank's stdout is a pipe) to mpirun's own; and the
-in-epoch tqdm bar (common/bookkeeping.py) is drawn where the output is a terminal, and nowhere else.
+in-epoch tqdm bar (harness/bookkeeping.py) is drawn where the output is a terminal, and nowhere else.
 
 Run: `python -m pytest -q tests/test_logger.py` (from the repository's root).
 """
@@ -15,7 +15,7 @@ import sys
 import pytest
 
 import train
-from common import errors, logger
+from harness import errors, logger
 from tests.helpers import ROOT, hang_guard, mpirun_exe, run_cmd
 
 
@@ -37,7 +37,7 @@ def run_on_screen(screen, logdir, monkeypatch):
 
 
 class TestLogger:
-    """common/logger.py: log.txt and the progress bar."""
+    """harness/logger.py: log.txt and the progress bar."""
 
     def test_code_version_outside_a_checkout(self, tmp_path):
         assert logger.code_version(str(tmp_path)) == "not a git checkout"
@@ -60,7 +60,7 @@ class TestLogger:
     def test_output_is_terminal_sees_through_mpirun(self):
         """Under mpirun a rank's stdout is a pipe; mpirun's own stdout decides."""
         cmd = [mpirun_exe(), "-np", "1", sys.executable, "-c",
-               "import sys; from common import logger; "
+               "import sys; from harness import logger; "
                "print('TERMINAL', logger.output_is_terminal(sys.stdout))"]
         rc, out = run_cmd(cmd, 120)
         assert rc == 0 and "TERMINAL False" in out, out[-3000:]
@@ -85,7 +85,7 @@ class TestLogger:
 
     @pytest.mark.slow  # two (short) training runs
     def test_a_progress_bar_is_drawn_on_a_terminal_and_nowhere_else(self, tmp_path, monkeypatch):
-        """Rank 0's tqdm bar (common/bookkeeping.py): on a terminal, the epoch's cycles redrawn in
+        """Rank 0's tqdm bar (harness/bookkeeping.py): on a terminal, the epoch's cycles redrawn in
         place ('\\r'), never into log.txt; into a file or a pipe, no bar, but a short line a
         few times an epoch (neither goes into log.txt)."""
         shown = run_on_screen(FakeTerminal(), str(tmp_path / "terminal"), monkeypatch)

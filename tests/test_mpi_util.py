@@ -1,5 +1,5 @@
-"""MPI jobs (common/mpi_util.py): one rank's failure ends the job, and what MPICH leaves behind;
-a world of one rank (common/one_rank.py), and MPI kept out of the algorithm files.
+"""MPI jobs (harness/mpi_util.py): one rank's failure ends the job, and what MPICH leaves behind;
+a world of one rank (harness/one_rank.py), and MPI kept out of the algorithm files.
 
 Mirrors openai/baselines `common/mpi_util.py`'s role: under real mpirun, a rank that raises
 ends every rank with one traceback (abort_job waits until the traceback has been read), and
@@ -21,9 +21,9 @@ import time
 import numpy as np
 import pytest
 
-from common import mpi_util
-from common.launch import start_mpi
-from common.one_rank import ONE_RANK
+from harness import mpi_util
+from harness.launch import start_mpi
+from harness.one_rank import ONE_RANK
 from tests.helpers import (ROOT, TINY_RUN, hang_guard, mpi_family, mpirun_args,
                            remove_orphans_of_job, run_cmd, shm_entries, train_cmd)
 
@@ -93,7 +93,7 @@ def running_job_keeps_its_segment(tmp_path, orphans):
 
 
 class TestMpiUtil:
-    """common/mpi_util.py: MPI jobs, /dev/shm."""
+    """harness/mpi_util.py: MPI jobs, /dev/shm."""
 
     @pytest.mark.slow
     def test_orphaned_mpi_segments_are_found_and_removed_but_live_ones_kept(self, tmp_path):
@@ -141,7 +141,7 @@ class TestMpiUtil:
 
 
 class TestOneRank:
-    """common/one_rank.py; the algorithm files' imports."""
+    """harness/one_rank.py; the algorithm files' imports."""
 
     def test_one_rank_answers_as_comm_world_of_one_process(self):
         world = start_mpi().COMM_WORLD  # a singleton world: this process alone

@@ -41,8 +41,8 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from common.goal_env import GoalTask
-from common.one_rank import ONE_RANK
+from harness.goal_env import GoalTask
+from harness.one_rank import ONE_RANK
 from config import Config
 from ddpg import DDPG
 from rollout import RolloutWorker

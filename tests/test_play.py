@@ -13,7 +13,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from common import files
+from harness import files
 from tests.helpers import ROOT, assert_one_line_error, fetch_reach_policy, play_cmd
 
 

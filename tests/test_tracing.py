@@ -1,4 +1,4 @@
-"""--trace (common/tracing.py): every message between processes, measured, against the docs.
+"""--trace (harness/tracing.py): every message between processes, measured, against the docs.
 
 No baselines counterpart: a traced 2-rank run records exactly the call sites of docs/mpi.md's
 table "Every call that crosses ranks", each as often as its row says, computes bit for bit
@@ -14,7 +14,7 @@ import re
 import numpy as np
 import pytest
 
-from common import tracing
+from harness import tracing
 from tests.helpers import (TRACED_RUN, StubGoalEnv, assert_main_refuses, assert_same_arrays,
                            assert_same_progress, hang_guard, mpi_table_rows, reach_task,
                            read_trace_rows, traced_and_untraced_runs)
@@ -38,7 +38,7 @@ def expected_calls(how_often, n_batches):
 
 
 class TestTracing:
-    """common/tracing.py: --trace."""
+    """harness/tracing.py: --trace."""
 
     @pytest.mark.slow
     def test_trace_finds_exactly_the_calls_and_counts_of_the_docs_table(self, tmp_path):

@@ -1,4 +1,4 @@
-"""common/watchdog.py: a time limit on every collective call, and signals while a rank waits.
+"""harness/watchdog.py: a time limit on every collective call, and signals while a rank waits.
 
 No baselines counterpart (baselines, and MPI, wait for ever). Held against real runs: a rank
 stopped with SIGSTOP (a hung node) under `mpirun -np 2` must end the job within --mpi_timeout
@@ -20,7 +20,7 @@ import time
 
 import pytest
 
-from common.launch import launched
+from harness.launch import launched
 from tests.helpers import (ROOT, assert_main_refuses, hang_guard, read_progress,
                            remove_orphans_of_job, run_cmd, shm_entries, train_cmd)
 
@@ -47,7 +47,7 @@ def processes_marked(mark):
 
 def rank_pid(mark, rank):
     """The pid of train.py's rank `rank` of the marked job, as its launcher numbered it (MPICH's
-    PMI_RANK, Open MPI's OMPI_COMM_WORLD_RANK: common/launch.py reads either)."""
+    PMI_RANK, Open MPI's OMPI_COMM_WORLD_RANK: harness/launch.py reads either)."""
     for pid in processes_marked(mark):
         try:
             with open(f"/proc/{pid}/environ", "rb") as f:
@@ -98,7 +98,7 @@ def assert_nothing_left(mark, patience_s=15):
 
 
 class TestWatchdog:
-    """common/watchdog.py."""
+    """harness/watchdog.py."""
 
     @pytest.mark.slow
     def test_a_stopped_rank_ends_the_job_within_the_limit_and_resume_goes_on(self, tmp_path):
@@ -154,8 +154,8 @@ class TestWatchdog:
         script.write_text(textwrap.dedent(f"""\
             import os, sys, time
             sys.path.insert(0, {ROOT!r})
-            from common.mpi_util import ObservedComm
-            from common.watchdog import Watchdog
+            from harness.mpi_util import ObservedComm
+            from harness.watchdog import Watchdog
 
             class NeverComm:
                 def Allreduce(self, send, recv):

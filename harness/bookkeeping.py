@@ -22,17 +22,17 @@ import time
 import numpy as np
 from tqdm import tqdm
 
-from common.checkpoint import (checkpoint_positions, common_position, nonfinite_names,
+from harness.checkpoint import (checkpoint_positions, common_position, nonfinite_names,
                                read_checkpoint, restore_agent, restore_epoch_so_far,
                                save_checkpoint)
-from common.cli import parse_reward_range
-from common.errors import BadFileError, Interrupted, NonFiniteError, UsageError
-from common.files import atomic_write_text, load_demos, load_policy_arrays, save_policy
-from common.goal_env import GoalTask, check_policy_fits, describe_env
-from common.launch import describe_job
-from common.logger import EpochLogger, RunLog, output_is_terminal
-from common.mpi_util import mpi_average, raise_if_any_rank_failed, save_on_every_rank
-from common.runlock import RunLock
+from harness.cli import parse_reward_range
+from harness.errors import BadFileError, Interrupted, NonFiniteError, UsageError
+from harness.files import atomic_write_text, load_demos, load_policy_arrays, save_policy
+from harness.goal_env import GoalTask, check_policy_fits, describe_env
+from harness.launch import describe_job
+from harness.logger import EpochLogger, RunLog, output_is_terminal
+from harness.mpi_util import mpi_average, raise_if_any_rank_failed, save_on_every_rank
+from harness.runlock import RunLock
 
 
 PROGRESS_LINES = 4  # an epoch's cycles in about this many parts, where no bar is drawn
@@ -108,7 +108,7 @@ def prepare_run(cfg, args, comm, tracer):
 
 
 def hold_run_folder(logdir, comm):
-    """Collective: rank 0 takes the run folder's lock (common/runlock.py); if another job
+    """Collective: rank 0 takes the run folder's lock (harness/runlock.py); if another job
     holds it, or the folder cannot be made, every rank raises that one line."""
     lock, error = None, None
     if comm.Get_rank() == 0:
@@ -182,7 +182,7 @@ def restore_run(plan, policy, workers):
 
 class Bookkeeping:
     """The bookkeeping of train()'s loop on one rank; restores a resumed run's agent when made.
-    workers: (rollout_worker, evaluator); watchdog: common/watchdog.py's Watchdog, whose
+    workers: (rollout_worker, evaluator); watchdog: harness/watchdog.py's Watchdog, whose
     `requested` a first SIGINT/SIGTERM/SIGUSR1 sets."""
 
     def __init__(self, cfg, plan, policy, workers, comm, tracer, watchdog):
@@ -232,7 +232,7 @@ class Bookkeeping:
 
     def stop_safely_if_needed(self, epoch, cycle):
         """Collective, after every cycle: all ranks learn whether any saw a stop signal
-        (common/watchdog.py takes them) or a non-finite loss or weight, and all stop after
+        (harness/watchdog.py takes them) or a non-finite loss or weight, and all stop after
         this same cycle or none does, instead of one rank leaving the others waiting in an
         Allreduce for ever. On a signal every rank saves first; on a non-finite value nothing
         is saved: the checkpoint from before this epoch is the last good one."""

@@ -6,7 +6,7 @@ epoch's logs so far), one file per rank, written atomically (files.py) at the en
 and on Ctrl-C, with the one before it kept beside it: a resumed run equals the run that was
 never stopped, byte for byte.
 
-Stopping safely is Bookkeeping.stop_safely_if_needed's (common/bookkeeping.py); what it looks
+Stopping safely is Bookkeeping.stop_safely_if_needed's (harness/bookkeeping.py); what it looks
 for in each rank's losses and weights is nonfinite_names' here.
 
 Test: `python -m pytest -q tests/test_checkpoint.py`.
@@ -17,8 +17,8 @@ import os
 import numpy as np
 
 from ddpg import POLICY_KEYS
-from common.errors import UsageError
-from common.files import atomic_savez, load_npz, set_policy_from_file
+from harness.errors import UsageError
+from harness.files import atomic_savez, load_npz, set_policy_from_file
 
 CHECKPOINT_KEYS = POLICY_KEYS + ("epoch", "cycle", "n_ranks", "rng_json", "Q_adam/m",
                                  "log/train_success_history", "log/train_losses")

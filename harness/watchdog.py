@@ -27,7 +27,7 @@ import sys
 import threading
 import time
 
-from common.tracing import caller_site
+from harness.tracing import caller_site
 
 TICK_S = 0.5  # how often the watchdog looks at the clock
 WARN_FRACTION = 0.25  # the warning comes after this fraction of --mpi_timeout

@@ -24,8 +24,8 @@ import sys
 import time
 from multiprocessing.reduction import ForkingPickler
 
-from common.files import atomic_write_text
-from common.mpi_util import save_on_every_rank
+from harness.files import atomic_write_text
+from harness.mpi_util import save_on_every_rank
 
 # The columns of rank<r>.csv, each with what it holds (written above the header as # lines).
 COLUMNS = (

@@ -16,7 +16,7 @@ import os
 import socket
 import time
 
-from common.errors import UsageError
+from harness.errors import UsageError
 
 LOCK_NAME = "run.lock"
 

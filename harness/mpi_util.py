@@ -9,7 +9,7 @@ A job that ends in MPI_Abort or is killed by a signal (MPICH), or whose mpirun i
 (Open MPI), never unlinks its shared segments: /dev/shm/mpich_shm_* (about 1 MB per rank) or
 Open MPI's sm_segment.* (16 MB per rank; docs/faults.md). They stay until the machine
 reboots, or until this deletes those no process uses:
-    python -c "from common import mpi_util; print(mpi_util.remove_orphaned_mpi_segments())"
+    python -c "from harness import mpi_util; print(mpi_util.remove_orphaned_mpi_segments())"
 
 Test: `python -m pytest -q tests/test_mpi_util.py`.
 """
@@ -26,7 +26,7 @@ import traceback
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from common.errors import SaveError, UsageError
+from harness.errors import SaveError, UsageError
 
 
 @dataclasses.dataclass
@@ -44,7 +44,7 @@ class CollectiveCall:
 class ObservedComm:
     """An MPI communicator whose collective calls its observers see: each gets entering(call)
     before the call and left(call) after it, also when it raised. train.py's observers are
-    common/watchdog.py's Watchdog (a time limit on every call) and common/tracing.py's Tracer
+    harness/watchdog.py's Watchdog (a time limit on every call) and harness/tracing.py's Tracer
     (--trace: a row per call); they only look, so nothing they do changes what is computed.
     Every other attribute (Get_rank, Get_size) is the communicator's own."""
     COLLECTIVE = ("Allreduce", "Bcast", "allgather", "bcast", "gather", "Abort")

@@ -20,7 +20,7 @@ import io
 
 import numpy as np
 
-from common.errors import UsageError
+from harness.errors import UsageError
 from vecenv import DummyVecEnv, ShmemVecEnv, SubprocVecEnv
 
 # --vec_env: how env processes send their observations to the rank (vecenv.py).

@@ -21,7 +21,7 @@ import os
 
 import numpy as np
 
-from common.errors import BadFileError, SaveError
+from harness.errors import BadFileError, SaveError
 from ddpg import DDPG, POLICY_KEYS
 from replay import EPISODE_KEYS, episode_shapes
 

@@ -5,7 +5,7 @@ format) as far as HER uses it. Rank 0 alone writes (every logged value is alread
 summed over ranks by the caller, bookkeeping.Bookkeeping.epoch_row); the CSV is rewritten
 atomically each epoch, so a reader never sees half a row. log.txt (baselines' logger writes
 one too) holds what rank 0 printed, appended to on every --resume, each start headed by the
-commit the code ran at. The in-epoch progress bar is tqdm's (common/bookkeeping.py), drawn
+commit the code ran at. The in-epoch progress bar is tqdm's (harness/bookkeeping.py), drawn
 only where the output is a terminal; elsewhere (a file, a pipe, a Slurm job's output) a few
 short lines an epoch take its place.
 
@@ -18,8 +18,8 @@ import subprocess
 import sys
 import time
 
-from common.files import atomic_write_text
-from common.launch import launched
+from harness.files import atomic_write_text
+from harness.launch import launched
 
 
 class EpochLogger:

@@ -18,8 +18,8 @@ import time
 
 import numpy as np
 
-from common.errors import UsageError
-from common.goal_env import VEC_ENVS
+from harness.errors import UsageError
+from harness.goal_env import VEC_ENVS
 from config import ENV_OVERRIDES, Config
 
 
@@ -59,7 +59,7 @@ RANGES = {"at least 1": ("num_env", "n_cycles", "n_batches", "batch_size", "buff
 
 def validate_config(cfg):
     """A one-line UsageError for the first value out of its range, or flags that do not go
-    together; the files the flags name are checked in common/bookkeeping.py (read_inputs)."""
+    together; the files the flags name are checked in harness/bookkeeping.py (read_inputs)."""
     for must_be, names in RANGES.items():
         for name in names:
             value = getattr(cfg, name)
@@ -200,7 +200,7 @@ def train_parser():
     p.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its checkpoint")
     p.add_argument("--trace", type=int, default=0, metavar="N",
                    help="record every message between processes in the first N cycles into "
-                        "<logdir>/trace/ and print a table of them (0: off; common/tracing.py)")
+                        "<logdir>/trace/ and print a table of them (0: off; harness/tracing.py)")
     return p
 
 
