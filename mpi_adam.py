@@ -19,7 +19,7 @@ says so instead of letting ranks drift.
 Deviations from baselines (8, 28 and 33 in docs/deviations.md): check_synced's verdict
 reaches every rank; grad_clip and mpi_rank_weight are not ported; the communicator has no
 default (baselines: MPI.COMM_WORLD), so this file never imports mpi4py: train.py passes
-COMM_WORLD, a single process harness/one_rank.py's ONE_RANK. update, sync and check_synced are
+harness/mpi_util.py's ObservedComm over COMM_WORLD, a single process ONE_RANK (below). update, sync and check_synced are
 collective: every rank must call them in the same order. Every line that talks to other ranks
 carries the comment tag `[MPI]`.
 
@@ -36,7 +36,7 @@ class MpiAdam:
     `params` are the arrays the optimiser owns a view of; in this project each network passes
     the single flat array its weights are views into (actor_critic.MLP.theta), so there is no
     gather/scatter copy, but any list of arrays works. `comm`: the ranks that share the
-    parameters (an mpi4py communicator, or harness/one_rank.py's ONE_RANK).
+    parameters (an mpi4py communicator or a proxy of one, or ONE_RANK below).
     """
 
     def __init__(self, params, beta1=0.9, beta2=0.999, epsilon=1e-08,
@@ -141,3 +141,33 @@ class MpiAdam:
         if n_mismatched[0]:
             raise RuntimeError(f"MpiAdam.check_synced: {n_mismatched[0]} rank(s) hold parameters "
                                f"different from rank 0 after {self.t} updates; ranks diverged")
+
+
+class OneRankComm:
+    """A world of one rank, without MPI: what a single process passes as `comm` (the tests, the
+    benchmarks). It answers the calls this project makes as COMM_WORLD of a one-rank job does:
+    a sum or a gather over one rank is its own value, a broadcast leaves rank 0's data as is."""
+
+    def Get_rank(self):
+        return 0
+
+    def Get_size(self):
+        return 1
+
+    def Allreduce(self, sendbuf, recvbuf, op=None):
+        recvbuf[...] = sendbuf
+
+    def Bcast(self, buf, root=0):
+        pass
+
+    def allgather(self, obj):
+        return [obj]
+
+    def gather(self, obj, root=0):
+        return [obj]
+
+    def bcast(self, obj, root=0):
+        return obj
+
+
+ONE_RANK = OneRankComm()

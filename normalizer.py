@@ -10,8 +10,8 @@ Deviations from baselines, by their number in docs/deviations.md: 4, the sums ar
 (baselines: float32), so that mean and std stay exact after millions of samples, while the
 normalised inputs are float32; 13, they are summed over ranks (baselines averages them) and
 the count starts at 0 (baselines: 1, one phantom zero sample); 33, the communicator is
-always passed in (no mpi4py import here: train.py passes COMM_WORLD, a single process
-harness/one_rank.py's ONE_RANK); recompute_stats is the one collective call.
+always passed in (no mpi4py import here: train.py passes its proxy of COMM_WORLD, a
+single process mpi_adam.py's ONE_RANK); recompute_stats is the one collective call.
 
 Test: `python -m pytest -q test_all.py::TestNormalizer` (runs `mpirun -np 3` itself).
 """
@@ -31,7 +31,7 @@ class Normalizer:
     """
 
     def __init__(self, size, eps=1e-2, default_clip_range=np.inf, *, comm):
-        """comm: the ranks whose sums are pooled (mpi4py, or harness/one_rank.py's ONE_RANK)."""
+        """comm: the ranks whose sums are pooled (mpi4py, or mpi_adam.py's ONE_RANK)."""
         self.size, self.eps, self.default_clip_range = size, eps, default_clip_range
         self.comm = comm
         self.local_sum = np.zeros(size, np.float64)  # (size,) since the last recompute_stats

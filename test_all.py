@@ -48,7 +48,7 @@ import ddpg
 from actor_critic import MLP, ActorCritic
 from harness import files, goal_env
 from harness.checkpoint import checkpoint_path
-from harness.one_rank import ONE_RANK
+from mpi_adam import ONE_RANK
 from harness.cli import CHOICES
 from config import Config
 from ddpg import DDPG

@@ -7,12 +7,14 @@ n_batches updates, a target update), then test rollouts. Every rank runs this sa
 there is no master. The settings are config.Config, one --flag each (--help); with
 --demo_file, learn() puts the demonstrations of Nair et al. (2018), read at setup, into every
 rank's demo buffer.
-What is not learning (checks, files, resume, logs, the stop check) is harness/bookkeeping.py's.
-The loop deviates from baselines' in three places: two calls, each marked where it is made
-(the stop check after every cycle, deviations 9 and 10 of docs/deviations.md; check_synced
-after every epoch, 8), and one call left out, baselines' per-epoch check that the ranks' seeds
-differ (34: train() has no line to mark for it, the list says why); its bookkeeping adds
-resumable runs (10) and policy_latest.npz every epoch (15).
+What is not learning (MPI's start, the launch check, the watchdog, --trace, the run folder,
+log.txt, checkpoints and resume) is harness/run.py's: main() enters it once, and train() hands
+it the stop check after each cycle and the epoch's logs to write. The loop deviates from
+baselines' in three places: two calls, each marked where it is made (the stop check after
+every cycle, deviations 9 and 10 of docs/deviations.md; check_synced after every epoch, 8),
+and one call left out, baselines' per-epoch check that the ranks' seeds differ (34: train()
+has no line to mark for it, the list says why); its files add resumable runs (10) and
+policy_latest.npz every epoch (15).
 
 Run:
     python train.py                                                # FetchReach-v4, one process
@@ -24,111 +26,110 @@ Errors are one line and an exit code (harness/errors.py; docs/faults.md).
 
 Test: `python -m pytest -q test_all.py::TestTrain`.
 """
-import sys
+import time
 
 import numpy as np
 
-from harness.bookkeeping import Bookkeeping, prepare_run
-from harness.cli import parse_train_args, shared_config
-from harness.errors import EXIT_CODES
-from harness.files import set_policy_from_file
-from harness.goal_env import build_venv
-from harness.launch import check_launch, mpi_library, start_mpi
-from harness.mpi_util import ObservedComm, one_blas_thread, run_on_every_rank
-from harness.tracing import Tracer
-from harness.watchdog import Watchdog
-from config import Config
 from ddpg import DDPG
+from harness.cli import parse_train_args
+from harness.files import set_policy_from_file
+from harness.mpi_util import mpi_average
+from harness.run import start_run
 from rollout import RolloutWorker
 
 
-def train(cfg, policy, rollout_worker, evaluator, books):
-    """Algorithm 1 on this rank, as baselines' train(). `books` (harness/bookkeeping.py) keeps
-    what is not learning: where a resumed run starts, the trace and the progress bar, the stop
-    check, the epoch's logs and files. Collective. Returns the best test success rate."""
-    for epoch, first_cycle in books.epochs():
-        if first_cycle == 0:  # (a run resumed mid-epoch has its history back)
+def train(cfg, policy, rollout_worker, evaluator, run, start):
+    """Algorithm 1 on this rank, as baselines' train(): from `start` (epoch 0, cycle 0, or
+    where a resumed run stopped) to n_epochs; `run` (harness/run.py) writes the files and
+    takes the stop check. Collective. Returns the best test success rate."""
+    best_success_rate = start.best_success_rate
+    for epoch in range(start.epoch, cfg.n_epochs):
+        t_start = time.time()
+        first_cycle = start.cycle if epoch == start.epoch else 0
+        # the epoch's (critic, actor) losses; a run resumed mid-epoch has those so far back
+        losses = list(start.losses) if first_cycle > 0 else []
+        if first_cycle == 0:
             rollout_worker.clear_history()
         for cycle in range(first_cycle, cfg.n_cycles):
-            with books.cycle(epoch, cycle):  # [MPI] --trace: gathered after its last cycle
-                episodes = rollout_worker.generate_rollouts()  # num_env episodes, this rank's envs
-                policy.store_episode(episodes)  # [MPI] this rank's buffer; normalisers pooled
-                for _ in range(cfg.n_batches):
-                    books.losses.append(policy.train())  # [MPI] MpiAdam sums the gradients
-                policy.update_target_net()
-                # Not in baselines: every rank stops after the same cycle, saving, on a signal
-                # to any rank, and none goes on past a non-finite loss or weight on any rank.
-                books.stop_safely_if_needed(epoch, cycle)  # [MPI] one allgather
+            # num_env episodes from this rank's envs
+            episodes = rollout_worker.generate_rollouts()
+            # into this rank's buffer; the normalisers' sums are pooled over ranks
+            policy.store_episode(episodes)  # [MPI]
+            for _ in range(cfg.n_batches):
+                # MpiAdam sums the gradients over ranks
+                losses.append(policy.train())  # [MPI]
+            policy.update_target_net()
+            # Not in baselines: every rank stops after the same cycle, saving, on a signal to
+            # any rank, and none goes on past a non-finite loss or weight on any rank.
+            run.end_cycle(epoch, cycle, losses, best_success_rate)  # [MPI] one allgather
         evaluator.clear_history()
         for _ in range(cfg.n_test_rollouts):
             evaluator.generate_rollouts()
-        policy.check_synced()  # [MPI] not in baselines: every rank holds rank 0's weights
-        books.end_epoch(epoch)  # [MPI] the logs averaged over ranks; files; checkpoints
-    return books.best_success_rate
+        # Not in baselines: every rank holds rank 0's weights, or the run stops
+        policy.check_synced()  # [MPI]
+        logs = epoch_logs(epoch, policy, rollout_worker, evaluator, losses, run.comm)  # [MPI]
+        logs["time/epoch_s"] = time.time() - t_start
+        # As baselines: policy_best.npz whenever the test success rate is the best so far
+        is_best = logs["test/success_rate"] >= best_success_rate
+        best_success_rate = max(best_success_rate, logs["test/success_rate"])
+        # progress.csv and the policies (rank 0), every rank's checkpoint
+        run.end_epoch(epoch, logs, is_best, best_success_rate)  # [MPI]
+    return best_success_rate
 
 
-def learn(cfg, plan, comm, tracer, watchdog):
+def epoch_logs(epoch, policy, rollout_worker, evaluator, losses, comm):
+    """Collective: the epoch's row of progress.csv, as baselines' record_tabular calls: the
+    test and train figures averaged over ranks, the totals over all ranks."""
+    critic_loss, actor_loss = np.mean(losses, axis=0) if losses else (np.nan, np.nan)
+    n_episodes = rollout_worker.n_episodes * comm.Get_size()
+    return {"epoch": epoch,
+            "test/success_rate": mpi_average(evaluator.current_success_rate(), comm),  # [MPI]
+            "test/mean_Q": mpi_average(evaluator.current_mean_Q(), comm),  # [MPI]
+            "train/success_rate": mpi_average(rollout_worker.current_success_rate(),  # [MPI]
+                                              comm),
+            "train/critic_loss": mpi_average(critic_loss, comm),  # [MPI]
+            "train/actor_loss": mpi_average(actor_loss, comm),  # [MPI]
+            **policy.logs(),
+            "total/episodes": n_episodes,
+            "total/timesteps": n_episodes * policy.T}
+
+
+def learn(run):
     """baselines' learn(): this rank's agent, its weights (rank 0's, --load_path's or a
     checkpoint's), the demonstrations, the two rollout workers, then train(). Collective."""
-    rng = np.random.default_rng(cfg.seed + 1000000 * comm.Get_rank())  # each rank its own data
-    policy = DDPG(cfg, plan.task, rng, comm)  # [MPI] every rank takes rank 0's weights
-    if plan.init_policy is not None:  # --load_path: every rank reads the same file
-        set_policy_from_file(policy, plan.init_policy, plan.load_path)
-    venv = tracer.wrap_venv(build_venv(cfg))  # with --trace, its pipes count every message
-    books = None
-    try:
-        # Training and test rollouts share the envs, as in baselines (eval_env = env).
-        rollout_worker = RolloutWorker(venv, policy, rng, noise_eps=cfg.noise_eps,
-                                       random_eps=cfg.random_eps,
-                                       success_key=plan.task.success_key)
-        evaluator = RolloutWorker(venv, policy, rng, exploit=True, compute_Q=True,
-                                  success_key=plan.task.success_key)
-        # --resume: each rank its own checkpoint (agent, buffer, counters); no MPI call
-        books = Bookkeeping(cfg, plan, policy, (rollout_worker, evaluator), comm, tracer, watchdog)
-        if plan.demos is not None:  # Nair et al. (2018): every rank's buffer holds the demos;
-            # a resumed run's normaliser sums hold them already (its checkpoint has them)
-            policy.init_demo_buffer(plan.demos, update_stats=plan.checkpoint is None)  # [MPI]
-        books.save_start()  # [MPI] a new run's checkpoint before any training
-        best = train(cfg, policy, rollout_worker, evaluator, books)  # [MPI]
-        tracer.finish()  # [MPI] if the run ended before its traced cycles did
-    finally:
-        if books is not None:
-            books.close()
-        venv.close()
+    cfg, comm, task = run.cfg, run.comm, run.task
+    # each rank its own data
+    rng = np.random.default_rng(cfg.seed + 1000000 * comm.Get_rank())
+    policy = DDPG(cfg, task, rng, comm)  # [MPI] every rank takes rank 0's weights
+    if run.init_policy is not None:  # --load_path: every rank reads the same file
+        set_policy_from_file(policy, run.init_policy, run.load_path)
+    # Training and test rollouts share the envs, as in baselines (eval_env = env).
+    rollout_worker = RolloutWorker(run.venv, policy, rng, noise_eps=cfg.noise_eps,
+                                   random_eps=cfg.random_eps, success_key=task.success_key)
+    evaluator = RolloutWorker(run.venv, policy, rng, exploit=True, compute_Q=True,
+                              success_key=task.success_key)
+    # --resume: this rank's checkpoint (agent, buffer, counters); no MPI call
+    start = run.restore(policy, (rollout_worker, evaluator))
+    if run.demos is not None:
+        # Nair et al. (2018): every rank's buffer holds the demos; a resumed run's normaliser
+        # sums hold them already (its checkpoint has them)
+        policy.init_demo_buffer(run.demos, update_stats=run.checkpoint is None)  # [MPI]
+    # a new run's checkpoint before any training
+    run.save_start(start)  # [MPI]
+    best = train(cfg, policy, rollout_worker, evaluator, run, start)  # [MPI]
     if comm.Get_rank() == 0:
         print(f"Done: best test success rate {best:.3f}; {comm.Get_size()} rank(s) in sync; "
               f"policies in {cfg.logdir}", flush=True)
 
 
 def main(argv=None):
-    """Collective: `python train.py` on every rank; returns the exit code."""
-    one_blas_thread()  # before any env process starts: they inherit it
+    """Collective: `python train.py` on every rank. Bad input, a wrong launch or a stop end in
+    one line and SystemExit with the exit code (harness/errors.py)."""
     args = parse_train_args(argv)
-    MPI = start_mpi()  # here, not at the top: launch.start_mpi says why
-    # N one-rank copies (a launcher whose PMI this MPI lacks) end here, writing nothing, one line
-    wrong = check_launch(MPI.COMM_WORLD.Get_size(), mpi_library())
-    if wrong is not None:
-        return wrong
-    # A time limit on every collective call, and signals that work while a rank waits in one
-    # (the limit until rank 0's configuration has come: the flag's or the default).
-    watchdog = Watchdog(Config.mpi_timeout if args.mpi_timeout is None else args.mpi_timeout)
-    tracer = Tracer(args.trace)
-    # One proxy: the watchdog times every collective call, and with --trace the tracer records
-    # it; the watchdog's own Abort goes to MPI directly, the trace's own gather is timed too.
-    comm = ObservedComm(MPI.COMM_WORLD, (watchdog, tracer))
-    watchdog.comm, tracer.comm = MPI.COMM_WORLD, comm
-
-    def job():
-        cfg = shared_config(args, comm)  # [MPI] rank 0's, on every rank
-        watchdog.limit_s, watchdog.logdir = cfg.mpi_timeout, cfg.logdir
-        with prepare_run(cfg, args, comm, tracer) as plan:  # [MPI] checks, files, log dir, log.txt
-            learn(cfg, plan, comm, tracer, watchdog)  # [MPI]
-    watchdog.start()
-    try:
-        return run_on_every_rank(comm, "train.py", job, EXIT_CODES)  # [MPI] Abort if one raises
-    finally:
-        watchdog.close()
+    # MPI, rank 0's configuration, the run folder and log.txt, the vec env
+    with start_run(args) as run:  # [MPI]
+        learn(run)  # [MPI]
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

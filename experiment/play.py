@@ -18,7 +18,6 @@ Test: `python -m pytest -q tests/test_play.py`.
 """
 import dataclasses
 import os
-import sys
 
 import numpy as np
 
@@ -28,7 +27,7 @@ from harness.files import atomic_file, load_policy_arrays, policy_on_task
 from harness.goal_env import build_venv, check_policy_fits, describe_env
 from harness.launch import start_mpi
 from harness.mpi_util import (mpi_average, one_blas_thread, raise_if_any_rank_failed,
-                             run_on_every_rank)
+                             exits_together)
 from rollout import RolloutWorker
 
 class VecVideoRecorder:
@@ -65,6 +64,8 @@ class VecVideoRecorder:
 
 # The Config fields that matter when only test rollouts are run.
 PLAY_FIELDS = ("env", "num_env", "vec_env", "n_test_rollouts", "seed")
+# The errors play.py reports as one line: {class: (exit code, prefix)}
+PLAY_ERRORS = {UsageError: (2, "error: "), BadFileError: (2, "error: ")}
 
 
 def play(cfg, args, comm):
@@ -144,7 +145,8 @@ def parse_args(argv=None):
 
 
 def main(argv=None):
-    """Collective: `python -m experiment.play` on every rank; returns the exit code."""
+    """Collective: `python -m experiment.play` on every rank. Bad input ends in one line and
+    SystemExit with exit code 2."""
     one_blas_thread()  # before any env process starts: they inherit it
     args = parse_args(argv)
     if args.save_video and "MUJOCO_GL" not in os.environ and not os.environ.get("DISPLAY"):
@@ -154,13 +156,12 @@ def main(argv=None):
         os.environ["MUJOCO_GL"] = "egl"
     comm = start_mpi().COMM_WORLD  # here, not at the top: launch.start_mpi says why
 
-    def job():
+    # Abort where one rank raises alone
+    with exits_together(comm, "play.py", PLAY_ERRORS):  # [MPI]
         cfg = make_config(args)
         validate_config(cfg)
         play(cfg, args, comm)  # [MPI]
-    return run_on_every_rank(comm, "play.py", job,  # [MPI] Abort where a rank raises
-                             {UsageError: (2, "error: "), BadFileError: (2, "error: ")})
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -6,7 +6,7 @@ epoch's logs so far), one file per rank, written atomically (files.py) at the en
 and on Ctrl-C, with the one before it kept beside it: a resumed run equals the run that was
 never stopped, byte for byte.
 
-Stopping safely is Bookkeeping.stop_safely_if_needed's (harness/bookkeeping.py); what it looks
+Stopping safely is Run.end_cycle's (harness/run.py); what it looks
 for in each rank's losses and weights is nonfinite_names' here.
 
 Test: `python -m pytest -q tests/test_checkpoint.py`.

@@ -59,7 +59,7 @@ RANGES = {"at least 1": ("num_env", "n_cycles", "n_batches", "batch_size", "buff
 
 def validate_config(cfg):
     """A one-line UsageError for the first value out of its range, or flags that do not go
-    together; the files the flags name are checked in harness/bookkeeping.py (read_inputs)."""
+    together; the files the flags name are checked in harness/run.py (Run.read_inputs)."""
     for must_be, names in RANGES.items():
         for name in names:
             value = getattr(cfg, name)

@@ -2,10 +2,10 @@
 
 Mirrors openai/baselines `common/logger.py` (record_tabular, dump_tabular, the CSV output
 format) as far as HER uses it. Rank 0 alone writes (every logged value is already averaged or
-summed over ranks by the caller, bookkeeping.Bookkeeping.epoch_row); the CSV is rewritten
+summed over ranks by the caller, train.epoch_logs); the CSV is rewritten
 atomically each epoch, so a reader never sees half a row. log.txt (baselines' logger writes
 one too) holds what rank 0 printed, appended to on every --resume, each start headed by the
-commit the code ran at. The in-epoch progress bar is tqdm's (harness/bookkeeping.py), drawn
+commit the code ran at. The in-epoch progress bar is tqdm's (harness/run.py), drawn
 only where the output is a terminal; elsewhere (a file, a pipe, a Slurm job's output) a few
 short lines an epoch take its place.
 

@@ -14,6 +14,7 @@ reboots, or until this deletes those no process uses:
 Test: `python -m pytest -q tests/test_mpi_util.py`.
 """
 import array
+import contextlib
 import dataclasses
 import fcntl
 import os
@@ -26,7 +27,7 @@ import traceback
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from harness.errors import SaveError, UsageError
+from harness.errors import EXIT_CODES, SaveError, UsageError
 
 
 @dataclasses.dataclass
@@ -114,24 +115,24 @@ def raise_first(errors, error_class):
         raise error_class(first)
 
 
-def run_on_every_rank(comm, prog, job, exit_codes):
-    """Collective (every rank calls it): job() on this rank. An exception of a class in
-    exit_codes ({class: (code, prefix)}) is one that every rank raises together (bad input, a
-    stop agreed on once per cycle): rank 0 prints one line `prog: prefix message` and every
-    rank returns the code. Any other exception is this rank's alone: under mpirun it ends the
-    whole job (abort_job)."""
+@contextlib.contextmanager
+def exits_together(comm, prog, exit_codes=EXIT_CODES):
+    """Collective (every rank enters it): around the work of a whole run. An exception of a
+    class in exit_codes ({class: (code, prefix)}) is one that every rank raises together (bad
+    input, a stop agreed on once per cycle): rank 0 prints one line `prog: prefix message` and
+    every rank raises SystemExit with the code. Any other exception is this rank's alone: under
+    mpirun it ends the whole job (abort_job)."""
     try:
-        job()
+        yield
     except tuple(exit_codes) as e:
         code, prefix = next(v for cls, v in exit_codes.items() if isinstance(e, cls))
         if comm.Get_rank() == 0:
             print(f"{prog}: {prefix}{e}", file=sys.stderr, flush=True)
-        return code
+        raise SystemExit(code) from None
     except BaseException:
         if comm.Get_size() == 1:
             raise
         abort_job(comm)  # [MPI]
-    return 0
 
 
 def abort_job(comm):

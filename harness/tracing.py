@@ -15,7 +15,6 @@ Run:  mpirun -np 2 python train.py --num_env 2 --env FetchPush-v4 --trace 3
 Test: `python -m pytest -q tests/test_tracing.py`.
 (Named tracing.py: `trace` is a standard module.)
 """
-import contextlib
 import json
 import os
 import pickle
@@ -85,7 +84,7 @@ class Tracer:
 
     @property
     def folders(self):
-        """The log-dir folders a traced run writes to (bookkeeping.make_logdir creates them)."""
+        """The log-dir folders a traced run writes to (run.make_logdir creates them)."""
         return ("trace",) if self.n_cycles else ()
 
     def wrap_venv(self, venv):
@@ -112,17 +111,18 @@ class Tracer:
             self.record("mpi", call.name, caller_site(call.frame), "all ranks", elements, sent,
                         received, call.start, self.clock() - call.start)
 
-    @contextlib.contextmanager
-    def cycle(self, epoch, cycle):
-        """Around the body of one cycle: stops the trace where cycle n_cycles would begin.
-        Collective then (finish())."""
+    def begin_cycle(self, epoch, cycle):
+        """Where a cycle begins: stops the trace where cycle n_cycles would begin. Collective
+        then (finish())."""
         if self.recording and self.cycles_done == self.n_cycles:
             self.finish()  # [MPI]
         self.phase, self.epoch, self.cycle_in_epoch = "cycle", epoch, cycle
-        start = self.clock()
-        yield
-        self.record("cycle", "cycle", "train.py:train", "", "", "", "", start,
-                    self.clock() - start)
+        self.cycle_start = self.clock()
+
+    def end_cycle(self):
+        """Where the cycle begun last ends (after its stop check): its row."""
+        self.record("cycle", "cycle", "train.py:train", "", "", "", "", self.cycle_start,
+                    self.clock() - self.cycle_start)
         self.phase = "between"
         self.cycles_done += 1
 

@@ -14,7 +14,7 @@ rank, the watchdog, does what the main thread cannot while it waits:
     PyTorch's process groups time a collective out (there: 60 s to warn; 10 or 30 minutes).
   * it takes SIGINT, SIGTERM and SIGUSR1 (set_wakeup_fd hands it each signal the moment it
     arrives): the first asks the loop to stop safely at the end of the cycle (`requested`,
-    read once per cycle by bookkeeping.Bookkeeping.stop_safely_if_needed), the second ends the
+    read once per cycle by run.Run.end_cycle), the second ends the
     rank at once, exit code 130, its env processes killed, also while the main thread waits in MPI.
 
 Test: `python -m pytest -q tests/test_watchdog.py`.

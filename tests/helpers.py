@@ -31,7 +31,7 @@ import numpy as np
 import pytest
 
 from harness import files, goal_env, launch, mpi_util
-from harness.one_rank import ONE_RANK
+from mpi_adam import ONE_RANK
 from config import Config
 from ddpg import DDPG
 
@@ -165,13 +165,19 @@ def assert_one_line_error(rc, out, expected_rc, *phrases):
         assert phrase in error_lines[0], error_lines[0]
 
 
-def assert_main_refuses(argv, capsys, *phrases):
-    """train.main(argv) in this process: exit code 2 and one line on stderr with the phrases."""
+def main_exit_code(argv):
+    """train.main(argv) in this process; its exit code (0, or SystemExit's)."""
     import train  # here: env processes import this file, and need none of train.py
     try:
-        rc = train.main(argv)
-    except SystemExit as e:  # argparse's own errors
-        rc = e.code
+        train.main(argv)
+    except SystemExit as e:
+        return e.code
+    return 0
+
+
+def assert_main_refuses(argv, capsys, *phrases):
+    """train.main(argv) in this process: exit code 2 and one line on stderr with the phrases."""
+    rc = main_exit_code(argv)
     err = capsys.readouterr().err
     assert rc == 2, (argv, err)
     assert len(err.strip().splitlines()) == 1, (argv, err)

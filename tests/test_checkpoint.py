@@ -1,4 +1,4 @@
-"""Stopping and resuming (harness/checkpoint.py, harness/bookkeeping.py): every fault of a run's end.
+"""Stopping and resuming (harness/checkpoint.py, harness/run.py): every fault of a run's end.
 
 No baselines counterpart (baselines cannot resume): SIGINT, a second signal, a hung env, a full
 disk, a rank stopped mid-save, NaN losses or weights, ranks without a shared disk, each
@@ -19,10 +19,10 @@ import time
 import numpy as np
 import pytest
 
-import train
 from harness import checkpoint, files, watchdog
-from harness.one_rank import ONE_RANK
-from tests.helpers import (ROOT, TINY_RUN, arrays_of, assert_one_line_error, assert_same_arrays,
+from harness import run as harness_run
+from mpi_adam import ONE_RANK
+from tests.helpers import (ROOT, TINY_RUN, arrays_of, main_exit_code, assert_one_line_error, assert_same_arrays,
                            assert_same_progress, env_processes_left, fetch_reach_policy,
                            hang_guard, mpi_family, mpirun_exe, random_demo_file, reach_task, read_progress,
                            remove_orphans_of_job, run_cmd, shm_entries, small_disk,
@@ -93,7 +93,7 @@ def assert_log_tells_the_history(logdir, starts):
 
 
 class TestCheckpoint:
-    """harness/checkpoint.py, harness/bookkeeping.py: stop and resume."""
+    """harness/checkpoint.py, harness/run.py: stop and resume."""
 
     @pytest.mark.slow
     def test_sigint_saves_checkpoint_and_resume_is_bitwise_identical(self, tmp_path):
@@ -133,7 +133,7 @@ class TestCheckpoint:
         """Stopped after an epoch's last cycle, before its test rollouts: the resumed run logs
         that epoch from the saved history and losses alone (it runs no training cycle of it)."""
         def stop_at_read(stop_at):
-            """train.Watchdog, but its `requested`, read once per cycle, is true at read number
+            """harness/run.py's Watchdog, but its `requested`, read once per cycle, is true at read number
             stop_at (None: never), whatever signal comes."""
             class StopAtRead(watchdog.Watchdog):
                 reads = 0
@@ -149,15 +149,15 @@ class TestCheckpoint:
             return StopAtRead
         run = ["--n_epochs", "2", *TINY_RUN]  # 5 cycles per epoch: read 5 is epoch 0's last
         reference, logdir = str(tmp_path / "reference"), str(tmp_path / "stopped")
-        monkeypatch.setattr(train, "Watchdog", stop_at_read(None))
-        assert train.main(["--logdir", reference, *run]) == 0
-        monkeypatch.setattr(train, "Watchdog", stop_at_read(5))
-        assert train.main(["--logdir", logdir, *run]) == 130
+        monkeypatch.setattr(harness_run, "Watchdog", stop_at_read(None))
+        assert main_exit_code(["--logdir", reference, *run]) == 0
+        monkeypatch.setattr(harness_run, "Watchdog", stop_at_read(5))
+        assert main_exit_code(["--logdir", logdir, *run]) == 130
         ckpt = arrays_of(checkpoint.checkpoint_path(logdir, 0))
         assert (int(ckpt["epoch"]), int(ckpt["cycle"])) == (0, 5)
         assert ckpt["log/train_losses"].shape == (5 * 20, 2)
-        monkeypatch.setattr(train, "Watchdog", stop_at_read(None))
-        assert train.main(["--resume", logdir]) == 0
+        monkeypatch.setattr(harness_run, "Watchdog", stop_at_read(None))
+        assert main_exit_code(["--resume", logdir]) == 0
         assert_same_progress(reference, logdir)
         assert_same_arrays(os.path.join(reference, "policy_latest.npz"),
                            os.path.join(logdir, "policy_latest.npz"))

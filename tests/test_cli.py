@@ -14,7 +14,7 @@ import pytest
 
 from harness import cli
 from harness.goal_env import GoalTask
-from harness.one_rank import ONE_RANK
+from mpi_adam import ONE_RANK
 from config import Config
 from ddpg import DDPG
 from tests.helpers import assert_main_refuses, assert_one_line_error, run_cmd, train_cmd

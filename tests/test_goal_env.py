@@ -19,7 +19,7 @@ import pytest
 
 import ddpg
 from harness import errors, goal_env
-from harness.one_rank import ONE_RANK
+from mpi_adam import ONE_RANK
 from config import Config
 from ddpg import DDPG
 from rollout import RolloutWorker

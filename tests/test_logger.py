@@ -3,7 +3,7 @@
 Mirrors openai/baselines `common/logger.py` (its log.txt) as HER uses it: RunLog copies both of
 rank 0's streams into log.txt and puts them back, each start headed by the commit the code ran
 at; output_is_terminal sees through mpirun (a rank's stdout is a pipe) to mpirun's own; and the
-in-epoch tqdm bar (harness/bookkeeping.py) is drawn where the output is a terminal, and nowhere else.
+in-epoch tqdm bar (harness/run.py) is drawn where the output is a terminal, and nowhere else.
 
 Run: `python -m pytest -q tests/test_logger.py` (from the repository's root).
 """
@@ -14,9 +14,8 @@ import sys
 
 import pytest
 
-import train
 from harness import errors, logger
-from tests.helpers import ROOT, hang_guard, mpirun_exe, run_cmd
+from tests.helpers import ROOT, hang_guard, main_exit_code, mpirun_exe, run_cmd
 
 
 # ---------------------------------------------------------------- logger.py: log.txt, the bar
@@ -31,8 +30,8 @@ def run_on_screen(screen, logdir, monkeypatch):
     returns what the screen got."""
     with monkeypatch.context() as m:
         m.setattr(sys, "stdout", screen)
-        assert train.main(["--n_epochs", "1", "--n_cycles", "2", "--n_batches", "1",
-                           "--n_test_rollouts", "1", "--logdir", logdir]) == 0
+        assert main_exit_code(["--n_epochs", "1", "--n_cycles", "2", "--n_batches", "1",
+                               "--n_test_rollouts", "1", "--logdir", logdir]) == 0
     return screen.getvalue()
 
 
@@ -85,7 +84,7 @@ class TestLogger:
 
     @pytest.mark.slow  # two (short) training runs
     def test_a_progress_bar_is_drawn_on_a_terminal_and_nowhere_else(self, tmp_path, monkeypatch):
-        """Rank 0's tqdm bar (harness/bookkeeping.py): on a terminal, the epoch's cycles redrawn in
+        """Rank 0's tqdm bar (harness/run.py): on a terminal, the epoch's cycles redrawn in
         place ('\\r'), never into log.txt; into a file or a pipe, no bar, but a short line a
         few times an epoch (neither goes into log.txt)."""
         shown = run_on_screen(FakeTerminal(), str(tmp_path / "terminal"), monkeypatch)

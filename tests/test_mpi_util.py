@@ -1,5 +1,5 @@
 """MPI jobs (harness/mpi_util.py): one rank's failure ends the job, and what MPICH leaves behind;
-a world of one rank (harness/one_rank.py), and MPI kept out of the algorithm files.
+a world of one rank (mpi_adam.py's ONE_RANK), and MPI kept out of the algorithm files.
 
 Mirrors openai/baselines `common/mpi_util.py`'s role: under real mpirun, a rank that raises
 ends every rank with one traceback (abort_job waits until the traceback has been read), and
@@ -23,7 +23,7 @@ import pytest
 
 from harness import mpi_util
 from harness.launch import start_mpi
-from harness.one_rank import ONE_RANK
+from mpi_adam import ONE_RANK
 from tests.helpers import (ROOT, TINY_RUN, hang_guard, mpi_family, mpirun_args,
                            remove_orphans_of_job, run_cmd, shm_entries, train_cmd)
 
@@ -137,11 +137,11 @@ class TestMpiUtil:
             assert mpi_util.unread_bytes(writer.fileno()) == 100
 
 
-# ---------------------------------------------------------------- one_rank.py, and MPI kept out
+# ---------------------------------------------------------------- ONE_RANK, and MPI kept out
 
 
 class TestOneRank:
-    """harness/one_rank.py; the algorithm files' imports."""
+    """mpi_adam.py's ONE_RANK; the algorithm files' imports."""
 
     def test_one_rank_answers_as_comm_world_of_one_process(self):
         world = start_mpi().COMM_WORLD  # a singleton world: this process alone
@@ -157,7 +157,6 @@ class TestOneRank:
             assert comm.allgather(("a", 1)) == [("a", 1)]  # [MPI] test only
             assert comm.gather({"x": 2}, root=0) == [{"x": 2}]  # [MPI] test only
             assert comm.bcast([5], root=0) == [5]  # [MPI] test only
-            comm.Barrier()  # [MPI] test only
 
     def test_the_algorithm_files_import_only_each_other_numpy_and_the_standard_library(self):
         """No mpi4py (not even inside a function): a communicator is always passed in."""

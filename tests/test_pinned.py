@@ -42,7 +42,7 @@ import numpy as np
 import pytest
 
 from harness.goal_env import GoalTask
-from harness.one_rank import ONE_RANK
+from mpi_adam import ONE_RANK
 from config import Config
 from ddpg import DDPG
 from rollout import RolloutWorker

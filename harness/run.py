@@ -1,0 +1,321 @@
+"""One rank's run around train.py's learn(): its start-up, its run folder, and what train() hands it.
+
+Mirrors what openai/baselines `her/experiment/train.py` (launch) and `her/her.py` do beside the
+algorithm: start MPI, check the input, make the log dir, write the logs and the policies.
+Added here (baselines has none of it): the launch check, a time limit on every collective call
+and stop signals that work inside one (watchdog.py), --trace (tracing.py), every rank agreeing
+on bad input before anything collective can hang, one job per run folder (runlock.py), log.txt,
+a progress bar, checkpoints and resume (deviation 10 of docs/deviations.md), and a stop that
+every rank makes after the same cycle.
+
+train.py uses two things of this file:
+    with start_run(args) as run:     # main(): everything before the agent exists
+        learn(run)                   # the agent, its workers, train()
+start_run() yields a Run: the configuration, the communicator (a proxy that the watchdog and
+the tracer observe), the task, the vec env (whose pipes the tracer counts), the files the flags
+named; train() calls its restore(), save_start(), end_cycle() and end_epoch().
+
+Test: `python -m pytest -q tests/test_checkpoint.py tests/test_logger.py`.
+"""
+import collections
+import contextlib
+import dataclasses
+import json
+import os
+import time
+
+from tqdm import tqdm
+
+from config import Config
+from harness.checkpoint import (checkpoint_positions, common_position, nonfinite_names,
+                                read_checkpoint, restore_agent, restore_epoch_so_far,
+                                save_checkpoint)
+from harness.cli import parse_reward_range, shared_config
+from harness.errors import BadFileError, Interrupted, NonFiniteError, UsageError
+from harness.files import atomic_write_text, load_demos, load_policy_arrays, save_policy
+from harness.goal_env import build_venv, check_policy_fits, describe_env
+from harness.launch import check_launch, describe_job, mpi_library, start_mpi
+from harness.logger import EpochLogger, RunLog, output_is_terminal
+from harness.mpi_util import (ObservedComm, exits_together, one_blas_thread,
+                              raise_if_any_rank_failed, save_on_every_rank)
+from harness.runlock import RunLock
+from harness.tracing import Tracer
+from harness.watchdog import Watchdog
+
+PROGRESS_LINES = 4  # an epoch's cycles in about this many parts, where no bar is drawn
+
+# Where train() starts: epoch 0, cycle 0 for a new run; a resumed run's from its checkpoint,
+# with the best test success rate so far and the epoch's (critic, actor) losses so far.
+Start = collections.namedtuple("Start", "epoch cycle best_success_rate losses")
+
+
+@contextlib.contextmanager
+def start_run(args, prog="train.py"):
+    """Collective: every rank's start-up, then the Run it yields. Bad input, a stop signal or a
+    full disk end every rank together: rank 0 prints one line and every rank raises SystemExit
+    with the error's exit code (errors.py); an exception on one rank alone aborts the job. A
+    wrong launch (N one-rank copies) exits 2 before anything is written (launch.py)."""
+    one_blas_thread()  # before any env process starts: they inherit it
+    MPI = start_mpi()  # here, not at the top of train.py: launch.start_mpi says why
+    wrong = check_launch(MPI.COMM_WORLD.Get_size(), mpi_library(), prog)
+    if wrong is not None:
+        raise SystemExit(wrong)
+    # The time limit, until rank 0's configuration has come: the flag's or the default.
+    watchdog = Watchdog(Config.mpi_timeout if args.mpi_timeout is None else args.mpi_timeout,
+                        prog)
+    tracer = Tracer(args.trace)
+    # One proxy: the watchdog times every collective call, and with --trace the tracer records
+    # it; the watchdog's own Abort goes to MPI directly, the trace's own gather is timed too.
+    comm = ObservedComm(MPI.COMM_WORLD, (watchdog, tracer))
+    watchdog.comm, tracer.comm = MPI.COMM_WORLD, comm
+    watchdog.start()
+    try:
+        with exits_together(comm, prog):  # [MPI] Abort if one rank raises alone
+            cfg = shared_config(args, comm)  # [MPI] rank 0's, on every rank
+            watchdog.limit_s, watchdog.logdir = cfg.mpi_timeout, cfg.logdir
+            run = Run(cfg, args, comm, tracer, watchdog)  # [MPI] checks, files, log.txt
+            try:
+                yield run
+                tracer.finish()  # [MPI] if the run ended before its traced cycles did
+            except BaseException as error:
+                run.close(error)
+                raise
+            run.close()
+    finally:
+        watchdog.close()
+
+
+class Run:
+    """One rank's run: made (collectively) before the agent exists, it checks the input, reads
+    the files the flags name, takes the run folder, writes config.json and log.txt's header and
+    builds the vec env; then it keeps the epoch's progress bar, files and checkpoints."""
+
+    def __init__(self, cfg, args, comm, tracer, watchdog):
+        self.cfg, self.comm, self.tracer, self.watchdog = cfg, comm, tracer, watchdog
+        self.rank0 = comm.Get_rank() == 0
+        self.log = self.lock = self.venv = self.bar = None
+        self.read_inputs(args)  # [MPI] every rank agrees that they are good
+        self.lock = hold_run_folder(cfg.logdir, comm)  # [MPI] before anything is written there
+        make_logdir(cfg, comm, tracer.folders)  # [MPI]
+        tracer.write_to(os.path.join(cfg.logdir, "trace"))
+        resumed_at = None if self.checkpoint is None else (int(self.checkpoint["epoch"]),
+                                                           int(self.checkpoint["cycle"]))
+        self.log = RunLog(cfg.logdir, enabled=self.rank0, argv=["train.py", *args.argv],
+                          resumed_at=resumed_at)
+        job = describe_job(comm)  # [MPI] every rank's host and cores
+        if self.rank0:
+            if self.resume_note:
+                print(self.resume_note, flush=True)
+            print_setup(cfg, self.task, comm.Get_size(), job)
+        self.venv = tracer.wrap_venv(build_venv(cfg))  # with --trace, its pipes count messages
+        self.screen = self.log.screen
+        self.draw_bar = self.rank0 and output_is_terminal(self.screen)
+
+    def read_inputs(self, args):
+        """Collective: every rank checks its input and reads its files (the task, --load_path,
+        --demo_file, --resume's checkpoint), and all agree that they are good, or all raise the
+        first error."""
+        cfg, rank, n_ranks = self.cfg, self.comm.Get_rank(), self.comm.Get_size()
+        if self.tracer.n_cycles > cfg.n_epochs * cfg.n_cycles:  # the same on every rank
+            raise UsageError(f"--trace {self.tracer.n_cycles} is more cycles than the run has "
+                             f"({cfg.n_epochs} epochs x {cfg.n_cycles} cycles); give at most "
+                             f"{cfg.n_epochs * cfg.n_cycles}")
+        self.init_policy = self.demos = self.checkpoint = self.resume_note = None
+        self.load_path, checkpoints, error = args.load_path, None, None
+        try:
+            self.task = describe_env(cfg.env, parse_reward_range(cfg.reward_range))
+            if args.resume:  # which of them is loaded, every rank decides together below
+                checkpoints = checkpoint_positions(args.resume, rank, n_ranks)
+            if args.load_path:
+                self.init_policy, policy_config = load_policy_arrays(args.load_path)
+                check_policy_fits(policy_config, args.load_path, cfg.env, self.task.dims)
+            if cfg.demo_file:  # every rank reads the whole file, as in baselines
+                self.demos = load_demos(cfg.demo_file, cfg.env, self.task.dims, self.task.T,
+                                        cfg.num_demo)
+        except (UsageError, BadFileError) as e:
+            error = str(e)
+        raise_if_any_rank_failed(self.comm, error)  # [MPI]
+        if args.resume:
+            self.load_checkpoint(args.resume, checkpoints)  # [MPI]
+
+    def load_checkpoint(self, run_dir, checkpoints):
+        """Collective: every rank loads its checkpoint of the newest (epoch, cycle) all ranks
+        have."""
+        position, self.resume_note = common_position(run_dir, checkpoints, self.comm)  # [MPI]
+        self.checkpoint_path = checkpoints[position]
+        try:
+            self.checkpoint, error = read_checkpoint(self.checkpoint_path), None
+        except BadFileError as e:
+            error = str(e)
+        raise_if_any_rank_failed(self.comm, error)  # [MPI]
+
+    # -------------------------------------------------------------- what train() calls
+
+    def restore(self, policy, workers):
+        """Where train() starts. A resumed run's agent and workers (rollout_worker, evaluator)
+        come back from this rank's checkpoint (local: no MPI call). The Run keeps both, to save
+        them."""
+        self.policy, self.workers = policy, workers
+        start, ckpt = Start(0, 0, -1., []), self.checkpoint
+        if ckpt is not None:
+            restore_agent(policy, ckpt, self.checkpoint_path)
+            for worker, n_episodes in zip(workers, ckpt["n_episodes"], strict=True):
+                worker.n_episodes = int(n_episodes)
+            losses = restore_epoch_so_far(ckpt, workers[0])
+            start = Start(int(ckpt["epoch"]), int(ckpt["cycle"]), float(ckpt["best"]), losses)
+        self.logger = EpochLogger(self.cfg.logdir, enabled=self.rank0, start_epoch=start.epoch)
+        return start
+
+    def save_start(self, start):
+        """Collective: a new run saves a checkpoint of its state before any training, so that
+        a failure always has one to resume from (a resumed run has its own already). The first
+        epoch begins here."""
+        if self.checkpoint is None:
+            save_on_every_rank(self.comm, save_checkpoint, self.cfg.logdir, 0, 0, -1.,  # [MPI]
+                               self.policy, self.workers, self.comm)
+        if start.epoch < self.cfg.n_epochs:
+            self.begin_epoch(start.epoch, start.cycle)  # [MPI] --trace: Tracer.begin_cycle
+
+    def begin_epoch(self, epoch, first_cycle):
+        """The epoch's progress bar (on a terminal) and the trace's next cycle (--trace).
+        Collective with --trace: Tracer.begin_cycle."""
+        self.t_start = time.time()
+        self.bar = tqdm(total=self.cfg.n_cycles, initial=first_cycle, desc=f"epoch {epoch}",
+                        unit="cycle", leave=False, file=self.screen, disable=not self.draw_bar)
+        self.tracer.begin_cycle(epoch, first_cycle)  # [MPI] --trace: gathered after the last
+
+    def end_cycle(self, epoch, cycle, losses, best_success_rate):
+        """Collective, after every cycle: all ranks learn whether any saw a stop signal
+        (watchdog.py takes them) or a non-finite loss or weight, and all stop after this same
+        cycle or none does, instead of one rank leaving the others waiting in an Allreduce for
+        ever. On a signal every rank saves first; on a non-finite value nothing is saved: the
+        checkpoint from before this epoch is the last good one. Then the bar moves on, and
+        the trace's cycle ends."""
+        bad = nonfinite_names(losses, self.policy)
+        statuses = self.comm.allgather((self.watchdog.requested, bad))  # [MPI]
+        nonfinite = [(rank, names) for rank, (_, names) in enumerate(statuses) if names]
+        logdir = self.cfg.logdir
+        if nonfinite:
+            rank, names = nonfinite[0]
+            raise NonFiniteError(f"non-finite {' and '.join(names)} in epoch {epoch}, cycle "
+                                 f"{cycle} (rank {rank}); training stopped; the last good "
+                                 f"checkpoint, from before this epoch, is in {logdir} (--resume)")
+        if any(requested for requested, _ in statuses):
+            save_on_every_rank(self.comm, self.save_interrupted, epoch, cycle,  # [MPI]
+                               losses, best_success_rate)
+            raise Interrupted(f"interrupted in epoch {epoch} after cycle {cycle}: saved "
+                              f"policy_latest.npz and checkpoint/ in {logdir}; continue with "
+                              f"--resume {logdir}")
+        self.tracer.end_cycle()
+        self.bar.update()
+        self.report_progress(epoch, cycle + 1)
+        if cycle + 1 < self.cfg.n_cycles:
+            self.tracer.begin_cycle(epoch, cycle + 1)  # [MPI] --trace: gathered after the last
+        else:
+            self.close_bar()
+
+    def save_interrupted(self, epoch, cycle, losses, best_success_rate):
+        """This rank's checkpoint after `cycle`, then (rank 0) policy_latest.npz."""
+        save_checkpoint(self.cfg.logdir, epoch, cycle + 1, best_success_rate, self.policy,
+                        self.workers, self.comm, losses)
+        if self.rank0:
+            save_policy(self.policy, os.path.join(self.cfg.logdir, "policy_latest.npz"))
+
+    def report_progress(self, epoch, cycles_done):
+        """Where no bar is drawn (a file, a pipe: a Slurm job's output), rank 0 prints a short
+        line PROGRESS_LINES times an epoch, so that a long epoch is not minutes of silence."""
+        n_cycles = self.cfg.n_cycles
+        every = -(-n_cycles // PROGRESS_LINES)  # ceil: at 50 cycles, after 13, 26 and 39
+        if not self.rank0 or self.draw_bar or cycles_done == n_cycles or cycles_done % every:
+            return
+        minutes = (time.time() - self.t_start) / 60.
+        print(f"epoch {epoch}: {cycles_done} of {n_cycles} cycles, {minutes:.1f} min",
+              file=self.screen, flush=True)
+
+    def end_epoch(self, epoch, logs, is_best, best_success_rate):
+        """Collective: the epoch's progress.csv row (rank 0), the policies (rank 0: ranks hold
+        identical weights) and every rank's checkpoint, or every rank raises the first
+        SaveError. If anything before the checkpoint fails, the run resumes at this epoch's
+        start and logs its row again. Then the next epoch begins."""
+        save_on_every_rank(self.comm, self.save_epoch, epoch, logs, is_best,  # [MPI]
+                           best_success_rate)
+        if epoch + 1 < self.cfg.n_epochs:
+            self.begin_epoch(epoch + 1, 0)  # [MPI] --trace: gathered after the last cycle
+
+    def save_epoch(self, epoch, logs, is_best, best_success_rate):
+        self.logger.dump(logs)
+        logdir = self.cfg.logdir
+        if self.rank0:
+            if is_best:
+                save_policy(self.policy, os.path.join(logdir, "policy_best.npz"))
+            save_policy(self.policy, os.path.join(logdir, "policy_latest.npz"))
+            interval = self.cfg.policy_save_interval
+            if interval > 0 and epoch % interval == 0:
+                save_policy(self.policy, os.path.join(logdir, f"policy_{epoch}.npz"))
+        save_checkpoint(logdir, epoch + 1, 0, best_success_rate, self.policy, self.workers,
+                        self.comm)
+
+    def close_bar(self):
+        """Take the progress bar off the screen (also when a cycle raised)."""
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+    def close(self, error=None):
+        """The bar, the env processes, log.txt (noting the exception that ended the run), the
+        lock."""
+        self.close_bar()
+        if self.venv is not None:
+            self.venv.close()
+        if self.log is not None:
+            self.log.close(error)
+        if self.lock is not None:
+            self.lock.release()
+
+
+def hold_run_folder(logdir, comm):
+    """Collective: rank 0 takes the run folder's lock (runlock.py); if another job holds it,
+    or the folder cannot be made, every rank raises that one line."""
+    lock, error = None, None
+    if comm.Get_rank() == 0:
+        try:
+            lock = RunLock(logdir).acquire()
+        except UsageError as e:
+            error = str(e)
+        except OSError as e:
+            error = (f"cannot write to log dir {logdir!r} on rank 0 ({e.strerror}); pass a "
+                     f"--logdir that every rank can write")
+    raise_if_any_rank_failed(comm, error)  # [MPI]
+    return lock
+
+
+def make_logdir(cfg, comm, folders=()):
+    """Collective: each rank creates the folders it writes to (`checkpoint/` and `folders`),
+    so ranks on machines without a shared file system save into the same path on their own
+    disk; rank 0 writes config.json. Every rank learns if any of them could not."""
+    error = None
+    try:
+        for folder in ("checkpoint", *folders):
+            os.makedirs(os.path.join(cfg.logdir, folder), exist_ok=True)
+    except OSError as e:
+        error = (f"cannot write to log dir {cfg.logdir!r} on rank {comm.Get_rank()} "
+                 f"({e.strerror}); pass a --logdir that every rank can write")
+    raise_if_any_rank_failed(comm, error)  # [MPI]
+    save_on_every_rank(comm, write_config, cfg, comm.Get_rank(), comm.Get_size())  # [MPI]
+
+
+def write_config(cfg, rank, n_ranks):
+    """config.json: the Config, and the number of ranks that ran it (not a flag: mpirun's -np)."""
+    if rank == 0:
+        atomic_write_text(os.path.join(cfg.logdir, "config.json"),
+                          json.dumps({**dataclasses.asdict(cfg), "n_ranks": n_ranks}, indent=1))
+
+
+def print_setup(cfg, task, n_ranks, job):
+    print(f"Logging to {cfg.logdir}\n{cfg}\ndims={task.dims} T={task.T} max_u={task.max_u} "
+          f"ranks={n_ranks}\n{job}", flush=True)
+    if n_ranks == 1:
+        print("*** Warning: one MPI rank. This works (FetchReach learns), but Plappert et al. "
+              "(2018) used 19 ranks x 2 envs, and the harder tasks learn far worse with one; "
+              "to reproduce them run: mpirun -np 19 python train.py --num_env 2 ...",
+              flush=True)
