@@ -49,7 +49,7 @@ def split_linear_forward(xs, Ws, b):
     xs: [(N, d_i)], Ws: [(d_i, d_out)] -> y: (N, d_out)"""
     y, cache_0 = linear_forward(xs[0], Ws[0], b)
     caches = [cache_0]
-    for x, W in zip(xs[1:], Ws[1:]):
+    for x, W in zip(xs[1:], Ws[1:], strict=True):
         y += x @ W
         caches.append((x, W))
     return y, caches
@@ -60,7 +60,7 @@ def split_linear_backward(dy, caches, dWs=None, db=None, need_dxs=None):
     need_dxs = need_dxs or [False] * len(caches)
     dWs = dWs or [None] * len(caches)
     return [linear_backward(dy, c, dW, db if i == 0 else None, need_dx)
-            for i, (c, dW, need_dx) in enumerate(zip(caches, dWs, need_dxs))]
+            for i, (c, dW, need_dx) in enumerate(zip(caches, dWs, need_dxs, strict=True))]
 
 
 def relu_forward(x):
@@ -102,7 +102,7 @@ class MLP:
         self.in_blocks = list(np.atleast_1d(sizes[0]))  # [d_1, ..., d_k] of the input blocks
         self.sizes = [sum(self.in_blocks)] + list(sizes[1:])
         shapes = []
-        for d_in, d_out in zip(self.sizes[:-1], self.sizes[1:]):
+        for d_in, d_out in zip(self.sizes[:-1], self.sizes[1:], strict=True):
             shapes += [(d_in, d_out), (d_out,)]
         n = sum(int(np.prod(s)) for s in shapes)
         self.theta = np.zeros(n, dtype)  # (n_params,) every parameter, the array MpiAdam updates

@@ -17,7 +17,6 @@ Test: `python -m pytest -q tests/test_cli.py`.
 from dataclasses import dataclass
 
 
-
 @dataclass
 class Config:
     """Every setting of a run; the module docstring says which defaults are baselines'.
@@ -28,8 +27,8 @@ class Config:
     env: str = "FetchReach-v4"  # gymnasium-robotics goal task; module:EnvId imports module first
     num_env: int = 1  # envs per rank = episodes per rollout; > 1: one env process per env
     vec_env: str = "subproc"  # env processes send observations by 'subproc' pipe or 'shmem'
-    env_timeout: float = 300.  # seconds an env process may take to answer, or the run ends; 0: none
-    mpi_timeout: float = 600.  # seconds a call may wait for the other ranks, or the job ends; 0: none
+    env_timeout: float = 300.  # seconds an env process may take to answer or the run ends; 0: none
+    mpi_timeout: float = 600.  # seconds a call may wait for other ranks or the job ends; 0: none
     n_epochs: int = 50  # epochs to train
     n_cycles: int = 50  # cycles per epoch (FetchReach: 10)
     n_batches: int = 40  # gradient updates per cycle

@@ -46,7 +46,6 @@ from mpi_adam import MpiAdam
 from normalizer import Normalizer
 from replay import ReplayBuffer, with_next_steps
 
-
 # ---------------------------------------------------------------- losses (pure functions)
 
 def critic_loss_and_grad(ac, x_pi, u, y):

@@ -19,9 +19,9 @@ says so instead of letting ranks drift.
 Deviations from baselines (8, 28 and 33 in docs/deviations.md): check_synced's verdict
 reaches every rank; grad_clip and mpi_rank_weight are not ported; the communicator has no
 default (baselines: MPI.COMM_WORLD), so this file never imports mpi4py: train.py passes
-harness/mpi_util.py's ObservedComm over COMM_WORLD, a single process ONE_RANK (below). update, sync and check_synced are
-collective: every rank must call them in the same order. Every line that talks to other ranks
-carries the comment tag `[MPI]`.
+harness/mpi_util.py's ObservedComm over COMM_WORLD, a single process ONE_RANK (below). update,
+sync and check_synced are collective: every rank must call them in the same order. Every line
+that talks to other ranks carries the comment tag `[MPI]`.
 
 Test: `python -m pytest -q test_all.py::TestMpiAdam` (runs `mpirun -np 2` and `-np 3` itself).
 """

@@ -23,7 +23,6 @@ Test: `python -m pytest -q test_all.py::TestReplay`.
 """
 import numpy as np
 
-
 EPISODE_KEYS = ("o", "ag", "g", "u", "info_is_success")
 
 
@@ -31,7 +30,7 @@ def episode_shapes(dims, T):
     """{key: (steps, dim)} of one episode; dims = {'o': dim_o, 'g': dim_g, 'u': dim_u}."""
     steps_and_dims = ((T + 1, dims["o"]), (T + 1, dims["g"]), (T, dims["g"]), (T, dims["u"]),
                       (T, 1))
-    return dict(zip(EPISODE_KEYS, steps_and_dims))
+    return dict(zip(EPISODE_KEYS, steps_and_dims, strict=True))
 
 
 def empty_episodes(n_episodes, dims, T):

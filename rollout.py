@@ -9,11 +9,12 @@ This is where a rank's episodes are built, one step of num_env envs at a time: t
 to the vec env (vecenv.py), whose env processes step them, and what comes back is written into
 the episode arrays, (num_env, T or T+1, dim). Nothing here crosses MPI ranks.
 
-Deviations from baselines (1, 2 and 12 in docs/deviations.md): RolloutWorker stores all T transitions of an episode (baselines' vec
-env auto-reset drops the last one) and resets its envs itself after exactly T steps; so its
-success is read after the T-th action, where baselines reads it after action T-1, the last one
-its rollout keeps. Each episode's reset seed is drawn from the rank's generator (baselines seeds
-its envs once), so a resumed run replays exactly.
+Deviations from baselines (1, 2 and 12 in docs/deviations.md): RolloutWorker stores all T
+transitions of an episode (baselines' vec env auto-reset drops the last one) and resets its
+envs itself after exactly T steps; so its success is read after the T-th action, where
+baselines reads it after action T-1, the last one its rollout keeps. Each episode's reset seed
+is drawn from the rank's generator (baselines seeds its envs once), so a resumed run replays
+exactly.
 
 Test: `python -m pytest -q test_all.py::TestRollout`.
 """
@@ -35,7 +36,8 @@ class RolloutWorker:
     def __init__(self, venv, policy, rng, exploit=False, compute_Q=False, noise_eps=0.,
                  random_eps=0., success_key="is_success"):
         """rng: this rank's np.random.Generator. success_key: the info entry that reports a
-        reached goal (harness/goal_env.py's GoalTask). The episodes' dims and T are the policy's."""
+        reached goal (harness/goal_env.py's GoalTask). The episodes' dims and T are the
+        policy's."""
         self.venv, self.policy, self.rng = venv, policy, rng
         self.success_key = success_key
         self.compute_Q = compute_Q

@@ -76,7 +76,8 @@ class VecEnv:
     def step_wait(self):
         """(obs, r, done, infos): dict of (num_envs, dim), (num_envs,), (num_envs,), list."""
         self._check_turn("step_wait()", pending=True)
-        obs, r, terminated, truncated, infos = zip(*[self._recv(i) for i in range(self.num_envs)])
+        answers = [self._recv(i) for i in range(self.num_envs)]
+        obs, r, terminated, truncated, infos = zip(*answers, strict=True)
         done = np.logical_or(terminated, truncated)
         obs = [self._obs(i, sent) for i, sent in enumerate(obs)]
         # stack_obs copies: what is returned is the rank's own, whatever the next step writes
@@ -274,7 +275,7 @@ class SubprocVecEnv(VecEnv):
         self.closed, self.timeout = False, timeout
         n = len(env_fns)
         self._pending = ["start"] * n
-        self.remotes, work_remotes = zip(*[ctx.Pipe() for _ in range(n)])
+        self.remotes, work_remotes = zip(*[ctx.Pipe() for _ in range(n)], strict=True)
         self.ps = [ctx.Process(target=env_process_main, daemon=True,
                                args=(work_remotes[i], self.remotes[i], env_fns[i],
                                      self._obs_buffers(ctx, i)))

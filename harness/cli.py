@@ -18,10 +18,9 @@ import time
 
 import numpy as np
 
+from config import ENV_OVERRIDES, Config
 from harness.errors import UsageError
 from harness.goal_env import VEC_ENVS
-from config import ENV_OVERRIDES, Config
-
 
 # Fixed values of str fields, offered as the flag's choices (argparse rejects the rest).
 CHOICES = {"replay_strategy": ("future", "final", "episode", "random", "none"),

@@ -21,8 +21,8 @@ import os
 
 import numpy as np
 
-from harness.errors import BadFileError, SaveError
 from ddpg import DDPG, POLICY_KEYS
+from harness.errors import BadFileError, SaveError
 from replay import EPISODE_KEYS, episode_shapes
 
 

@@ -1,4 +1,4 @@
-"""One rank's run around train.py's learn(): its start-up, its run folder, and what train() hands it.
+"""One rank's run around train.py's learn(): its start-up, its run folder, what train() hands it.
 
 Mirrors what openai/baselines `her/experiment/train.py` (launch) and `her/her.py` do beside the
 algorithm: start MPI, check the input, make the log dir, write the logs and the policies.
@@ -27,17 +27,28 @@ import time
 from tqdm import tqdm
 
 from config import Config
-from harness.checkpoint import (checkpoint_positions, common_position, nonfinite_names,
-                                read_checkpoint, restore_agent, restore_epoch_so_far,
-                                save_checkpoint)
+from harness.checkpoint import (
+    checkpoint_positions,
+    common_position,
+    nonfinite_names,
+    read_checkpoint,
+    restore_agent,
+    restore_epoch_so_far,
+    save_checkpoint,
+)
 from harness.cli import parse_reward_range, shared_config
 from harness.errors import BadFileError, Interrupted, NonFiniteError, UsageError
 from harness.files import atomic_write_text, load_demos, load_policy_arrays, save_policy
 from harness.goal_env import build_venv, check_policy_fits, describe_env
 from harness.launch import check_launch, describe_job, mpi_library, start_mpi
 from harness.logger import EpochLogger, RunLog, output_is_terminal
-from harness.mpi_util import (ObservedComm, exits_together, one_blas_thread,
-                              raise_if_any_rank_failed, save_on_every_rank)
+from harness.mpi_util import (
+    ObservedComm,
+    exits_together,
+    one_blas_thread,
+    raise_if_any_rank_failed,
+    save_on_every_rank,
+)
 from harness.runlock import RunLock
 from harness.tracing import Tracer
 from harness.watchdog import Watchdog

@@ -40,7 +40,8 @@ class RunLock:
             holder = lock_file.read().strip() or "another process"
             lock_file.close()
             raise UsageError(f"run folder {os.path.dirname(self.path)!r} is in use by "
-                             f"{holder}; wait for that job to end, or pass another --logdir")
+                             f"{holder}; wait for that job to end, or pass another --logdir"
+                             ) from None
         # who holds it now, for the refusal of the next job that tries
         lock_file.seek(0)
         lock_file.truncate()

@@ -68,7 +68,7 @@ def caller_site(frame, skip=("tracing.py",)):
 
 
 class Tracer:
-    """One rank's trace; with n_cycles = 0 it wraps and records nothing (train.py uses it alike)."""
+    """One rank's trace; with n_cycles = 0 it wraps and records nothing (run.py uses it alike)."""
 
     def __init__(self, n_cycles, clock=time.time):
         self.n_cycles, self.clock = n_cycles, clock
@@ -249,6 +249,11 @@ def per_rank(values, fmt):
                                                           for r, v in enumerate(shown))
 
 
+def per_cycle(stats, n, key, fmt):
+    """One call site's figure `key` per cycle (n: each rank's cycles), as per_rank shows it."""
+    return per_rank([st[key] / c for st, c in zip(stats, n, strict=True)], fmt)
+
+
 def format_table(summaries):
     """The markdown table rank 0 prints: one row per call site, ranks side by side."""
     keys = sorted({key for s in summaries for key in s["sites"]},
@@ -259,16 +264,20 @@ def format_table(summaries):
     for kind, call, site in keys:
         stats = [s["sites"].get((kind, call, site), NO_CALLS) for s in summaries]
         n = [max(s["n_cycles"], 1) for s in summaries]
-        shares = [st["seconds"] / max(s["cycle_s"], 1e-12) for st, s in zip(stats, summaries)]
         elements = ", ".join(sorted(str(e) for e in stats[0]["elements"] if e != "")) or "-"
-        in_cycles = any(st["in_cycles"] for st in stats)  # else: setup or epoch end only
-        lines.append("| " + " | ".join([
-            f"`{site}`", f"{call} ({'pipe' if kind == 'env' else 'MPI'})",
-            per_rank([st["in_cycles"] / c for st, c in zip(stats, n)], lambda v: f"{v:g}"),
-            per_rank([st["outside"] for st in stats], str), elements,
-            *([per_rank([st["sent"] / c for st, c in zip(stats, n)], lambda v: f"{v:,.0f}"),
-               per_rank([st["received"] / c for st, c in zip(stats, n)], lambda v: f"{v:,.0f}"),
-               f"{statistics.median(shares):.1%}"] if in_cycles else ["-", "-", "-"])]) + " |")
+        cells = [f"`{site}`", f"{call} ({'pipe' if kind == 'env' else 'MPI'})",
+                 per_cycle(stats, n, "in_cycles", "{:g}".format),
+                 per_rank([st["outside"] for st in stats], str), elements]
+        if any(st["in_cycles"] for st in stats):
+            shares = [st["seconds"] / max(s["cycle_s"], 1e-12)
+                      for st, s in zip(stats, summaries, strict=True)]
+            cells += [per_cycle(stats, n, "sent", "{:,.0f}".format),
+                      per_cycle(stats, n, "received", "{:,.0f}".format),
+                      f"{statistics.median(shares):.1%}"]
+        else:
+            # made in setup or at an epoch's end only: nothing in cycles to measure
+            cells += ["-", "-", "-"]
+        lines.append("| " + " | ".join(cells) + " |")
     cycle_s = [s["cycle_s"] / max(s["n_cycles"], 1) for s in summaries]
     lines.append(f"| whole cycle | - | - | - | - | - | - | {statistics.median(cycle_s):.3f} s "
                  "(median over ranks) |")

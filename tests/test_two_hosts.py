@@ -1,4 +1,4 @@
-"""tools/two-hosts.sh: two simulated machines (network namespaces, as root) running one job.
+"""tests/two-hosts.sh: two simulated machines (network namespaces, as root) running one job.
 
 No baselines counterpart: 2 hosts x 1 rank of train.py meet over a veth pair, end in sync with
 the gradients on the wire between them, each host's disk holds only its ranks' files, and
@@ -20,17 +20,17 @@ import pytest
 from tests.helpers import ROOT, mpi_family, read_progress
 
 
-# ---------------------------------------------------------------- tools/two-hosts.sh: two machines
+# ---------------------------------------------------------------- tests/two-hosts.sh: two machines
 
 def why_no_simulated_hosts():
-    """Why tools/two-hosts.sh cannot make its hosts here (one line), or None if it can."""
+    """Why tests/two-hosts.sh cannot make its hosts here (one line), or None if it can."""
     if os.geteuid() != 0:
-        return "tools/two-hosts.sh needs root to make network namespaces"
+        return "tests/two-hosts.sh needs root to make network namespaces"
     missing = [tool for tool in ("ip", "unshare", "nsenter") if not shutil.which(tool)]
     if missing:
-        return f"tools/two-hosts.sh needs {', '.join(missing)} (iproute2, util-linux)"
+        return f"tests/two-hosts.sh needs {', '.join(missing)} (iproute2, util-linux)"
     if mpi_family() != "MPICH":
-        return f"tools/two-hosts.sh needs MPICH's mpiexec (Hydra), not {mpi_family()}"
+        return f"tests/two-hosts.sh needs MPICH's mpiexec (Hydra), not {mpi_family()}"
     probe = subprocess.run(["unshare", "--net", "--uts", "--mount", "ip", "link", "add", "name",
                             "probe0", "type", "veth", "peer", "name", "probe1"],
                            capture_output=True, text=True, timeout=30)
@@ -56,11 +56,11 @@ def what_hosts_leave():
 
 
 class TestTwoHosts:
-    """tools/two-hosts.sh: two machines."""
+    """tests/two-hosts.sh: two machines."""
 
     @pytest.mark.slow
     def test_two_hosts_run_in_sync_over_the_wire_and_leave_nothing(self, tmp_path):
-        """tools/two-hosts.sh, 2 hosts x 1 rank, one epoch of 2 cycles of 5 updates: the ranks end
+        """tests/two-hosts.sh, 2 hosts x 1 rank, one epoch of 2 cycles of 5 updates: the ranks end
         in sync, the gradients crossed the veth (each update Allreduces 1.1 MB of FetchReach
         gradients, so at least that much goes each way, where shared memory would put tens of kB
         on the wire), each host's disk held only its ranks' files, and nothing is left behind."""
@@ -97,7 +97,7 @@ class TestTwoHosts:
 
     @pytest.mark.slow
     def test_a_host_that_loses_its_wire_ends_on_both_sides_and_leaves_nothing(self, tmp_path):
-        """tools/two-hosts.sh --cut_wire: host1's end of the wire goes down mid-run; the ranks of
+        """tests/two-hosts.sh --cut_wire: host1's end of the wire goes down mid-run; the ranks of
         both hosts, each waiting in a collective call, end by their own --mpi_timeout (host1's
         cannot be reached by host0's mpiexec), and nothing is left in any namespace, without
         anyone having to SIGKILL a process."""

