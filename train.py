@@ -132,4 +132,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    main()  # [MPI]

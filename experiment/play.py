@@ -164,4 +164,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    main()  # [MPI]

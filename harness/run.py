@@ -217,7 +217,7 @@ class Run:
             raise Interrupted(f"interrupted in epoch {epoch} after cycle {cycle}: saved "
                               f"policy_latest.npz and checkpoint/ in {logdir}; continue with "
                               f"--resume {logdir}")
-        self.tracer.end_cycle()
+        self.tracer.close_cycle()
         self.bar.update()
         self.report_progress(epoch, cycle + 1)
         if cycle + 1 < self.cfg.n_cycles:

@@ -119,7 +119,7 @@ class Tracer:
         self.phase, self.epoch, self.cycle_in_epoch = "cycle", epoch, cycle
         self.cycle_start = self.clock()
 
-    def end_cycle(self):
+    def close_cycle(self):
         """Where the cycle begun last ends (after its stop check): its row."""
         self.record("cycle", "cycle", "train.py:train", "", "", "", "", self.cycle_start,
                     self.clock() - self.cycle_start)

@@ -96,12 +96,12 @@ class Watchdog:
                     self._on_signal(signum)
             now = time.monotonic()
             # at most one tick counted per tick: a suspended process (Ctrl-Z) has not waited
-            self._count(min(now - last, 2 * TICK_S))
+            self._count(min(now - last, 2 * TICK_S))  # [MPI] Abort past the limit
             last = now
 
     def _count(self, seconds):
-        """Adds `seconds` to the call under way; past the limit, _expire (collective in effect:
-        its Abort ends every rank), near it a warning."""
+        """Collective in effect: adds `seconds` to the call under way; past the limit, _expire
+        (its Abort ends every rank), near it a warning."""
         with self._lock:
             call = self._call
             if call is None or not self.limit_s:

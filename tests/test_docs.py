@@ -75,6 +75,53 @@ def python_files():
     return top + below
 
 
+# Receivers of the calls whose method name is collective in one class and not in another, or a
+# container's own method: whether each is the collective one (DDPG.store_episode, MpiAdam.update)
+# or not (ReplayBuffer.store_episode, Normalizer.update, tqdm's, a dict's or a set's update).
+COLLECTIVE_RECEIVERS = {
+    "store_episode": {"policy": True, "self.buffer": False, "self.demo_buffer": False,
+                      "buf": False},
+    "update": {"self.Q_adam": True, "self.pi_adam": True, "policy.Q_adam": True, "adam": True,
+               "self.o_stats": False, "self.g_stats": False, "self.bar": False,
+               "arrays": False, "in_use": False, "unique": False},
+}
+
+
+def collective_functions(trees):
+    """({names of functions, methods and classes whose docstring says Collective}, {the same of
+    the rest}); a class's own name stands for its constructor."""
+    collective, local = set(), set()
+    for tree in trees.values():
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+                says = "Collective" in (ast.get_docstring(node) or "")
+                (collective if says else local).add(node.name)
+    return collective, local
+
+
+def is_collective_call(call, file_name, tree, collective, local):
+    """Whether `call` (an ast.Call in file_name's tree) calls a collective function."""
+    func = call.func
+    if isinstance(func, ast.Name):
+        # a bare name: this file's own function, or one it imports by that name
+        own = {n.name: "Collective" in (ast.get_docstring(n) or "") for n in tree.body
+               if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+        imported = {a.asname or a.name for n in tree.body if isinstance(n, ast.ImportFrom)
+                    for a in n.names}
+        if func.id in own:
+            return own[func.id]
+        return func.id in imported and func.id in collective
+    if not isinstance(func, ast.Attribute) or func.attr not in collective:
+        return False
+    if func.attr not in COLLECTIVE_RECEIVERS and func.attr not in local:
+        return True
+    receiver = ast.unparse(func.value)
+    kinds = COLLECTIVE_RECEIVERS.get(func.attr, {})
+    assert receiver in kinds, (f"{file_name}:{call.lineno}: {receiver}.{func.attr}() is "
+                               f"ambiguous: add {receiver!r} to COLLECTIVE_RECEIVERS")
+    return kinds[receiver]
+
+
 def is_test_file(name):
     return name in ("test_all.py", "conftest.py") or name.startswith("tests" + os.sep)
 
@@ -322,6 +369,9 @@ class TestDocs:
                                if isinstance(m, ast.FunctionDef)]
                 elif isinstance(node, ast.FunctionDef) and node.col_offset == 0:
                     scopes.append((node.lineno, node.end_lineno, node.name))
+            # an entry point's `if __name__ == "__main__":` block calls its main()
+            scopes += [(node.lineno, node.end_lineno, "main") for node in ast.parse(source).body
+                       if isinstance(node, ast.If) and "__main__" in ast.unparse(node.test)]
             for number in sorted(tagged):
                 where = [s for s in scopes if s[0] <= number <= s[1]]
                 assert where, f"{name}:{number}: an [MPI] line outside any function"
@@ -329,6 +379,30 @@ class TestDocs:
                 rows = (f"`{os.path.basename(name)}: {function}`", f"`{name}: {function}`")
                 assert any(row in table for row in rows), f"docs/mpi.md's table of MPI calls " \
                     f"has no row `{os.path.basename(name)}: {function}` ({name}:{number})"
+
+    def test_every_call_of_a_collective_function_is_tagged(self):
+        """docs/mpi.md promises that each line calling a function whose docstring says
+        "Collective" carries the tag `# [MPI]` too, so that grep finds every line that can wait
+        for other ranks. A call by bare name is resolved in its file (its own functions and
+        what it imports by name); a method call by its name, and where classes disagree (a
+        name collective in one class and not in another, or a container's own method) by its
+        receiver, which COLLECTIVE_RECEIVERS must then know."""
+        files = [f for f in python_files() if not is_test_file(f)]
+        trees = {f: ast.parse(open(os.path.join(ROOT, f)).read()) for f in files}
+        collective, local = collective_functions(trees)
+        untagged = []
+        for name, tree in trees.items():
+            lines = open(os.path.join(ROOT, name)).read().splitlines()
+            for call in (n for n in ast.walk(tree) if isinstance(n, ast.Call)):
+                if is_collective_call(call, name, tree, collective, local) and \
+                        "# [MPI]" not in lines[call.lineno - 1]:
+                    untagged.append(f"{name}:{call.lineno}: {lines[call.lineno - 1].strip()}")
+        assert not untagged, "calls of collective functions without # [MPI]:\n" + \
+            "\n".join(untagged)
+        # the check itself: an untagged call of a collective function by name and by method
+        tree = ast.parse("def f():\n    \"\"\"Collective.\"\"\"\n\n\nf()\npolicy.train()\n")
+        calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call)]
+        assert all(is_collective_call(c, "x.py", tree, {"f", "train"}, set()) for c in calls)
 
     def test_every_relative_link_and_anchor_in_the_docs_resolves(self, tmp_path):
         """README.md and every docs/*.md: each relative link names a file that exists, and each
