@@ -1,4 +1,4 @@
-"""tools/slurm-cluster.sh and tools/slurm/*.sbatch: train.py as Slurm batch jobs, on one node.
+"""tests/slurm-cluster.sh and tools/slurm/*.sbatch: train.py as Slurm batch jobs, on one node.
 
 No baselines counterpart. A one-node cluster on this machine (as root; skipped with the
 reason where it cannot be made) runs the recipe of the MPI the suite runs under:
@@ -35,9 +35,9 @@ LONG = ("--num_env", "2", "--n_epochs", "20", "--n_cycles", "5", "--n_batches", 
 def cluster():
     """The environment that reaches a one-node cluster, up while this file's tests run."""
     if os.geteuid() != 0:
-        pytest.skip("tools/slurm-cluster.sh runs Slurm's daemons as root")
+        pytest.skip("tests/slurm-cluster.sh runs Slurm's daemons as root")
     shm_before = shm_entries()
-    proc = subprocess.Popen(["bash", "tools/slurm-cluster.sh", "sleep", "infinity"], cwd=ROOT,
+    proc = subprocess.Popen(["bash", "tests/slurm-cluster.sh", "sleep", "infinity"], cwd=ROOT,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     env = None
     with hang_guard(600):  # apt-get on a machine without Slurm takes a while
@@ -128,7 +128,7 @@ def reach_job(cluster, tmp_path_factory):
 
 
 class TestSlurm:
-    """tools/slurm-cluster.sh and the recipes of tools/slurm/."""
+    """tests/slurm-cluster.sh and the recipes of tools/slurm/."""
 
     @pytest.mark.slow
     def test_a_2_x_2_job_learns_and_names_its_mpi(self, reach_job):

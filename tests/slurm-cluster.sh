@@ -17,8 +17,8 @@
 # prints "slurm-cluster: up, SLURM_CONF=..." on stderr (`sleep infinity` as COMMAND keeps it
 # up for a shell that exports that).
 #
-#   bash tools/slurm-cluster.sh COMMAND [ARG...]
-#   bash tools/slurm-cluster.sh bash -c 'sbatch --wait tools/slurm/mpich.sbatch; cat slurm-*.out'
+#   bash tests/slurm-cluster.sh COMMAND [ARG...]
+#   bash tests/slurm-cluster.sh bash -c 'sbatch --wait tools/slurm/mpich.sbatch; cat slurm-*.out'
 # Exit code: COMMAND's; 2 when the cluster cannot be made here (the reason in one line).
 # Test: python -m pytest -q tests/test_slurm.py
 set -u
