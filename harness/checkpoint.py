@@ -17,8 +17,9 @@ import os
 import numpy as np
 
 from ddpg import POLICY_KEYS
-from harness.errors import UsageError
+from harness.errors import BadFileError, UsageError
 from harness.files import atomic_savez, load_npz, set_policy_from_file
+from harness.mpi_util import raise_if_any_rank_failed
 
 CHECKPOINT_KEYS = POLICY_KEYS + ("epoch", "cycle", "n_ranks", "rng_json", "Q_adam/m",
                                  "log/train_success_history", "log/train_losses")
@@ -114,6 +115,20 @@ def common_position(run_dir, positions, comm):
         note = (f"note: not every rank has its newest checkpoint (a run stopped while saving); "
                 f"every rank resumes from epoch {epoch}, cycle {cycle}, which they all have")
     return (epoch, cycle), note
+
+
+def load_checkpoint(run_dir, positions, comm):
+    """Collective: every rank loads its checkpoint of the newest (epoch, cycle) all ranks have
+    (positions: this rank's, checkpoint_positions'); returns its path, its arrays and
+    common_position's note, or every rank raises the first BadFileError's line."""
+    position, note = common_position(run_dir, positions, comm)  # [MPI]
+    path, arrays, error = positions[position], None, None
+    try:
+        arrays = read_checkpoint(path)
+    except BadFileError as e:
+        error = str(e)
+    raise_if_any_rank_failed(comm, error)  # [MPI]
+    return path, arrays, note
 
 
 def read_checkpoint(path):

@@ -57,6 +57,7 @@ class RunLog:
     def __init__(self, logdir, enabled, argv, resumed_at=None):
         self.enabled, self.path, self.file = enabled, os.path.join(logdir, "log.txt"), None
         self.screen = sys.stdout  # where the progress bar goes: not into the log
+        self.screen_is_terminal = output_is_terminal(self.screen)
         if not enabled:
             return
         header = [f"# {time.strftime('%Y-%m-%d %H:%M:%S')}: {' '.join(argv)}",

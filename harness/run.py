@@ -29,9 +29,8 @@ from tqdm import tqdm
 from config import Config
 from harness.checkpoint import (
     checkpoint_positions,
-    common_position,
+    load_checkpoint,
     nonfinite_names,
-    read_checkpoint,
     restore_agent,
     restore_epoch_so_far,
     save_checkpoint,
@@ -41,7 +40,7 @@ from harness.errors import BadFileError, Interrupted, NonFiniteError, UsageError
 from harness.files import atomic_write_text, load_demos, load_policy_arrays, save_policy
 from harness.goal_env import build_venv, check_policy_fits, describe_env
 from harness.launch import check_launch, describe_job, mpi_library, start_mpi
-from harness.logger import EpochLogger, RunLog, output_is_terminal
+from harness.logger import EpochLogger, RunLog
 from harness.mpi_util import (
     ObservedComm,
     exits_together,
@@ -49,7 +48,7 @@ from harness.mpi_util import (
     raise_if_any_rank_failed,
     save_on_every_rank,
 )
-from harness.runlock import RunLock
+from harness.runlock import hold_run_folder
 from harness.tracing import Tracer
 from harness.watchdog import Watchdog
 
@@ -108,7 +107,6 @@ class Run:
         self.read_inputs(args)  # [MPI] every rank agrees that they are good
         self.lock = hold_run_folder(cfg.logdir, comm)  # [MPI] before anything is written there
         make_logdir(cfg, comm, tracer.folders)  # [MPI]
-        tracer.write_to(os.path.join(cfg.logdir, "trace"))
         resumed_at = None if self.checkpoint is None else (int(self.checkpoint["epoch"]),
                                                            int(self.checkpoint["cycle"]))
         self.log = RunLog(cfg.logdir, enabled=self.rank0, argv=["train.py", *args.argv],
@@ -118,9 +116,10 @@ class Run:
             if self.resume_note:
                 print(self.resume_note, flush=True)
             print_setup(cfg, self.task, comm.Get_size(), job)
-        self.venv = tracer.wrap_venv(build_venv(cfg))  # with --trace, its pipes count messages
+        # with --trace, its pipes count every message
+        self.venv = tracer.wrap_venv(build_venv(cfg), os.path.join(cfg.logdir, "trace"))
         self.screen = self.log.screen
-        self.draw_bar = self.rank0 and output_is_terminal(self.screen)
+        self.draw_bar = self.rank0 and self.log.screen_is_terminal
 
     def read_inputs(self, args):
         """Collective: every rank checks its input and reads its files (the task, --load_path,
@@ -147,18 +146,8 @@ class Run:
             error = str(e)
         raise_if_any_rank_failed(self.comm, error)  # [MPI]
         if args.resume:
-            self.load_checkpoint(args.resume, checkpoints)  # [MPI]
-
-    def load_checkpoint(self, run_dir, checkpoints):
-        """Collective: every rank loads its checkpoint of the newest (epoch, cycle) all ranks
-        have."""
-        position, self.resume_note = common_position(run_dir, checkpoints, self.comm)  # [MPI]
-        self.checkpoint_path = checkpoints[position]
-        try:
-            self.checkpoint, error = read_checkpoint(self.checkpoint_path), None
-        except BadFileError as e:
-            error = str(e)
-        raise_if_any_rank_failed(self.comm, error)  # [MPI]
+            self.checkpoint_path, self.checkpoint, self.resume_note = load_checkpoint(  # [MPI]
+                args.resume, checkpoints, self.comm)
 
     # -------------------------------------------------------------- what train() calls
 
@@ -282,22 +271,6 @@ class Run:
             self.log.close(error)
         if self.lock is not None:
             self.lock.release()
-
-
-def hold_run_folder(logdir, comm):
-    """Collective: rank 0 takes the run folder's lock (runlock.py); if another job holds it,
-    or the folder cannot be made, every rank raises that one line."""
-    lock, error = None, None
-    if comm.Get_rank() == 0:
-        try:
-            lock = RunLock(logdir).acquire()
-        except UsageError as e:
-            error = str(e)
-        except OSError as e:
-            error = (f"cannot write to log dir {logdir!r} on rank 0 ({e.strerror}); pass a "
-                     f"--logdir that every rank can write")
-    raise_if_any_rank_failed(comm, error)  # [MPI]
-    return lock
 
 
 def make_logdir(cfg, comm, folders=()):

@@ -17,6 +17,7 @@ import socket
 import time
 
 from harness.errors import UsageError
+from harness.mpi_util import raise_if_any_rank_failed
 
 LOCK_NAME = "run.lock"
 
@@ -55,3 +56,19 @@ class RunLock:
         if self.file is not None:
             self.file.close()  # closing the only descriptor releases the flock
             self.file = None
+
+
+def hold_run_folder(logdir, comm):
+    """Collective: rank 0 takes the run folder's lock (RunLock); if another job holds it,
+    or the folder cannot be made, every rank raises that one line."""
+    lock, error = None, None
+    if comm.Get_rank() == 0:
+        try:
+            lock = RunLock(logdir).acquire()
+        except UsageError as e:
+            error = str(e)
+        except OSError as e:
+            error = (f"cannot write to log dir {logdir!r} on rank 0 ({e.strerror}); pass a "
+                     f"--logdir that every rank can write")
+    raise_if_any_rank_failed(comm, error)  # [MPI]
+    return lock

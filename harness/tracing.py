@@ -78,16 +78,15 @@ class Tracer:
         self.cycles_done = 0
         self.comm = self.folder = None  # comm: the communicator finish() gathers through
 
-    def write_to(self, folder):
-        """Where finish() writes rank<r>.csv: <logdir>/trace, once the log dir exists."""
-        self.folder = folder
-
     @property
     def folders(self):
         """The log-dir folders a traced run writes to (run.make_logdir creates them)."""
         return ("trace",) if self.n_cycles else ()
 
-    def wrap_venv(self, venv):
+    def wrap_venv(self, venv, folder=None):
+        """The vec env, its pipes counting every message; `folder`: where finish() writes
+        rank<r>.csv (<logdir>/trace)."""
+        self.folder = folder
         if self.n_cycles and hasattr(venv, "remotes"):  # DummyVecEnv has no pipes
             venv.remotes = tuple(TracedPipe(remote, i, self)
                                  for i, remote in enumerate(venv.remotes))
