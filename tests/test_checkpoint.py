@@ -22,12 +22,29 @@ import pytest
 from harness import checkpoint, files, watchdog
 from harness import run as harness_run
 from mpi_adam import ONE_RANK
-from tests.helpers import (ROOT, TINY_RUN, arrays_of, main_exit_code, assert_one_line_error, assert_same_arrays,
-                           assert_same_progress, env_processes_left, fetch_reach_policy,
-                           hang_guard, mpi_family, mpirun_exe, random_demo_file, reach_task, read_progress,
-                           remove_orphans_of_job, run_cmd, shm_entries, small_disk,
-                           straight_run, train_cmd)
-
+from tests.helpers import (
+    ROOT,
+    TINY_RUN,
+    arrays_of,
+    assert_one_line_error,
+    assert_same_arrays,
+    assert_same_progress,
+    env_processes_left,
+    fetch_reach_policy,
+    hang_guard,
+    main_exit_code,
+    mpi_family,
+    mpirun_exe,
+    random_demo_file,
+    reach_task,
+    read_progress,
+    remove_orphans_of_job,
+    run_cmd,
+    shm_entries,
+    small_disk,
+    straight_run,
+    train_cmd,
+)
 
 # ---------------------------------------------------------------- checkpoint.py: stop and resume
 

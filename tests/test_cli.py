@@ -12,13 +12,12 @@ import dataclasses
 import numpy as np
 import pytest
 
+from config import Config
+from ddpg import DDPG
 from harness import cli
 from harness.goal_env import GoalTask
 from mpi_adam import ONE_RANK
-from config import Config
-from ddpg import DDPG
 from tests.helpers import assert_main_refuses, assert_one_line_error, run_cmd, train_cmd
-
 
 # ---------------------------------------------------------------- cli.py: settings, command line
 

@@ -23,7 +23,6 @@ import pytest
 
 from tests.helpers import FAULTS_TABLE, MPI_TABLE, ROOT, doc_section, table_rows
 
-
 # ---------------------------------------------------------------- links, files and tests of the docs
 
 def markdown_links(text):

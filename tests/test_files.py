@@ -16,9 +16,17 @@ import pytest
 
 import ddpg
 from harness import checkpoint, errors, files, goal_env
-from tests.helpers import (arrays_of, assert_main_refuses, assert_one_line_error, play_cmd,
-                           random_demo_file, reach_task, run_cmd, straight_run, train_cmd)
-
+from tests.helpers import (
+    arrays_of,
+    assert_main_refuses,
+    assert_one_line_error,
+    play_cmd,
+    random_demo_file,
+    reach_task,
+    run_cmd,
+    straight_run,
+    train_cmd,
+)
 
 # ---------------------------------------------------------------- files.py: saving, bad files
 

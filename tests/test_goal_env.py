@@ -18,14 +18,13 @@ import numpy as np
 import pytest
 
 import ddpg
-from harness import errors, goal_env
-from mpi_adam import ONE_RANK
 from config import Config
 from ddpg import DDPG
+from harness import errors, goal_env
+from mpi_adam import ONE_RANK
 from rollout import RolloutWorker
 from tests.helpers import arrays_of, assert_main_refuses, read_progress, run_cmd, train_cmd
 from vecenv import DummyVecEnv
-
 
 # ---------------------------------------------------------------- goal_env.py: goal tasks, rewards
 

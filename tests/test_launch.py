@@ -18,8 +18,17 @@ import pytest
 
 from harness import launch
 from harness.runlock import RunLock
-from tests.helpers import (ROOT, TINY_RUN, assert_one_line_error, hang_guard, mpi_family,
-                           remove_orphans_of_job, run_cmd, shm_entries, train_cmd)
+from tests.helpers import (
+    ROOT,
+    TINY_RUN,
+    assert_one_line_error,
+    hang_guard,
+    mpi_family,
+    remove_orphans_of_job,
+    run_cmd,
+    shm_entries,
+    train_cmd,
+)
 
 # What each launcher put into a rank's environment here (rank 1 of 2)
 OPEN_MPI = {"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2", "PMIX_RANK": "1"}

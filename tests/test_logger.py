@@ -17,7 +17,6 @@ import pytest
 from harness import errors, logger
 from tests.helpers import ROOT, hang_guard, main_exit_code, mpirun_exe, run_cmd
 
-
 # ---------------------------------------------------------------- logger.py: log.txt, the bar
 
 class FakeTerminal(io.StringIO):

@@ -24,9 +24,17 @@ import pytest
 from harness import mpi_util
 from harness.launch import start_mpi
 from mpi_adam import ONE_RANK
-from tests.helpers import (ROOT, TINY_RUN, hang_guard, mpi_family, mpirun_args,
-                           remove_orphans_of_job, run_cmd, shm_entries, train_cmd)
-
+from tests.helpers import (
+    ROOT,
+    TINY_RUN,
+    hang_guard,
+    mpi_family,
+    mpirun_args,
+    remove_orphans_of_job,
+    run_cmd,
+    shm_entries,
+    train_cmd,
+)
 
 # ---------------------------------------------------------------- mpi_util.py: MPI jobs, /dev/shm
 

@@ -22,9 +22,19 @@ import time
 
 import pytest
 
-from tests.helpers import (ROOT, arrays_of, assert_same_arrays, assert_same_progress,
-                           hang_guard, mpi_family, read_progress, remove_orphans_of_job,
-                           run_cmd, shm_entries, train_cmd)
+from tests.helpers import (
+    ROOT,
+    arrays_of,
+    assert_same_arrays,
+    assert_same_progress,
+    hang_guard,
+    mpi_family,
+    read_progress,
+    remove_orphans_of_job,
+    run_cmd,
+    shm_entries,
+    train_cmd,
+)
 
 REACH = ("--num_env", "2", "--n_epochs", "4", "--seed", "1")  # FetchReach-v4, 10 cycles
 LONG = ("--num_env", "2", "--n_epochs", "20", "--n_cycles", "5", "--n_batches", "20",

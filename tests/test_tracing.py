@@ -15,11 +15,19 @@ import numpy as np
 import pytest
 
 from harness import tracing
-from tests.helpers import (TRACED_RUN, StubGoalEnv, assert_main_refuses, assert_same_arrays,
-                           assert_same_progress, hang_guard, mpi_table_rows, reach_task,
-                           read_trace_rows, traced_and_untraced_runs)
+from tests.helpers import (
+    TRACED_RUN,
+    StubGoalEnv,
+    assert_main_refuses,
+    assert_same_arrays,
+    assert_same_progress,
+    hang_guard,
+    mpi_table_rows,
+    reach_task,
+    read_trace_rows,
+    traced_and_untraced_runs,
+)
 from vecenv import SubprocVecEnv
-
 
 # ---------------------------------------------------------------- tracing.py: --trace
 

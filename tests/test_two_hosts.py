@@ -19,7 +19,6 @@ import pytest
 
 from tests.helpers import ROOT, mpi_family, read_progress
 
-
 # ---------------------------------------------------------------- tests/two-hosts.sh: two machines
 
 def why_no_simulated_hosts():
@@ -70,7 +69,7 @@ class TestTwoHosts:
         before = what_hosts_leave()
         out_dir = tmp_path / "out"
         proc = subprocess.run(
-            ["bash", os.path.join(ROOT, "tools", "two-hosts.sh"), "1", "1", "--out", str(out_dir),
+            ["bash", os.path.join(ROOT, "tests", "two-hosts.sh"), "1", "1", "--out", str(out_dir),
              "--", "--n_cycles", "2", "--n_batches", "5", "--trace", "1"],
             capture_output=True, text=True, timeout=240, env=dict(os.environ, PYTHON=sys.executable))
         out = proc.stdout + proc.stderr
@@ -107,7 +106,7 @@ class TestTwoHosts:
         limit, cut = 20, 45
         before = what_hosts_leave()
         proc = subprocess.run(
-            ["bash", os.path.join(ROOT, "tools", "two-hosts.sh"), "1", "100", "--out",
+            ["bash", os.path.join(ROOT, "tests", "two-hosts.sh"), "1", "100", "--out",
              str(tmp_path / "out"), "--cut_wire", str(cut), "--",
              "--n_cycles", "10", "--n_batches", "20", "--mpi_timeout", str(limit)],
             capture_output=True, text=True, timeout=600, env=dict(os.environ, PYTHON=sys.executable))

@@ -21,8 +21,16 @@ import time
 import pytest
 
 from harness.launch import launched
-from tests.helpers import (ROOT, assert_main_refuses, hang_guard, read_progress,
-                           remove_orphans_of_job, run_cmd, shm_entries, train_cmd)
+from tests.helpers import (
+    ROOT,
+    assert_main_refuses,
+    hang_guard,
+    read_progress,
+    remove_orphans_of_job,
+    run_cmd,
+    shm_entries,
+    train_cmd,
+)
 
 # A 2-rank FetchReach run long enough to be stopped in the middle (20 epochs of 5 cycles).
 LONG_RUN = ("--num_env", "2", "--n_epochs", "20", "--n_cycles", "5", "--n_batches", "20",
