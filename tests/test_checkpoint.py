@@ -99,7 +99,7 @@ def assert_log_tells_the_history(logdir, starts):
     chunks = log.split("# code: ")[1:]  # one per start
     assert len(chunks) == len(starts), log[-3000:]
     assert log.count(version) == len(starts), log[-3000:]
-    for chunk, start in zip(chunks, starts):
+    for chunk, start in zip(chunks, starts, strict=True):
         if start is None:
             assert "# resumed" not in chunk
         else:
@@ -116,8 +116,8 @@ class TestCheckpoint:
     def test_sigint_saves_checkpoint_and_resume_is_bitwise_identical(self, tmp_path):
         reference = straight_run(str(tmp_path.parent))
         logdir = str(tmp_path / "interrupted")
-        rc, out = interrupt_when_logging(train_cmd("--n_epochs", "4", "--logdir", logdir, *TINY_RUN),
-                                         logdir)
+        rc, out = interrupt_when_logging(
+            train_cmd("--n_epochs", "4", "--logdir", logdir, *TINY_RUN), logdir)
         assert rc == 130, f"expected exit code 130 (interrupted), got {rc}:\n{out[-3000:]}"
         assert out.count("interrupted in epoch") == 1
         # complete and loadable
@@ -150,8 +150,8 @@ class TestCheckpoint:
         """Stopped after an epoch's last cycle, before its test rollouts: the resumed run logs
         that epoch from the saved history and losses alone (it runs no training cycle of it)."""
         def stop_at_read(stop_at):
-            """harness/run.py's Watchdog, but its `requested`, read once per cycle, is true at read number
-            stop_at (None: never), whatever signal comes."""
+            """harness/run.py's Watchdog, but its `requested`, read once per cycle, is true at
+            read number stop_at (None: never), whatever signal comes."""
             class StopAtRead(watchdog.Watchdog):
                 reads = 0
 
@@ -236,7 +236,8 @@ class TestCheckpoint:
 
     @pytest.mark.slow
     @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
-    def test_a_second_signal_ends_every_process_of_the_run_at_once(self, tmp_path, monkeypatch, sig):
+    def test_a_second_signal_ends_every_process_of_the_run_at_once(
+            self, tmp_path, monkeypatch, sig):
         """The first signal asks for a stop at the cycle's end; a second one, while env processes
         answer out of step (SlowReach), ends the run there: one line, exit code 130, no env
         process left."""
@@ -304,7 +305,8 @@ class TestCheckpoint:
             rc, out = run_cmd(train_cmd("--n_epochs", "4", "--logdir", logdir, *TINY_RUN), 600)
             assert_one_line_error(rc, out, 1, "train.py: error: cannot write " + logdir,
                                   "No space left on device")
-            assert not [name for _, _, names in os.walk(logdir) for name in names if ".tmp" in name]
+            assert not [name for _, _, names in os.walk(logdir)
+                        for name in names if ".tmp" in name]
             moved = shutil.copytree(logdir, tmp_path / "moved")
         rc, out = run_cmd(train_cmd("--resume", str(moved)), 600)
         assert rc == 0, out[-3000:]
@@ -342,7 +344,8 @@ class TestCheckpoint:
                     "--n_test_rollouts", "1", "--seed", "4"]
         straight, resumed = str(tmp_path / "straight"), str(tmp_path / "resumed")
         for logdir, n_epochs in ((straight, "2"), (resumed, "1")):
-            rc, out = run_cmd(train_cmd("--n_epochs", n_epochs, "--logdir", logdir, *demo_run), 300)
+            rc, out = run_cmd(
+                train_cmd("--n_epochs", n_epochs, "--logdir", logdir, *demo_run), 300)
             assert rc == 0, out[-3000:]
         rc, out = run_cmd(train_cmd("--resume", resumed, "--n_epochs", "2"), 300)
         assert rc == 0, out[-3000:]
@@ -354,7 +357,8 @@ class TestCheckpoint:
     def test_nonfinite_loss_stops_after_keeping_last_good_checkpoint(self, tmp_path):
         logdir = str(tmp_path / "nan")
         rc, out = run_cmd(train_cmd("--env", "tests.helpers:NaNReach-v0", "--n_epochs", "3",
-                                    "--n_cycles", "4", "--n_batches", "2", "--logdir", logdir), 300)
+                                    "--n_cycles", "4", "--n_batches", "2", "--logdir", logdir),
+                          300)
         assert rc == 1 and "Traceback" not in out, out[-3000:]
         assert "non-finite train/critic_loss" in out and "in epoch 1, cycle 1" in out, out[-3000:]
         ckpt = arrays_of(checkpoint.checkpoint_path(logdir, 0))
@@ -395,4 +399,5 @@ class TestCheckpoint:
         assert rc == 0 and "2 rank(s) in sync" in out, out[-3000:]
         assert [r["epoch"] for r in read_progress(str(a / "run"))] == ["0", "1"]
         for side, rank in ((a, 0), (b, 1)):
-            assert int(arrays_of(checkpoint.checkpoint_path(str(side / "run"), rank))["epoch"]) == 2
+            arrays = arrays_of(checkpoint.checkpoint_path(str(side / "run"), rank))
+            assert int(arrays["epoch"]) == 2

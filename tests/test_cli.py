@@ -27,7 +27,8 @@ class TestConfig:
 
     def test_config_defaults_env_overrides_and_cli(self):
         cfg = cli.make_config(cli.parse_train_args([]))
-        assert (cfg.env, cfg.n_cycles, cfg.n_batches, cfg.batch_size) == ("FetchReach-v4", 10, 40, 256)
+        assert (cfg.env, cfg.n_cycles, cfg.n_batches, cfg.batch_size) == (
+            "FetchReach-v4", 10, 40, 256)
         cfg = cli.make_config(cli.parse_train_args(["--env", "FetchPush-v4", "--num_env", "2",
                                                   "--n_batches", "7"]))
         assert (cfg.n_cycles, cfg.num_env, cfg.n_batches, cfg.replay_k) == (50, 2, 7, 4)

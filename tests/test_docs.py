@@ -23,7 +23,7 @@ import pytest
 
 from tests.helpers import FAULTS_TABLE, MPI_TABLE, ROOT, doc_section, table_rows
 
-# ---------------------------------------------------------------- links, files and tests of the docs
+# -------------------------------------------------------- links, files and tests of the docs
 
 def markdown_links(text):
     """The targets of the [text](target) links and ![alt](target) images of a markdown page,
@@ -196,8 +196,8 @@ class TestDocs:
             "--scaling FetchPush-v4 --table`"
         strategies = [d for d in run_dirs if os.path.basename(d).startswith("FetchPush-v4-4x2-")]
         assert plot.scaling_table(strategies, "FetchPush-v4") in page, "docs/results.md's table " \
-            "of HER strategies differs from `python -m experiment.plot results/FetchPush-v4-4x2-* " \
-            "--scaling FetchPush-v4 --table`"
+            "of HER strategies differs from " \
+            "`python -m experiment.plot results/FetchPush-v4-4x2-* --scaling FetchPush-v4 --table`"
         suite = results_dirs("*-8x2-seed[0-9]", "FetchPush-v4-19x2-seed0")
         assert plot.suite_table(suite) in page, "docs/results.md's suite table differs from " \
             "`python -m experiment.plot results/*-8x2-seed[0-9] results/FetchPush-v4-19x2-seed0 " \
@@ -353,12 +353,14 @@ class TestDocs:
                         assert "# [MPI]" in line, f"{name}:{number} lacks the # [MPI] tag: {line}"
         assert {"Allreduce", "Bcast", "bcast", "allgather", "Abort"} <= methods
         for method in methods:
-            assert f"`{method}`" in table, f"comm.{method} is not in docs/mpi.md's table of MPI calls"
+            assert f"`{method}`" in table, \
+                f"comm.{method} is not in docs/mpi.md's table of MPI calls"
         # and every row names where the call is: the function around each tagged line
         for name in (f for f in python_files() if not is_test_file(f)):
             with open(os.path.join(ROOT, name)) as f:
                 source = f.read()
-            tagged = {n for n, line in enumerate(source.splitlines(), start=1) if "# [MPI]" in line}
+            tagged = {n for n, line in enumerate(source.splitlines(), start=1)
+                      if "# [MPI]" in line}
             if not tagged:
                 continue
             scopes = []  # (first line, last line, Class.function)

@@ -50,7 +50,8 @@ class TestFiles:
         np.testing.assert_array_equal(arrays_of(path)["a"], np.arange(3))
         assert os.listdir(tmp_path) == ["policy.npz"]
 
-    def test_a_failed_write_is_one_line_and_the_newest_complete_version_stays(self, tmp_path, monkeypatch):
+    def test_a_failed_write_is_one_line_and_the_newest_complete_version_stays(
+            self, tmp_path, monkeypatch):
         """keep_previous (checkpoints): after a full disk mid-write, the newest complete version is
         on disk (as the previous one), no temporary file is left, and the error is one line."""
         path, prev = str(tmp_path / "rank0.npz"), str(tmp_path / "rank0.prev.npz")
@@ -79,7 +80,8 @@ class TestFiles:
         foreign = str(tmp_path / "foreign.npz")
         np.savez(foreign, weights=np.ones(3))
         pickled = str(tmp_path / "pickled.npz")  # a complete policy whose config needs unpickling
-        np.savez(pickled, **dict(arrays_of(good), config_json=np.array([{"evil": 1}], dtype=object)))
+        np.savez(pickled, **dict(arrays_of(good),
+                                 config_json=np.array([{"evil": 1}], dtype=object)))
         for path, phrase in ((truncated, "truncated"), (foreign, "no 'config_json'"),
                              (pickled, "cannot read"), (str(tmp_path / "missing.npz"), "no such")):
             rc, out = run_cmd(play_cmd(path), 120)
@@ -138,7 +140,8 @@ class TestFiles:
                  (["--norm_eps", "0"], ["--norm_eps must be above 0"]),
                  (["--Q_lr", "nan"], ["--Q_lr must be 0 or more"])]
         for argv, phrases in cases:
-            assert_main_refuses(argv + ["--logdir", str(tmp_path / "never_made")], capsys, *phrases)
+            assert_main_refuses(argv + ["--logdir", str(tmp_path / "never_made")], capsys,
+                                *phrases)
         assert not os.path.exists(tmp_path / "never_made")
         # and once through a real process: exit code 2, one line, no traceback
         rc, out = run_cmd(train_cmd("--demo_file", push, "--logdir", str(tmp_path / "x")), 120)

@@ -110,13 +110,15 @@ class TestGoalEnv:
             assert (task.success_key, task.r_range) == expected, env_id
 
     def test_fetch_and_hand_keep_baselines_target_range(self):
-        """rewards {-1, 0}: y is clipped to [-1/(1 - gamma), 0] = [-50, 0] at T = 50, as baselines."""
+        """rewards {-1, 0}: y is clipped to [-1/(1 - gamma), 0] = [-50, 0] at T = 50, as
+        baselines."""
         for env_id in ("FetchPush-v4", "HandReach-v3"):
             task = goal_env.describe_env(env_id)
             policy = DDPG(Config(hidden=8), dataclasses.replace(task, T=50, max_u=1.0),
                           np.random.default_rng(0), ONE_RANK)
             gamma = 1. - 1. / 50
-            assert (policy.Q_min, policy.Q_max) == (-1. / (1. - gamma), 0.), env_id  # bit for bit
+            # bit for bit
+            assert (policy.Q_min, policy.Q_max) == (-1. / (1. - gamma), 0.), env_id
         assert ddpg.target_range((-1., 0.), 0.98, clip_return=False) == [-np.inf, 0.]
         # PointMaze's {0, 1} at T = 300; a dense reward has no lower end
         assert np.allclose(ddpg.target_range((0., 1.), 1 - 1 / 300, True), [0., 300.])
@@ -132,9 +134,11 @@ class TestGoalEnv:
                 (lambda ag, g: (distance(ag, g) <= 0.45).astype(np.float64), (0., 1.)),  # maze
                 (lambda ag, g: -distance(ag, g), (-np.inf, 0.)),  # FetchReachDense
                 (lambda ag, g: np.exp(-distance(ag, g)), (-np.inf, 1.)),  # PointMazeDense
-                (lambda ag, g: distance(ag, g), (0., np.inf))):  # a reward that grows with distance
+                # a reward that grows with distance
+                (lambda ag, g: distance(ag, g), (0., np.inf))):
             assert goal_env.reward_range(reward_fun, goals) == expected, expected
-            assert all(not (np.signbit(v) and v == 0) for v in goal_env.reward_range(reward_fun, goals))
+            assert all(not (np.signbit(v) and v == 0)
+                       for v in goal_env.reward_range(reward_fun, goals))
 
     def test_success_key_is_read_from_the_env_or_refused(self):
         assert goal_env.success_key("x", {"is_success": 0.}) == "is_success"
@@ -146,21 +150,25 @@ class TestGoalEnv:
             assert "NoSuccess-v0" in str(e) and "info['success']" in str(e)
 
     @pytest.mark.slow
-    def test_reward_range_of_a_task_with_one_fixed_goal_is_measured_or_refused(self, tmp_path, capsys):
+    def test_reward_range_of_a_task_with_one_fixed_goal_is_measured_or_refused(
+            self, tmp_path, capsys):
         """Desired goals alone (all equal here) show only the reached reward: a range [1, 1] would
         clip every critic target to one constant. Achieved goals show the missed one; where even
         they cannot, the run stops with one line, and --reward_range gives the range."""
         assert goal_env.describe_env("tests.test_goal_env:FixedGoal-v0").r_range == (0., 1.)
-        assert_main_refuses(["--env", "tests.test_goal_env:StartAtGoal-v0", "--logdir", str(tmp_path / "no")],
+        assert_main_refuses(["--env", "tests.test_goal_env:StartAtGoal-v0",
+                             "--logdir", str(tmp_path / "no")],
                             capsys, "StartAtGoal-v0", "--reward_range R_MIN,R_MAX")
         for text in ("1,0", "0", "a,b", "nan,1"):
             assert_main_refuses(["--reward_range", text], capsys, f"--reward_range {text}")
         logdir = str(tmp_path / "given")
-        rc, out = run_cmd(train_cmd("--env", "tests.test_goal_env:StartAtGoal-v0", "--reward_range", "0,1",
-                                    "--n_epochs", "1", "--n_cycles", "1", "--n_batches", "1",
+        rc, out = run_cmd(train_cmd("--env", "tests.test_goal_env:StartAtGoal-v0",
+                                    "--reward_range", "0,1", "--n_epochs", "1",
+                                    "--n_cycles", "1", "--n_batches", "1",
                                     "--n_test_rollouts", "1", "--logdir", logdir), 300)
         assert rc == 0, out[-3000:]
-        params = json.loads(str(arrays_of(os.path.join(logdir, "policy_latest.npz"))["config_json"]))
+        params = json.loads(
+            str(arrays_of(os.path.join(logdir, "policy_latest.npz"))["config_json"]))
         assert params["target_range"] == [0., 1. / (1. - params["gamma"])]
 
     @pytest.mark.slow
@@ -177,7 +185,8 @@ class TestGoalEnv:
         assert max(success) >= 0.8, f"test success per epoch: {success}"
 
     def test_unknown_or_non_goal_env_is_rejected_clearly(self):
-        for env_id, message in (("FetchPush-v9", "did you mean"), ("CartPole-v1", "dict observation")):
+        for env_id, message in (("FetchPush-v9", "did you mean"),
+                                ("CartPole-v1", "dict observation")):
             try:
                 goal_env.describe_env(env_id, need_range=False)
                 raise AssertionError(f"{env_id} was accepted")

@@ -117,12 +117,13 @@ class TestMpiUtil:
     @pytest.mark.slow
     def test_rank_failure_ends_whole_mpi_job_with_one_traceback(self, tmp_path):
         for n_ranks in (2, 3):
-            rc, out = run_cmd(train_cmd("--env", "tests.helpers:RaiseOnRank1Reach-v0", "--n_epochs", "3",
+            rc, out = run_cmd(train_cmd("--env", "tests.helpers:RaiseOnRank1Reach-v0",
+                                        "--n_epochs", "3",
                                         "--logdir", str(tmp_path / f"np{n_ranks}"), *TINY_RUN,
                                         n_ranks=n_ranks), timeout=120)
             assert rc != 0, out[-3000:]
-            assert out.count("injected env failure on rank 1") == 1 and out.count("Traceback") == 1, \
-                out[-3000:]
+            assert out.count("injected env failure on rank 1") == 1 and \
+                out.count("Traceback") == 1, out[-3000:]
 
     def test_abort_waits_until_the_reader_has_taken_the_traceback(self):
         """abort_job's wait before MPI_Abort: it returns only once a slow reader has read every

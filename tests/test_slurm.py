@@ -7,8 +7,8 @@ reason where it cannot be made) runs the recipe of the MPI the suite runs under:
       job's output, and --resume goes on (MPICH: srun passes SIGTERM on to the ranks; Open
       MPI's mpirun aborts on SIGTERM, so there the test stops it the way usage.md says);
   (c) a job longer than its time limit finishes by itself: the signal before the limit (the
-      limit cut short while the ranks are held still, so that the run cannot end first), a save, a requeue, a resume, and its
-      progress.csv and policies equal (a)'s, bit for bit;
+      limit cut short while the ranks are held still, so that the run cannot end first), a
+      save, a requeue, a resume, and its progress.csv and policies equal (a)'s, bit for bit;
   (d) plain `srun -n 2` (two one-rank copies) is refused with one line and writes nothing.
 
 Run: `python -m pytest -q tests/test_slurm.py` (from the repository's root, as root).
@@ -188,8 +188,8 @@ class TestSlurm:
         # The ranks held still (SIGSTOP) until Slurm's signal is pending in them, so that the
         # run cannot end before it comes: Slurm looks at its limits every 30 s and the signal
         # may come up to 60 s early (sbatch(1)), a window as long as the whole run. The limit
-        # is cut to the first whole minute of run time more than 60 s away; once the signal has come, it is
-        # set back, so that the requeued start has its 10 minutes.
+        # is cut to the first whole minute of run time more than 60 s away; once the signal has
+        # come, it is set back, so that the requeued start has its 10 minutes.
         ranks = rank_pids(run)
         assert len(ranks) == 2, (ranks, open(output).read()[-3000:])
         for pid in ranks:

@@ -51,8 +51,9 @@ class TestTracing:
     @pytest.mark.slow
     def test_trace_finds_exactly_the_calls_and_counts_of_the_docs_table(self, tmp_path):
         """docs/mpi.md's table of cross-rank calls, measured: the call sites a traced run recorded
-        are the rows of the table (but those only for --resume, errors, benchmarks, tests and --trace
-        itself), and each made as many calls per cycle and outside cycles as its row says."""
+        are the rows of the table (but those only for --resume, errors, benchmarks, tests and
+        --trace itself), and each made as many calls per cycle and outside cycles as its row
+        says."""
         runs = traced_and_untraced_runs(str(tmp_path.parent))
         rows = read_trace_rows(os.path.join(runs["traced"], "trace"))
         assert {r["rank"] for r in rows} == {"0", "1"}
@@ -68,7 +69,8 @@ class TestTracing:
                            sum(r["phase"] != "cycle" for r in calls))
                 assert counted == expected_calls(how_often, n_batches), (site, how_often)
         # the rank's pipes: one step request per env per step, one reset per env per episode
-        env = [r for r in rows if r["kind"] == "env" and r["rank"] == "0" and r["phase"] == "cycle"]
+        env = [r for r in rows
+               if r["kind"] == "env" and r["rank"] == "0" and r["phase"] == "cycle"]
         T = reach_task().T
         assert sum(r["call"] == "step" for r in env) == 2 * T
         assert sum(r["call"] == "reset" for r in env) == 2
@@ -114,7 +116,8 @@ class TestTracing:
         complete = [e for e in events if e["ph"] == "X"]
         assert all({"name", "ph", "ts", "dur", "pid", "tid", "args"} <= set(e) for e in complete)
         assert all(e["ts"] >= 0 and e["dur"] >= 0 for e in complete)
-        assert all({"site", "bytes_sent"} <= set(e["args"]) for e in complete if e["cat"] != "cycle")
+        assert all({"site", "bytes_sent"} <= set(e["args"])
+                   for e in complete if e["cat"] != "cycle")
         meta = {(e["name"], e["pid"], e["tid"]): e["args"]["name"] for e in events
                 if e["ph"] == "M" and e["name"].endswith("_name")}
         assert [meta[("process_name", rank, 0)] for rank in (0, 1)] == ["rank 0", "rank 1"]
@@ -130,7 +133,8 @@ class TestTracing:
             in_json = [(e["args"]["site"], e["args"]["bytes_sent"], origin + e["ts"] / 1e6)
                        for e in complete if e["pid"] == rank and e["name"] == "Allreduce"]
             assert len(in_json) == len(in_csv) > 0
-            for (site, n_bytes, start), (site_j, n_bytes_j, start_j) in zip(in_csv, in_json):
+            for (site, n_bytes, start), (site_j, n_bytes_j, start_j) in zip(in_csv, in_json,
+                                                                            strict=True):
                 assert (site, n_bytes) == (site_j, n_bytes_j) and abs(start - start_j) < 1e-5
 
     @pytest.mark.slow

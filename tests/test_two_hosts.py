@@ -71,7 +71,8 @@ class TestTwoHosts:
         proc = subprocess.run(
             ["bash", os.path.join(ROOT, "tests", "two-hosts.sh"), "1", "1", "--out", str(out_dir),
              "--", "--n_cycles", "2", "--n_batches", "5", "--trace", "1"],
-            capture_output=True, text=True, timeout=240, env=dict(os.environ, PYTHON=sys.executable))
+            capture_output=True, text=True, timeout=240,
+            env=dict(os.environ, PYTHON=sys.executable))
         out = proc.stdout + proc.stderr
         assert proc.returncode == 0, out[-4000:]
         report = {line.split(":")[1].split(" ")[1]: line for line in out.splitlines()
@@ -80,14 +81,16 @@ class TestTwoHosts:
         sent, received = map(int, re.search(r"host0 sent (\d+) bytes to host1 and received (\d+)",
                                             report["the"]).groups())
         assert min(sent, received) > 2 * 5 * 1.0e6, report["the"]
-        held = {host: report[f"{host}'s"].rsplit(": ", 1)[1].split() for host in ("host0", "host1")}
+        held = {host: report[f"{host}'s"].rsplit(": ", 1)[1].split()
+                for host in ("host0", "host1")}
         assert {"progress.csv", "config.json", "trace/rank0.csv", "trace/trace.json"} <= \
             set(held["host0"]) and "checkpoint/rank1.npz" not in held["host0"]
         assert sorted(held["host1"]) == ["checkpoint/rank1.npz", "checkpoint/rank1.prev.npz",
                                          "trace/rank1.csv"]
         assert len(read_progress(out_dir)) == 1
         assert sorted(os.listdir(out_dir / "trace")) == ["rank0.csv", "rank1.csv", "trace.json"]
-        with open(out_dir / "trace" / "trace.json") as f:  # rank 0 gathered rank 1's rows
+        # rank 0 gathered rank 1's rows
+        with open(out_dir / "trace" / "trace.json") as f:
             assert {e["pid"] for e in json.load(f)["traceEvents"]} == {0, 1}
         after = what_hosts_leave()
         after["net_namespaces"] -= before["net_namespaces"]  # others' processes may have ended
@@ -109,7 +112,8 @@ class TestTwoHosts:
             ["bash", os.path.join(ROOT, "tests", "two-hosts.sh"), "1", "100", "--out",
              str(tmp_path / "out"), "--cut_wire", str(cut), "--",
              "--n_cycles", "10", "--n_batches", "20", "--mpi_timeout", str(limit)],
-            capture_output=True, text=True, timeout=600, env=dict(os.environ, PYTHON=sys.executable))
+            capture_output=True, text=True, timeout=600,
+            env=dict(os.environ, PYTHON=sys.executable))
         out = proc.stdout + proc.stderr
         assert proc.returncode != 0, out[-4000:]
         assert "two-hosts: host1's wire went down" in out, out[-4000:]
