@@ -186,3 +186,33 @@ class TestOneRank:
                     continue
                 for module in modules:
                     assert module.split(".")[0] in allowed, f"{name} imports {module}"
+
+    def test_the_layers_import_one_way(self):
+        """The top level (train.py alone reaches below it) <- harness/ <- experiment/ <- tests/:
+        harness/ never imports experiment/ or tests/, experiment/ never tests/; test_all.py, the
+        algorithm's own tests, imports the algorithm, numpy, pytest and the tasks only."""
+        ours = {os.path.basename(f)[:-3] for f in glob.glob(os.path.join(ROOT, "*.py"))}
+        tasks = {"gymnasium", "gymnasium_robotics", "mujoco"}
+        test_all_may = ours - {"conftest"} | {"numpy", "pytest"} | tasks | \
+            set(sys.stdlib_module_names)
+        forbidden = {"harness": {"experiment", "tests"}, "experiment": {"tests"}}
+        for path in sorted(glob.glob(os.path.join(ROOT, "*", "*.py"))) + [
+                os.path.join(ROOT, "test_all.py")]:
+            folder = os.path.basename(os.path.dirname(path))
+            if folder not in forbidden and not path.endswith("test_all.py"):
+                continue
+            with open(path) as f:
+                tree = ast.parse(f.read())
+            for node in ast.walk(tree):
+                if isinstance(node, ast.Import):
+                    modules = [alias.name for alias in node.names]
+                elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                    modules = [node.module]
+                else:
+                    continue
+                for top in (module.split(".")[0] for module in modules):
+                    where = os.path.relpath(path, ROOT)
+                    if path.endswith("test_all.py"):
+                        assert top in test_all_may, f"{where} imports {top}"
+                    else:
+                        assert top not in forbidden[folder], f"{where} imports {top}"
