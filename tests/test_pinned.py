@@ -1,7 +1,7 @@
 """A pinned run: what a fixed seed learns, held to figures stored here, so no change to the
 learning passes unnoticed.
 
-No baselines counterpart. Two runs are pinned:
+No baselines counterpart. Three runs are pinned:
   * a small agent in one process (test_agent_is_pinned): a point-mass goal task stepped by
     RolloutWorker with noisy and random actions, episodes evicted from a full replay buffer,
     demonstrations with bc_loss and q_filter, a target update every cycle, a sync check, test
@@ -9,10 +9,15 @@ No baselines counterpart. Two runs are pinned:
     Q values and random generator are hashed (sha256 of their bytes);
   * a short FetchReach run of train.py with two env processes (test_fetch_reach_is_pinned,
     slow): every progress.csv value but the time, and the sha256 of the learnt arrays of
-    policy_latest.npz and of the checkpoint (Adam moments, replay buffer, generator).
+    policy_latest.npz and of the checkpoint (Adam moments, replay buffer, generator);
+  * the same run under `mpirun -np 2` (test_fetch_reach_on_two_ranks_is_pinned, slow): the
+    same figures, and both ranks' checkpoints, so that a change only several ranks see (the
+    gradients summed over ranks rather than averaged, the per-rank seeds, the pooled
+    normaliser sums) fails it, where the one-rank runs cannot tell.
 
-A change meant to alter what is learnt must update PINNED_AGENT or PINNED_FETCH_REACH in the
-same commit and say why in its message; any other change must leave them as they are.
+A change meant to alter what is learnt must update PINNED_AGENT, PINNED_FETCH_REACH or
+PINNED_FETCH_REACH_2_RANKS in the same commit and say why in its message; any other change
+must leave them as they are.
 
 The figures must not depend on the machine. OpenBLAS picks its GEMM kernels by CPU when it is
 loaded, and kernels of different CPUs sum in different orders: the same seed has been seen to
@@ -41,10 +46,10 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from harness.goal_env import GoalTask
-from mpi_adam import ONE_RANK
 from config import Config
 from ddpg import DDPG
+from harness.goal_env import GoalTask
+from mpi_adam import ONE_RANK
 from rollout import RolloutWorker
 from tests.helpers import ROOT, train_cmd
 from vecenv import DummyVecEnv
@@ -119,6 +124,59 @@ PINNED_FETCH_REACH = {
     "progress/total/timesteps": "200",
     "progress/train/actor_loss": "0.6693453833460807",
     "progress/train/critic_loss": "0.3236000001430511",
+    "progress/train/success_rate": "0.0",
+}
+
+PINNED_FETCH_REACH_2_RANKS = {
+    "checkpoint/Q_adam/m": "c3ed13c649cbf202",
+    "checkpoint/Q_adam/t": "1aae72da459c94cf",
+    "checkpoint/Q_adam/v": "b52504acf41f1f93",
+    "checkpoint/buffer/ag": "ed63207e93c4fcaf",
+    "checkpoint/buffer/current_size": "7f4c432a1896d8fa",
+    "checkpoint/buffer/g": "19e7f35aa06be88e",
+    "checkpoint/buffer/info_is_success": "3fee3a6676658a23",
+    "checkpoint/buffer/o": "acfc31622d635cb4",
+    "checkpoint/buffer/u": "4dc567a9729e1506",
+    "checkpoint/n_updates": "1aae72da459c94cf",
+    "checkpoint/pi_adam/m": "87874049782ef892",
+    "checkpoint/pi_adam/t": "1aae72da459c94cf",
+    "checkpoint/pi_adam/v": "959132335ce6b80d",
+    "checkpoint/rank1/Q_adam/m": "c3ed13c649cbf202",
+    "checkpoint/rank1/Q_adam/t": "1aae72da459c94cf",
+    "checkpoint/rank1/Q_adam/v": "b52504acf41f1f93",
+    "checkpoint/rank1/buffer/ag": "f75b4663605c05cc",
+    "checkpoint/rank1/buffer/current_size": "7f4c432a1896d8fa",
+    "checkpoint/rank1/buffer/g": "a2590640409e58a8",
+    "checkpoint/rank1/buffer/info_is_success": "8e173a9bfcd9b75d",
+    "checkpoint/rank1/buffer/o": "96dfac5ae562a5ee",
+    "checkpoint/rank1/buffer/u": "48d5ae797774a82e",
+    "checkpoint/rank1/n_updates": "1aae72da459c94cf",
+    "checkpoint/rank1/pi_adam/m": "87874049782ef892",
+    "checkpoint/rank1/pi_adam/t": "1aae72da459c94cf",
+    "checkpoint/rank1/pi_adam/v": "959132335ce6b80d",
+    "checkpoint/rank1/rng_json": "86721ebcd1597261",
+    "checkpoint/rng_json": "f203c42f1c38fcd4",
+    "policy/g_stats/count": "830de1f8377a457a",
+    "policy/g_stats/sum": "d14ed7f5d6254aec",
+    "policy/g_stats/sumsq": "2c22287b5e9771ab",
+    "policy/main/Q": "8122113d430104f9",
+    "policy/main/pi": "c9bc381cad2fc591",
+    "policy/o_stats/count": "830de1f8377a457a",
+    "policy/o_stats/sum": "a50088d18e407cfb",
+    "policy/o_stats/sumsq": "c90acc5110dc8fb8",
+    "policy/target/Q": "3e733631644e3fd0",
+    "policy/target/pi": "1a49e95ccda424de",
+    "progress/epoch": "0",
+    "progress/stats_g/mean": "0.8841025829315186",
+    "progress/stats_g/std": "0.09805697947740555",
+    "progress/stats_o/mean": "0.2657428979873657",
+    "progress/stats_o/std": "0.029677486047148705",
+    "progress/test/mean_Q": "-0.39810405671596527",
+    "progress/test/success_rate": "0.0",
+    "progress/total/episodes": "8",
+    "progress/total/timesteps": "400",
+    "progress/train/actor_loss": "0.6617667194455862",
+    "progress/train/critic_loss": "0.3215229488909245",
     "progress/train/success_rate": "0.0",
 }
 
@@ -298,8 +356,9 @@ def test_agent_is_pinned():
 
 # ---------------------------------------------------------------- a short FetchReach run
 
-def fetch_reach_figures(logdir):
-    """{figure: value or sha256} of a finished FetchReach run in logdir."""
+def fetch_reach_figures(logdir, n_ranks=1):
+    """{figure: value or sha256} of a finished FetchReach run of n_ranks ranks in logdir: its
+    progress.csv, policy_latest.npz and every rank's checkpoint (rank 0's keys unprefixed)."""
     with open(os.path.join(logdir, "progress.csv")) as f:
         rows = list(csv.DictReader(f))
     figures = {f"progress/{key}": value for row in rows for key, value in row.items()
@@ -308,11 +367,14 @@ def fetch_reach_figures(logdir):
         for key in data.files:
             if key != "config_json":
                 figures[f"policy/{key}"] = digest(data[key])
-    with np.load(os.path.join(logdir, "checkpoint", "rank0.npz"), allow_pickle=False) as data:
-        for key in data.files:
-            if key.startswith(("Q_adam/", "pi_adam/", "buffer/")) or key in ("rng_json",
-                                                                             "n_updates"):
-                figures[f"checkpoint/{key}"] = digest(data[key])
+    for rank in range(n_ranks):
+        prefix = "checkpoint/" if rank == 0 else f"checkpoint/rank{rank}/"
+        path = os.path.join(logdir, "checkpoint", f"rank{rank}.npz")
+        with np.load(path, allow_pickle=False) as data:
+            for key in data.files:
+                learnt = key.startswith(("Q_adam/", "pi_adam/", "buffer/"))
+                if learnt or key in ("rng_json", "n_updates"):
+                    figures[prefix + key] = digest(data[key])
     return figures
 
 
@@ -327,12 +389,27 @@ def test_fetch_reach_is_pinned(tmp_path):
                   versions_now)
 
 
+@X86_64_ONLY
+@pytest.mark.slow
+def test_fetch_reach_on_two_ranks_is_pinned(tmp_path):
+    """What only several ranks see: the gradients summed over ranks, each rank's seed, the
+    normalisers' pooled sums, rank 1's own buffer and generator."""
+    logdir = str(tmp_path / "run")
+    run_pinned(train_cmd(*FETCH_REACH_RUN, "--logdir", logdir, n_ranks=2), timeout=600)
+    versions_now = json.loads(run_pinned([sys.executable, "-m", "tests.test_pinned", "versions"])
+                              .splitlines()[-1])
+    assert_pinned(fetch_reach_figures(logdir, n_ranks=2), PINNED_FETCH_REACH_2_RANKS,
+                  "FetchReach on 2 ranks (mpirun -np 2 train.py)", versions_now)
+
+
 if __name__ == "__main__":
     if sys.argv[1:] == ["agent"]:
         print(json.dumps({"figures": agent_figures(), "versions": versions()}, sort_keys=True))
     elif sys.argv[1:] == ["versions"]:
         print(json.dumps(versions()))
-    elif len(sys.argv) == 3 and sys.argv[1] == "fetch_reach":
-        print(json.dumps(fetch_reach_figures(sys.argv[2]), sort_keys=True))
+    elif len(sys.argv) in (3, 4) and sys.argv[1] == "fetch_reach":
+        n_ranks = int(sys.argv[3]) if len(sys.argv) == 4 else 1
+        print(json.dumps(fetch_reach_figures(sys.argv[2], n_ranks), sort_keys=True))
     else:
-        sys.exit("usage: python -m tests.test_pinned agent | versions | fetch_reach LOGDIR")
+        sys.exit("usage: python -m tests.test_pinned agent | versions | "
+                 "fetch_reach LOGDIR [N_RANKS]")
