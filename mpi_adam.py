@@ -11,8 +11,8 @@ the end of their Sec. 2 (the step size absorbs both bias corrections), which is 
 baselines uses.
 
 "Bitwise equal" rests on two assumptions: Allreduce hands every rank the same bits of the sum
-(the MPI standard recommends it; the tests and runs here, 2 to 19 ranks with MPICH, found it
-so), and every rank runs the same binaries (NumPy, BLAS), so the same inputs give the same
+(the MPI standard recommends it; the runs here, 2 to 19 ranks with MPICH, and the tests' 2-
+and 3-rank jobs under Open MPI 5 found it so), and every rank runs the same binaries (NumPy, BLAS), so the same inputs give the same
 outputs. If either fails, for example on a cluster with mixed NumPy builds, check_synced()
 says so instead of letting ranks drift.
 

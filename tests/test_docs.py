@@ -405,6 +405,18 @@ class TestDocs:
         calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call)]
         assert all(is_collective_call(c, "x.py", tree, {"f", "train"}, set()) for c in calls)
 
+    def test_the_flags_usage_allows_with_resume_are_cli_resume_flags(self):
+        """docs/usage.md's two sentences on what --resume takes name exactly cli.RESUME_FLAGS."""
+        from harness.cli import RESUME_FLAGS
+        with open(os.path.join(ROOT, "docs", "usage.md")) as f:
+            text = " ".join(f.read().split())
+        sentences = [s for s in re.split(r"(?<=[.;])\s", text)
+                     if "may be given with `--resume`" in s or "flags other than" in s]
+        assert len(sentences) == 2, sentences
+        for sentence in sentences:
+            named = set(re.findall(r"`--(\w+)`", sentence)) - {"resume", "load_path"}
+            assert named == RESUME_FLAGS, (sentence, RESUME_FLAGS)
+
     def test_every_relative_link_and_anchor_in_the_docs_resolves(self, tmp_path):
         """README.md and every docs/*.md: each relative link names a file that exists, and each
         #anchor a heading of that file (GitHub's rule), so pages can move without breaking."""
