@@ -28,7 +28,6 @@ import functools
 import multiprocessing as mp
 import os
 import signal
-import threading
 import time
 import traceback
 
@@ -175,18 +174,16 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)  # the rank's, ne
 
 
 @contextlib.contextmanager
-def stop_signals_ignored():
-    """Around starting env processes: each is forked ignoring STOP_SIGNALS (kept through exec),
-    so a signal before env_process_main runs cannot kill it; the rank's handlers return after
-    (a stop signal in these milliseconds is lost). Only the main thread sets handlers."""
-    old = {}
-    if threading.current_thread() is threading.main_thread():
-        old = {sig: signal.signal(sig, signal.SIG_IGN) for sig in STOP_SIGNALS}
+def stop_signals_blocked():
+    """Around starting env processes: each is forked with STOP_SIGNALS blocked (the mask is kept
+    through exec), so a signal before env_process_main ignores them cannot kill it. The rank
+    unblocks them after: a stop signal that came meanwhile is then delivered, not lost (another
+    thread of the rank, the watchdog, takes one at once)."""
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     try:
         yield
     finally:
-        for sig, handler in old.items():  # None: set outside Python, given back as the default
-            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 def env_process_main(remote, parent_remote, env_fn, obs_buffers=None):
@@ -199,6 +196,8 @@ def env_process_main(remote, parent_remote, env_fn, obs_buffers=None):
     # rank decides when env processes stop (after it has saved), so none dies of these itself.
     for stop_signal in STOP_SIGNALS:
         signal.signal(stop_signal, signal.SIG_IGN)
+    # blocked by the rank while it started this process (stop_signals_blocked)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
     views = shared_views(obs_buffers) if obs_buffers is not None else None
 
     def out(obs):
@@ -280,7 +279,8 @@ class SubprocVecEnv(VecEnv):
                                args=(work_remotes[i], self.remotes[i], env_fns[i],
                                      self._obs_buffers(ctx, i)))
                    for i in range(n)]
-        with stop_signals_ignored():  # and so are the env processes, from their first moment
+        # and so are the env processes, from their first moment
+        with stop_signals_blocked():
             for p in self.ps:
                 p.start()
         # Easy to miss: unless the rank closes its copy of each env process's end, a dead env
