@@ -14,9 +14,13 @@ Test: `python -m pytest -q tests/test_logger.py`.
 import csv
 import io
 import os
+import platform
 import subprocess
 import sys
 import time
+
+import numpy as np
+from threadpoolctl import threadpool_info
 
 from harness.files import atomic_write_text
 from harness.launch import launched
@@ -61,7 +65,8 @@ class RunLog:
         if not enabled:
             return
         header = [f"# {time.strftime('%Y-%m-%d %H:%M:%S')}: {' '.join(argv)}",
-                  f"# code: {code_version(os.path.dirname(os.path.abspath(__file__)))}"]
+                  f"# code: {code_version(os.path.dirname(os.path.abspath(__file__)))}",
+                  f"# machine: {machine()}"]
         if resumed_at is not None:
             epoch, cycle = resumed_at
             header.append(f"# resumed from the checkpoint at epoch {epoch}, cycle {cycle}")
@@ -134,6 +139,21 @@ def code_version(folder):
     except (OSError, subprocess.SubprocessError):
         return "not a git checkout"
     return f"commit {head.stdout.strip()}" + (", with uncommitted changes" if dirty else "")
+
+
+def machine():
+    """The CPU model and the numeric libraries whose kernels decide a run's last digits:
+    'AMD EPYC; numpy 2.4.6; openblas 0.3.31.188.0 (Haswell)' (docs/usage.md, what a seed fixes)."""
+    cpu = platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f
+                        if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    blas = [f"{lib['internal_api']} {lib['version']} ({lib.get('architecture')})"
+            for lib in threadpool_info() if lib["user_api"] == "blas"]
+    return "; ".join([cpu, f"numpy {np.__version__}", *blas])
 
 
 def _fmt(v):

@@ -12,7 +12,9 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
+from threadpoolctl import threadpool_info
 
 from harness import errors, logger
 from tests.helpers import ROOT, hang_guard, main_exit_code, mpirun_exe, run_cmd
@@ -49,7 +51,11 @@ class TestLogger:
         print("after close")
         lines = (tmp_path / "log.txt").read_text().splitlines()
         assert lines[0].endswith(": train.py --x 1") and lines[1].startswith("# code: ")
-        assert lines[2:] == ["# resumed from the checkpoint at epoch 3, cycle 7", "to stdout",
+        # the CPU, numpy and the BLAS with its kernels, as threadpoolctl reports them
+        blas = threadpool_info()[0]
+        assert lines[2].startswith("# machine: ") and f"; numpy {np.__version__}; " in lines[2]
+        assert f"{blas['internal_api']} {blas['version']} ({blas['architecture']})" in lines[2]
+        assert lines[3:] == ["# resumed from the checkpoint at epoch 3, cycle 7", "to stdout",
                              "to stderr", "# ended: interrupted in epoch 3 after cycle 9: saved"]
         out, err = capsys.readouterr()
         assert out == "to stdout\nafter close\n" and err == "to stderr\n"
