@@ -1,11 +1,12 @@
 """What a user runs beside training (openai/baselines keeps its own in `her/experiment/`).
 
-    python -m experiment.play POLICY.npz [--render | --save_video PATH.gif]
-    python -m experiment.plot results/<run> ... [--table | --suite | --scaling ENV]
-    python -m experiment.plot_trace runs/<run>/trace -o cycle.png
-    python -m experiment.demos --env FetchPickAndPlace-v4 --num_demo 100 --out demos.npz
-    python -m experiment.bench [--quick] [--only SECTION]
-    mpirun -np R python -m experiment.bench_mpi; python -m experiment.bench_mpi --trace_cost
-
-plot.py reads run folders through runs.py; bench.py and bench_mpi.py time through timing.py.
+    play.py        python -m experiment.play POLICY.npz [--render | --save_video PATH.gif]
+    demos.py       python -m experiment.demos --env FetchPickAndPlace-v4 --num_demo 100 --out D.npz
+    plot.py        python -m experiment.plot results/<run> ... [--table] [--scaling ENV | --suite]
+    runs.py        the run folders plot.py reads, grouped over seeds
+    plot_tables.py plot.py's markdown tables (--table, --runs, --gap) and the published marks
+    stats.py       median and IQR, the IQM and its bootstrap interval, for the tables
+    plot_trace.py  python -m experiment.plot_trace runs/<run>/trace -o cycle.png
+    bench.py       python -m experiment.bench [--quick] [--only SECTION];
+                   mpirun -np R python -m experiment.bench --only mpi
 """

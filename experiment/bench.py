@@ -1,44 +1,162 @@
 """Where the time goes, each figure beside the reference that says what it should be.
 
 No baselines counterpart (baselines has no benchmark). Times the pieces of the training loop of
-Plappert et al. (2018), Sec. 2.2, on one CPU thread per process:
-  * one DDPG.train() update vs its GEMM floor (the same matrix products alone), at batch 256 and
-    at batch 1024 with demonstrations (Nair et al. 2018), which add no matrix product;
-  * HER sampling + normalisation of a batch, as a share of the update;
-  * env steps per second: raw env, DummyVecEnv, SubprocVecEnv and ShmemVecEnv at num_env 1, 2, 4;
-  * SubprocVecEnv against ShmemVecEnv on a 480 x 480 x 3 image observation;
-  * one FetchPush-v4 epoch of one rank split into its phases;
-  * a full 1e6-transition buffer: resident memory, and sampling time against buffer size.
-The figures across ranks are bench_mpi.py's; how a figure is taken is timing.py's.
+Plappert et al. (2018), Sec. 2.2, on one CPU thread per process, a section each (--only):
+  update      one DDPG.train() update vs its GEMM floor (the same matrix products alone), HER
+              sampling + normalisation of a batch as a share of it, MpiAdam.update on 1 rank;
+  update1024  the same at batch 1024 with demonstrations (Nair et al. 2018), which add no
+              matrix product;
+  env         env steps per second: raw env, DummyVecEnv, SubprocVecEnv and ShmemVecEnv;
+  image       SubprocVecEnv against ShmemVecEnv on a 480 x 480 x 3 image observation;
+  epoch       one FetchPush-v4 epoch of train.py on one rank, split into its phases;
+  buffer      a full 1e6-transition buffer: resident memory, and sampling time against its size;
+  mpi         MpiAdam.update and its gradient Allreduce on every rank of the job;
+  trace       what --trace costs an epoch of `mpirun -np 2 python train.py` (harness/tracing.py).
+A figure is the median over repeats of the mean time of a number of calls, taken side by side
+with the figure it is compared to, so that the ratio holds on a busy machine where the absolute
+times do not (machines here differ 2-3x from one day to the next).
 
-Run: `python -m experiment.bench [--quick] [--only SECTION]` (about 3 minutes in all).
+Run: `python -m experiment.bench [--quick] [--only SECTION]` (about 3 minutes in all; trace
+starts its own 2-rank jobs), and `mpirun -np R python -m experiment.bench --only mpi` for R ranks.
 Test: `python -m pytest -q tests/test_plot_bench.py`.
 """
 import argparse
+import contextlib
+import csv
 import functools
+import importlib
+import io
 import os
+import shutil
+import subprocess
+import sys
 import tempfile
 import time
 
 import numpy as np
 
+from config import Config
+from ddpg import DDPG
 from harness import goal_env
-from harness.bookkeeping import Bookkeeping
+from harness.launch import launched, launcher_rank, start_mpi
 from harness.mpi_util import one_blas_thread
 from harness.one_rank import ONE_RANK
-from ddpg import DDPG
-from experiment.timing import (ENV, TRAIN_PY, make_policy, patched, random_episodes, row,
-                               run_script, timed, timed_between_yields, timeit)
-from replay import ReplayBuffer
+from replay import empty_episodes
 from rollout import RolloutWorker
 from vecenv import DummyVecEnv, ShmemVecEnv, SubprocVecEnv
 
+ENV = "FetchPush-v4"
+TRAIN_PY = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "train.py")
+
+
+def rollout_phase(worker):
+    """One method, two phases: the evaluator computes Q, the training worker does not."""
+    return "test rollouts" if worker.compute_Q else "rollout"
+
+
+# What the epoch section times while train.py runs: ("module:object", method, label), each
+# method wrapped to add its calls' time to its label (a function of the instance where one method
+# is two phases). Named, not imported, so that a name changed elsewhere fails that section only.
+EPOCH_TIMERS = (("replay:ReplayBuffer", "sample", "sampling"),
+                ("rollout:RolloutWorker", "generate_rollouts", rollout_phase),
+                ("ddpg:DDPG", "store_episode", "store + normaliser"),
+                ("ddpg:DDPG", "train", "update (incl. sampling)"),
+                ("ddpg:DDPG", "update_target_net", "target update"),
+                ("harness.run:Run", "end_cycle", "stop check"),
+                ("harness.run:Run", "end_epoch", "epoch's logs, policies, checkpoint"),
+                ("train", "train", "epoch"))
+
+# ---------------------------------------------------------------- how a figure is taken
+
+
+def timeit(fn, repeats, number):
+    """Median over `repeats` of the mean time of `number` calls, in ms."""
+    fn()  # warm up
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        for _ in range(number):
+            fn()
+        times.append((time.perf_counter() - t) / number * 1e3)
+    return float(np.median(times))
+
+
+def row(name, value, unit, note=""):
+    print(f"{name:<58} {value:>10.3f} {unit:<8} {note}", flush=True)
+
+
+def make_policy(comm, buffer_size=1_000_000, n_episodes=200, env=ENV, **overrides):
+    """Collective: an agent built as train.py builds it, on the ranks of `comm`, with
+    n_episodes random episodes stored; `overrides` are config.Config fields."""
+    task = goal_env.describe_env(env)
+    cfg = Config(env=env, buffer_size=buffer_size, **overrides)
+    rng = np.random.default_rng(0)
+    policy = DDPG(cfg, task, rng, comm)  # [MPI] rank 0's weights
+    for _ in range(n_episodes // 2):
+        policy.store_episode(random_episodes(rng, task.dims, task.T, 2))  # [MPI] normalisers
+    return policy, task.dims, task.T
+
+
+def random_episodes(rng, dims, T, n):
+    """n episodes of standard normal observations and goals, uniform actions, no success."""
+    episodes = empty_episodes(n, dims, T)
+    for key in ("o", "ag", "g"):
+        episodes[key][...] = rng.normal(size=episodes[key].shape)
+    episodes["u"][...] = rng.uniform(-1, 1, size=episodes["u"].shape)
+    return episodes
+
+
+def timed(seconds, label, function):
+    """function, adding the time each call takes to seconds[label], or to
+    seconds[label(first argument)] where label is a function (a method's instance)."""
+    @functools.wraps(function)
+    def wrapper(*args, **kwargs):
+        t = time.perf_counter()
+        try:
+            return function(*args, **kwargs)
+        finally:
+            key = label(args[0]) if callable(label) else label
+            seconds[key] = seconds.get(key, 0.) + time.perf_counter() - t
+    return wrapper
+
+
+@contextlib.contextmanager
+def timers_in_place(seconds):
+    """While inside, every method of EPOCH_TIMERS adds its calls' time to seconds."""
+    replaced = []
+    for where, name, label in EPOCH_TIMERS:
+        module, _, attribute = where.partition(":")
+        owner = importlib.import_module(module)
+        owner = getattr(owner, attribute) if attribute else owner
+        replaced.append((owner, name, owner.__dict__[name]))
+        setattr(owner, name, timed(seconds, label, getattr(owner, name)))
+    try:
+        yield
+    finally:
+        for owner, name, original in replaced:
+            setattr(owner, name, original)
+
+
+def run_train(*args):
+    """train.py's main() as `python train.py args` runs it, but in this process, so that the
+    methods it calls can be timed; its output is kept back, and shown if it fails."""
+    from train import main as train_main
+    output = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(output), contextlib.redirect_stderr(output):
+            train_main(list(args))  # [MPI] a job of one rank
+    except SystemExit as end:
+        if end.code not in (0, None):
+            raise RuntimeError(f"train.py ended with exit code {end.code}:\n"
+                               f"{output.getvalue()[-3000:]}") from None
+
 # ---------------------------------------------------------------- the update vs its GEMM floor
+
 
 def layer_gemms(sizes, N):
     """The products of one MLP with layer sizes `sizes` at batch N, each (M, K, N_out): the
     forward pass, the weight gradients, and the input gradients below the first layer."""
-    layers = list(zip(sizes[:-1], sizes[1:]))  # (in, out) of every layer
+    layers = list(zip(sizes[:-1], sizes[1:], strict=True))  # (in, out) of every layer
     forward = [(N, a, b) for a, b in layers]
     weight_grads = [(a, N, b) for a, b in layers]
     input_grads = [(N, b, a) for a, b in layers[1:]]
@@ -83,7 +201,7 @@ def update_and_floor(policy, repeats, number, setting):
 
 
 def bench_update(quick):
-    policy, _, _ = make_policy(ONE_RANK, n_episodes=200)
+    policy, _, _ = make_policy(ONE_RANK, n_episodes=200)  # [MPI] ONE_RANK: no message
     N = policy.cfg.batch_size
     repeats, number = (5, 20) if quick else (15, 40)
     t_floor, t_update = update_and_floor(policy, repeats, number, "batch 256, 3x256, FetchPush")
@@ -95,27 +213,29 @@ def bench_update(quick):
     row("HER sampling of a batch of 256", t_sample, "ms")
     row("normalising it (o and o_2 with g)", t_norm, "ms",
         f"sampling + normalising = {(t_sample + t_norm) / t_update:.1%} of an update")
-    t_adam = timeit(lambda: policy.Q_adam.update(policy.main.Q.grad * 0, 0.), repeats, number)
+    adam, zero = policy.Q_adam, np.zeros_like(policy.main.Q.grad)
+    t_adam = timeit(lambda: adam.update(zero, 0.), repeats, number)  # [MPI] ONE_RANK: no message
     row("MpiAdam.update, critic (1 rank)", t_adam, "ms", f"{t_adam / t_update:.1%} of an update")
 
 
 def bench_update1024(quick):
     """The demo configuration of baselines' her/README (batch 1024, 128 of them from 100 demo
     episodes, bc_loss 1, q_filter 1) on FetchPickAndPlace: its update against its floor."""
-    policy, dims, T = make_policy(ONE_RANK, n_episodes=200, env="FetchPickAndPlace-v4",
+    policy, dims, T = make_policy(ONE_RANK, n_episodes=200, env="FetchPickAndPlace-v4",  # [MPI]
                                   batch_size=1024, demo_batch_size=128, bc_loss=True,
                                   q_filter=True)
-    policy.init_demo_buffer(random_episodes(np.random.default_rng(2), dims, T, 100))
+    demos = random_episodes(np.random.default_rng(2), dims, T, 100)
+    policy.init_demo_buffer(demos)  # [MPI] ONE_RANK: no message
     repeats, number = (3, 5) if quick else (10, 10)
     t_floor, t_update = update_and_floor(policy, repeats, number,
                                          "batch 1024, 3x256, PickAndPlace")
     row("DDPG.train() update, 128 demo rows, bc_loss + q_filter", t_update, "ms",
         f"ratio to floor {t_update / t_floor:.2f}x (target <= 1.15x)")
 
-
 # ---------------------------------------------------------------- environment steps
 
-def bench_env_steps(quick):
+
+def bench_env(quick):
     steps = 200 if quick else 1000
     env = goal_env.make_env(ENV)
     env.reset(seed=0)
@@ -127,7 +247,7 @@ def bench_env_steps(quick):
         env.step(u)
     raw = steps / (time.perf_counter() - t)
     row("raw env.step loop (1 env)", raw, "steps/s")
-    policy, dims, T = make_policy(ONE_RANK, buffer_size=10_000, n_episodes=2)
+    policy, dims, T = make_policy(ONE_RANK, buffer_size=10_000, n_episodes=2)  # [MPI] ONE_RANK
     env_fns = [functools.partial(goal_env.make_env, ENV)]
     cases = [(DummyVecEnv, 1)] + [(make, n) for make in (SubprocVecEnv, ShmemVecEnv)
                                   for n in (1, 2, 4)]
@@ -175,12 +295,12 @@ class ImageObsEnv:
         pass
 
 
-def bench_large_observations(quick):
+def bench_image(quick):
     steps = 100 if quick else 400
     for n in (1, 2, 4):
         rates = {}
         for make in (SubprocVecEnv, ShmemVecEnv):
-            venv = make([functools.partial(ImageObsEnv)] * n)
+            venv = make([ImageObsEnv] * n)
             venv.reset()
             u = np.zeros((n, 4), np.float32)
             t = time.perf_counter()
@@ -192,29 +312,17 @@ def bench_large_observations(quick):
         row(f"   ShmemVecEnv / SubprocVecEnv, num_env {n}",
             rates[ShmemVecEnv] / rates[SubprocVecEnv], "x")
 
-
 # ---------------------------------------------------------------- one epoch, phase by phase
 
+
 def bench_epoch(quick):
-    """One FetchPush epoch of train.py itself on one rank, run as `python train.py` runs it,
-    with each phase timed where train.train calls it: the classes' methods wrapped meanwhile."""
+    """One FetchPush epoch of train.py itself on one rank, with each phase timed where
+    train.train calls it: EPOCH_TIMERS's methods wrapped meanwhile."""
     n_cycles = 10 if quick else 50
     seconds = {}
-    phases = [(ReplayBuffer, "sample", "sampling"),
-              (RolloutWorker, "generate_rollouts",
-               lambda worker: "test rollouts" if worker.compute_Q else "rollout"),  # evaluator: Q
-              (DDPG, "store_episode", "store + normaliser"),
-              (DDPG, "train", "update (incl. sampling)"),
-              (DDPG, "update_target_net", "target update"),
-              (Bookkeeping, "stop_safely_if_needed", "stop check"),
-              (Bookkeeping, "end_epoch", "epoch's logs, policies, checkpoint")]
-    timers = [(cls, name, timed(seconds, label, getattr(cls, name)))
-              for cls, name, label in phases]
-    timers.append((Bookkeeping, "epochs",
-                   timed_between_yields(seconds, "epoch", Bookkeeping.epochs)))
-    with patched(timers), tempfile.TemporaryDirectory() as folder:
-        run_script(TRAIN_PY, "--env", ENV, "--num_env", "2", "--n_epochs", "1",
-                   "--n_cycles", str(n_cycles), "--logdir", os.path.join(folder, "run"))
+    with timers_in_place(seconds), tempfile.TemporaryDirectory() as folder:
+        run_train("--env", ENV, "--num_env", "2", "--n_epochs", "1", "--n_cycles", str(n_cycles),
+                  "--logdir", os.path.join(folder, "run"))
     total = seconds.pop("epoch")
     update_total = seconds.pop("update (incl. sampling)")
     seconds["update (excl. sampling)"] = update_total - seconds["sampling"]
@@ -224,8 +332,8 @@ def bench_epoch(quick):
                  "epoch's logs, policies, checkpoint"):
         row(f"   {name}", seconds.get(name, 0.), "s", f"{seconds.get(name, 0.) / total:.1%}")
 
-
 # ---------------------------------------------------------------- a full replay buffer
+
 
 def rss_mb():
     """Current resident memory of this process (VmRSS), in MiB."""
@@ -234,9 +342,9 @@ def rss_mb():
     return kb / 1024
 
 
-def bench_full_buffer(quick):
+def bench_buffer(quick):
     # np.empty does not touch its pages: the buffer costs memory only as it fills
-    policy, dims, T = make_policy(ONE_RANK, buffer_size=1_000_000, n_episodes=2)
+    policy, dims, T = make_policy(ONE_RANK, buffer_size=1_000_000, n_episodes=2)  # [MPI] ONE_RANK
     before = rss_mb()
     rng = np.random.default_rng(3)
     buf = policy.buffer
@@ -254,21 +362,86 @@ def bench_full_buffer(quick):
     for size, t in times.items():
         row(f"HER sampling of 256 from {size:>9,} transitions", t, "ms")
 
+# ---------------------------------------------------------------- across ranks
+
+
+def bench_mpi(quick):
+    """MpiAdam.update, its Allreduce alone and a DDPG.train() update, timed on every rank of
+    the job. Collective: every rank makes the same calls."""
+    comm = start_mpi().COMM_WORLD
+    policy, _, _ = make_policy(comm, buffer_size=10_000, n_episodes=20)  # [MPI]
+    adam = policy.Q_adam
+    g = np.zeros(adam.size, np.float32)
+    out = np.empty_like(g)
+    repeats, number = (5, 20) if quick else (10, 50)
+    t_update = timeit(lambda: adam.update(g, 0.), repeats, number)  # [MPI]
+    t_allreduce = timeit(lambda: comm.Allreduce(g, out), repeats, number)  # [MPI] bench only
+    comm.Barrier()  # [MPI] bench only: ranks start the next timing together
+    t_train = timeit(policy.train, 5, 20)  # [MPI]
+    if comm.Get_rank() == 0:
+        n, cores = comm.Get_size(), os.cpu_count()
+        # More ranks than cores (MPICH oversubscribes): every rank times its calls while the
+        # others compete for the same cores, so both times include waiting for a core.
+        where = f"{n} rank(s) on {cores} cores" + (", oversubscribed" if n > cores else "")
+        row(f"MpiAdam.update, critic, {where}", t_update, "ms")
+        row(f"   of which Allreduce of {adam.size} floats, {where}", t_allreduce, "ms",
+            f"{t_allreduce / t_train:.1%} of a DDPG.train() update ({t_train:.2f} ms) "
+            f"per network, x2 per update")
+
+
+def bench_trace(quick):
+    """train.py's epoch with --trace against one without, at 2 ranks x 2 envs of FetchPush:
+    each run started as a user starts it (`mpirun -np 2 python train.py`), the two kinds
+    alternating so that drift falls on both alike. It starts the jobs; it is not one."""
+    n_cycles, repeats = (5, 2) if quick else (10, 3)
+    args = ("--env", ENV, "--num_env", "2", "--n_epochs", "1", "--n_cycles", str(n_cycles),
+            "--n_test_rollouts", "1")
+    # the mpirun beside this Python (a venv's), else the first on PATH
+    mpirun = shutil.which("mpirun", path=os.path.dirname(sys.executable)) or "mpirun"
+    epoch_s = {"untraced": [], "traced": []}
+    with tempfile.TemporaryDirectory() as folder:
+        for i in range(repeats):
+            for name in ("untraced", "traced") if i % 2 == 0 else ("traced", "untraced"):
+                logdir = os.path.join(folder, f"{name}{i}")
+                trace = ("--trace", str(n_cycles)) if name == "traced" else ()
+                job = subprocess.run([mpirun, "-np", "2", sys.executable, TRAIN_PY, *args,
+                                      *trace, "--logdir", logdir], capture_output=True,
+                                     text=True)
+                if job.returncode != 0:
+                    raise RuntimeError(f"train.py ended with exit code {job.returncode}:\n"
+                                       f"{(job.stdout + job.stderr)[-3000:]}")
+                with open(os.path.join(logdir, "progress.csv")) as f:
+                    epoch_s[name].append(float(next(csv.DictReader(f))["time/epoch_s"]))
+        # the rows rank 0's trace holds from within cycles
+        with open(os.path.join(folder, "traced0", "trace", "rank0.csv")) as f:
+            lines = (line for line in f if not line.startswith("#"))
+            rows = sum(r["phase"] == "cycle" for r in csv.DictReader(lines))
+    plain, traced = (float(np.median(epoch_s[name])) for name in ("untraced", "traced"))
+    row(f"traced / untraced epoch of train.py, 2 ranks x 2 envs, {n_cycles} cycles, {ENV}",
+        traced / plain, "x", f"{traced:.2f} s / {plain:.2f} s, medians of {repeats}; "
+        f"{rows / n_cycles:.0f} rows recorded per cycle (rank 0)")
+
+
+SECTIONS = {"update": bench_update, "update1024": bench_update1024, "env": bench_env,
+            "image": bench_image, "epoch": bench_epoch, "buffer": bench_buffer,
+            "mpi": bench_mpi, "trace": bench_trace}
+
 
 def main():
     one_blas_thread()  # before any env process starts: they inherit it
-    sections = {"update": bench_update, "update1024": bench_update1024, "env": bench_env_steps,
-                "image": bench_large_observations, "epoch": bench_epoch,
-                "buffer": bench_full_buffer}
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="bench.py", description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="fewer repeats, 10-cycle epoch")
-    p.add_argument("--only", choices=list(sections))
+    p.add_argument("--only", choices=list(SECTIONS))
     args = p.parse_args()
-    print(f"numpy {np.__version__}, {os.cpu_count()} cores, 1 BLAS thread per process")
-    for name, fn in sections.items():
+    if launched() and args.only != "mpi":
+        p.error("under mpirun only --only mpi runs (the other sections are one process's, and "
+                "trace starts its own jobs): mpirun -np R python -m experiment.bench --only mpi")
+    if launcher_rank() == 0:
+        print(f"numpy {np.__version__}, {os.cpu_count()} cores, 1 BLAS thread per process")
+    for name, section in SECTIONS.items():
         if args.only in (None, name):
-            fn(args.quick)
+            section(args.quick)  # [MPI] mpi: on every rank
 
 
 if __name__ == "__main__":
-    main()
+    main()  # [MPI]

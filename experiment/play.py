@@ -26,9 +26,9 @@ from harness.errors import BadFileError, UsageError
 from harness.files import atomic_file, load_policy_arrays, policy_on_task
 from harness.goal_env import build_venv, check_policy_fits, describe_env
 from harness.launch import start_mpi
-from harness.mpi_util import (mpi_average, one_blas_thread, raise_if_any_rank_failed,
-                             exits_together)
+from harness.mpi_util import exits_together, mpi_average, one_blas_thread, raise_if_any_rank_failed
 from rollout import RolloutWorker
+
 
 class VecVideoRecorder:
     """Wraps a VecEnv for RolloutWorker and keeps a frame of env 0 after every reset and step:

@@ -1,5 +1,5 @@
-"""Learning curves of run folders: test success against epoch, steps, hours, and the command
-line that draws them or prints their tables (plot_tables.py).
+"""Learning curves of run folders: test success against epoch, steps, hours or episodes, and the
+command line that draws them or prints their tables (plot_tables.py).
 
 Mirrors baselines `her/experiment/plot.py` (test/success_rate per epoch, median and a
 percentile band over seeds); shows the quantity Plappert et al. (2018), Sec. 3, report.
@@ -8,19 +8,18 @@ run_variant) make one curve. Epochs are progress.csv's, from 0: row e is written
 epochs, so a published "after n epochs" is drawn at x = n - 1 on the epoch axis. Every figure
 draws the median over seeds and shades their interquartile range (25th to 75th percentile,
 numpy's linear interpolation), gives every curve of a panel a colour of its own, and puts the
-legend under the panels, where it covers no curve and no published mark (plot_anchors.py).
+legend under the panels, where it covers no curve and no published mark (plot_tables.ANCHORS).
 Three figures, each with its markdown table (--table):
   * the curves: a panel column per env, against epoch (top) and total env steps (bottom);
   * --scaling ENV: one env, a curve per (ranks, num_env), against epoch, env steps and hours;
   * --suite: a panel per env against episodes (and its largest group's epoch above), each
     seed faint, the IQM over seeds with its 95% interval after 10, 20, 30 and 50 epochs, each
-    published mark at its own episodes; its table gives "median (IQR)" and "IQM [95% CI]".
-And two tables without a figure: --runs (a row per run folder, every start of a seed) and
---gap (FetchPush 8 x 2: epochs to 0.5, 0.75 and 0.9 against the port's traced median).
-One traced cycle (train.py --trace N) is drawn by plot_trace.py.
+    published mark at its own episodes.
+And two tables without a figure: --runs (a row per run folder) and --gap (FetchPush 8 x 2
+against the port's traced median). One traced cycle (train.py --trace N) is plot_trace.py's.
 
 Run:
-    python -m experiment.plot runs/* -o results/fetch.png     # the figure
+    python -m experiment.plot runs/* -o results/curves.png     # the figure
     python -m experiment.plot results/* --table     # the markdown table docs/results.md shows
     python -m experiment.plot results/FetchPush-v4-*x2-seed[0-9] --scaling FetchPush-v4 \
         -o results/scaling.png
@@ -32,13 +31,11 @@ Test: `python -m pytest -q tests/test_plot_bench.py`.
 import argparse
 import sys
 
-from harness import files
-from experiment.plot_anchors import ANCHORS, SOURCES, anchor_label, anchor_x
-from experiment.plot_tables import (AFTER_EPOCHS, BOOT_SEED, N_BOOT, gap_table, results_table,
-                                    runs_table, scaling_table, suite_table)
-from experiment.runs import (group_runs, groups_of_env, has_epochs, median_and_band, read_run,
-                             seeds_and_epochs, with_variant)
+from experiment import plot_tables
+from experiment.plot_tables import gap_table, results_table, runs_table, scaling_table, suite_table
+from experiment.runs import group_runs, has_epochs, median_and_band, seeds_and_epochs, with_variant
 from experiment.stats import iqm_interval
+from harness import files
 
 X_LABELS = {"epoch": "epoch (row e: after e + 1 epochs)", "steps": "total env steps (all ranks)",
             "episodes": "total episodes (all ranks)",
@@ -48,6 +45,8 @@ X_LABELS = {"epoch": "epoch (row e: after e + 1 epochs)", "steps": "total env st
 COLOURS = ["tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown",
            "tab:pink", "tab:gray", "tab:olive", "tab:cyan", "navy", "gold", "lime", "magenta",
            "teal", "maroon"]
+N_CYCLES, T_FETCH = 50, 50  # of the anchors with known ranks x envs: 50 cycles, 50-step episodes
+
 
 def pyplot():
     import matplotlib
@@ -56,15 +55,21 @@ def pyplot():
     return plt
 
 
+def save_figure(fig, out_path):
+    fig.tight_layout()
+    files.save_png(fig, out_path)
+    pyplot().close(fig)
+
+
 def draw_curves(axes, x_keys, curves, env, marker=None, faint=False):
     """On axes[i], against x_keys[i]: each (label, runs) of `curves` in a colour of its own, as
     the median over its seeds and, where several, their interquartile range shaded (and with
     faint each seed); then draw_anchors()."""
     if len(curves) > len(COLOURS):
         raise ValueError(f"{len(curves)} curves in one panel, {len(COLOURS)} colours")
-    for (label, runs), colour in zip(curves, COLOURS):
-        epochs, med, lo, hi = median_and_band(runs, band=(25, 75))
-        for ax, x_key in zip(axes, x_keys):
+    for (label, runs), colour in zip(curves, COLOURS, strict=False):
+        epochs, med, lo, hi = median_and_band(runs)
+        for ax, x_key in zip(axes, x_keys, strict=True):
             x = epochs if x_key == "epoch" else median_and_band(runs, x_key)[1]
             ax.plot(x, med, marker=marker, label=label, color=colour)
             if len(runs) > 1:
@@ -74,6 +79,36 @@ def draw_curves(axes, x_keys, curves, env, marker=None, faint=False):
     draw_anchors(axes, x_keys, env, {runs[0]["variant"] for _, runs in curves})
 
 
+def anchor_x(n_ranks, num_env, epoch, x_key):
+    """Where a mark "after `epoch` epochs" goes on x_key's axis: epoch - 1 on the epoch axis (our
+    row after that many); None where episodes or env steps lack its ranks x envs, and for hours
+    (unstated)."""
+    if x_key == "epoch":
+        return epoch - 1
+    if x_key not in ("episodes", "steps") or n_ranks is None:
+        return None
+    episodes = epoch * N_CYCLES * n_ranks * num_env
+    return episodes if x_key == "episodes" else episodes * T_FETCH
+
+
+def draw_anchors(axes, x_keys, env, variants):
+    """env's ANCHORS for runs of those variants, a marker per source; the axes' labels, legends."""
+    for source, n_ranks, num_env, variant, epoch, success in plot_tables.ANCHORS.get(env, []):
+        if variant not in variants:
+            continue
+        label = "published: " + plot_tables.anchor_label(source, n_ranks, num_env, variant)
+        for ax, x_key in zip(axes, x_keys, strict=True):
+            x = anchor_x(n_ranks, num_env, epoch, x_key)
+            if x is not None:
+                ax.plot([x], [success], plot_tables.SOURCES[source][2], color="k", markersize=8,
+                        label=label)
+    for ax, x_key in zip(axes, x_keys, strict=True):
+        ax.set_xlabel(X_LABELS[x_key])
+        ax.set_ylabel("test success rate")
+        ax.set_ylim(-0.02, 1.02)
+        ax.grid(alpha=0.3)
+
+
 def legend_below(ax, from_axes, title=None):
     """One legend under ax, out of every panel's way (half an inch below its axis, past the tick
     labels and the axis label): an entry per label drawn on any of from_axes."""
@@ -81,27 +116,11 @@ def legend_below(ax, from_axes, title=None):
     unique = {}  # one entry per anchor source and curve, not one per mark or per axis
     for other in from_axes:
         handles, labels = other.get_legend_handles_labels()
-        unique.update((label, h) for label, h in zip(labels, handles) if label not in unique)
+        unique.update((label, h) for label, h in zip(labels, handles, strict=True)
+                      if label not in unique)
     below = ax.transAxes + ScaledTranslation(0, -0.5, ax.figure.dpi_scale_trans)
     ax.legend(unique.values(), unique.keys(), fontsize=7, loc="upper center", frameon=False,
               bbox_to_anchor=(0.5, 0), bbox_transform=below, title=title, title_fontsize=7)
-
-
-def draw_anchors(axes, x_keys, env, variants):
-    """env's ANCHORS for runs of those variants, a marker per source; the axes' labels, legends."""
-    for source, n_ranks, num_env, variant, epoch, success in ANCHORS.get(env, []):
-        if variant not in variants:
-            continue
-        for ax, x_key in zip(axes, x_keys):
-            x = anchor_x(n_ranks, num_env, epoch, x_key)
-            if x is not None:
-                ax.plot([x], [success], SOURCES[source][2], color="k", markersize=8,
-                        label="published: " + anchor_label(source, n_ranks, num_env, variant))
-    for ax, x_key in zip(axes, x_keys):
-        ax.set_xlabel(X_LABELS[x_key])
-        ax.set_ylabel("test success rate")
-        ax.set_ylim(-0.02, 1.02)
-        ax.grid(alpha=0.3)
 
 
 def plot(run_dirs, out_path):
@@ -125,7 +144,7 @@ def plot(run_dirs, out_path):
 
 def plot_scaling(run_dirs, env, out_path):
     curves = []  # main has checked that some run is of env
-    for (_, n_ranks, num_env, variant), runs in groups_of_env(run_dirs, env).items():
+    for (_, n_ranks, num_env, variant), runs in group_runs(run_dirs, env).items():
         seeds = f"{len(runs)} seed{'s' if len(runs) > 1 else ''}"
         curves.append((with_variant(f"{n_ranks} x {num_env} ({seeds})", variant), runs))
     fig, axes = pyplot().subplots(1, 3, figsize=(15, 5.2 + 0.16 * len(curves)))
@@ -141,7 +160,7 @@ def plot_suite(run_dirs, out_path):
     groups = group_runs(run_dirs)
     envs = sorted({key[0] for key in groups})
     fig, axes = pyplot().subplots(1, len(envs), figsize=(4.5 * len(envs), 5.8), squeeze=False)
-    for ax, env in zip(axes[0], envs):
+    for ax, env in zip(axes[0], envs, strict=True):
         curves = []
         for (g_env, n_ranks, num_env, variant), runs in groups.items():
             if g_env == env:
@@ -153,7 +172,7 @@ def plot_suite(run_dirs, out_path):
         # epoch, their interquartile range shaded, each seed thin and faint. Against episodes,
         # so that a mark of another ranks x envs stands where as many episodes ran
         draw_curves([ax], ("episodes",), curves, env, faint=True)
-        for (_, runs), colour in zip(curves, COLOURS):
+        for (_, runs), colour in zip(curves, COLOURS, strict=False):
             draw_iqm_marks(ax, runs, colour)
         add_epoch_axis(ax, max((runs for _, runs in curves), key=len))
         legend_below(ax, [ax])
@@ -164,14 +183,15 @@ def plot_suite(run_dirs, out_path):
     save_figure(fig, out_path)
 
 
-def draw_iqm_marks(ax, runs, colour, after_epochs=AFTER_EPOCHS):
+def draw_iqm_marks(ax, runs, colour, after_epochs=plot_tables.AFTER_EPOCHS):
     """Where a group has several seeds and all have run n epochs, for each n of after_epochs: the
     IQM over the seeds of the success after n epochs with its 95% bootstrap interval as an
     error bar, at the episodes of that row (the suite table's IQM [95% CI])."""
-    shown = [n for n in after_epochs if len(runs) > 1 and all(len(r["success"]) >= n for r in runs)]
+    shown = [n for n in after_epochs
+             if len(runs) > 1 and all(len(r["success"]) >= n for r in runs)]
     for i, n in enumerate(shown):
-        point, lo, hi = iqm_interval([[run["success"][n - 1] for run in runs]], n_boot=N_BOOT,
-                                     rng=BOOT_SEED)
+        point, lo, hi = iqm_interval([[run["success"][n - 1] for run in runs]],
+                                     n_boot=plot_tables.N_BOOT, rng=plot_tables.BOOT_SEED)
         label = f"IQM and 95% CI after {', '.join(map(str, shown))} epochs" if i == 0 else None
         ax.errorbar([runs[0]["episodes"][n - 1]], [point], yerr=[[point - lo], [hi - point]],
                     fmt="s", markersize=4, capsize=3, color=colour, label=label)
@@ -191,12 +211,6 @@ def add_epoch_axis(ax, runs):
     top.set_xlabel(f"epoch at {n_ranks} x {num_env} (row e: after e + 1 epochs)")
 
 
-def save_figure(fig, out_path):
-    fig.tight_layout()
-    files.save_png(fig, out_path)
-    pyplot().close(fig)
-
-
 def main(argv=None):
     p = argparse.ArgumentParser(description="Plot test success of train.py runs")
     p.add_argument("run_dirs", nargs="+", help="folders holding progress.csv and config.json")
@@ -205,8 +219,8 @@ def main(argv=None):
     figure_kind = p.add_mutually_exclusive_group()
     figure_kind.add_argument("--scaling", metavar="ENV", help="one env, a curve per rank count "
                              "(with --table: the scaling table)")
-    figure_kind.add_argument("--suite", action="store_true",
-                             help="one panel per env against epoch (with --table: the suite table)")
+    figure_kind.add_argument("--suite", action="store_true", help="one panel per env against "
+                             "episodes (with --table: the suite table)")
     figure_kind.add_argument("--runs", action="store_true", help="with --table: a row per run "
                              "folder, every start of a seed, and per task a row over them all")
     figure_kind.add_argument("--gap", action="store_true", help="with --table: FetchPush 8 x 2 "
@@ -217,7 +231,7 @@ def main(argv=None):
     run_dirs = [d for d in args.run_dirs if has_epochs(d)]
     if not run_dirs:
         p.error("none of the given folders holds a progress.csv with an epoch in it")
-    if args.scaling and not any(read_run(d)["env"] == args.scaling for d in run_dirs):
+    if args.scaling and not group_runs(run_dirs, args.scaling):
         p.error(f"none of the given runs is of {args.scaling}")
     if (args.runs or args.gap) and not args.table:
         p.error("--runs and --gap are tables only: add --table")

@@ -1,5 +1,5 @@
-"""The markdown tables docs/results.md shows, made from run folders: every run, scaling, the
-suite with its intervals, every run of a task one by one, and the gap to the port's curve.
+"""The markdown tables docs/results.md shows, made from run folders, and the published marks
+that they and plot.py's figures set our runs beside.
 
 Mirrors no baselines file (baselines' her/experiment/plot.py draws curves only); what each
 table is:
@@ -21,20 +21,78 @@ import os
 
 import numpy as np
 
-from experiment.plot_anchors import PORT_FETCHPUSH_EPOCHS_AT, anchors_cell
-from experiment.runs import (epochs_to_reach, first_epoch, first_epochs, group_runs,
-                             groups_of_env, median_and_band, read_run, seeds_and_epochs,
-                             with_variant)
+from experiment.runs import group_runs, median_and_band, read_run, seeds_and_epochs, with_variant
 from experiment.stats import iqm_interval, median_iqr
 
 AFTER_EPOCHS = (10, 20, 30, 50)  # the suite's and the runs' "success after n epochs" columns
 N_BOOT, BOOT_SEED = 2000, 0  # the bootstrap's resamples and its generator's seed
+
+# Published test success rates, (source, ranks, envs, variant, n, success): "success after n
+# epochs" of that ranks x envs, marked only beside our runs of that run_variant. The sources:
+#   "port": TianhongDai/hindsight-experience-replay, a PyTorch port of baselines HER, read off
+#     its README's figure (figures/results.png; median over 5 seeds; x read as epochs run); its
+#     commands run FetchPush and FetchSlide at 8 ranks, FetchPickAndPlace at 16, 2 envs a rank;
+#   "issue 591": baselines issue #591, a maintainer's one run (`--num_cpu 19`, 2 envs a rank):
+#     its log's test/success_rate 0.687 in epoch 8 and 0.895 in epoch 9 (from 0, as ours), and
+#     its words "gets to test success rate of 1.0 after 20 epochs";
+#   "demos": baselines her/README.md, figure fetchPickAndPlaceContrast (median; no ranks x envs).
+# Plappert et al. (2018) give curves only, no value in numbers (Fetch: Fig. 3, HandReach: Fig. 4,
+# BlockRotateZ: Appendix C; 19 x 2, 5 seeds), so HandReach and BlockRotateZ have no mark here.
+SOURCES = {"port": ("PyTorch port", "5 seeds, median", "x"), "issue 591": ("baselines issue 591",
+           "one run", "*"), "demos": ("baselines her/README", "median", "D")}  # name, what, marker
+ANCHORS = {
+    "FetchPush-v4": [("port", 8, 2, "", 10, 0.3), ("port", 8, 2, "", 20, 0.97),
+                     ("issue 591", 19, 2, "", 9, 0.69), ("issue 591", 19, 2, "", 10, 0.89),
+                     ("issue 591", 19, 2, "", 20, 1.0)],
+    "FetchPickAndPlace-v4": [("port", 16, 2, "", 12, 0.5), ("port", 16, 2, "", 20, 0.76),
+                             ("port", 16, 2, "", 48, 0.92),
+                             ("demos", None, None, "100 demos", 50, 0.7)],
+    "FetchSlide-v4": [("port", 8, 2, "", n, s) for n, s in
+                      ((10, 0.1), (20, 0.28), (30, 0.45), (35, 0.5), (50, 0.57), (125, 0.7))],
+}
+# The PyTorch port's FetchPush-v1 median (8 x 2, 5 seeds) in its README's figure
+# (figures/results.png at commit fff9994 of TianhongDai/hindsight-experience-replay), traced
+# pixel by pixel: the axes fitted to the gridlines at epochs 10-40 and success 0.0-1.0 (7.27
+# pixels an epoch, 237 pixels from 0 to 1), the median line found by its colour (RGB 76, 114,
+# 176) in every pixel column, and the first crossing of each level interpolated linearly
+# between columns. Epochs run (x read as epochs run, as for ANCHORS), to 0.1 epoch; the same
+# trace reads 0.295 at epoch 10 and 0.983 at 20, beside the marks 0.3 and 0.97 of ANCHORS.
+PORT_FETCHPUSH_EPOCHS_AT = {0.5: 11.5, 0.75: 13.5, 0.9: 15.8}
+
+
+def anchor_label(source, n_ranks, num_env, variant):
+    """A mark's legend label: its source, its scale and variant where known, what it is."""
+    name, what, _ = SOURCES[source]
+    scale = [f"{n_ranks}x{num_env}"] if n_ranks else []
+    return f"{', '.join([name] + scale + ([variant] if variant else []))} ({what})"
+
+
+def anchors_cell(env, variant):
+    """env's ANCHORS for runs of variant, a clause per source: "PyTorch port, 8x2 (...): ..."."""
+    by_label = {}
+    for source, n_ranks, num_env, a_variant, epoch, success in ANCHORS.get(env, []):
+        if a_variant != variant:
+            continue
+        label = anchor_label(source, n_ranks, num_env, variant)
+        by_label.setdefault(label, []).append(f"{success:.2f} after {epoch}")
+    return "; ".join(f"{label}: {', '.join(marks)}" for label, marks in by_label.items()) or "none"
 
 
 def markdown_table(header, rows):
     lines = ["| " + " | ".join(cells) + " |" for cells in [header] + rows]
     lines.insert(1, "|" + "---|" * len(header))
     return "\n".join(lines)
+
+
+def first_epoch(run, level):
+    """The first (0-based) epoch whose test success reaches `level`; np.inf if none has."""
+    return next((int(e) for e, s in zip(run["epoch"], run["success"], strict=True)
+                 if s >= level), np.inf)
+
+
+def first_epochs(runs, level):
+    """Per seed, first_epoch() as text, "-" for a seed that has not reached `level`."""
+    return ", ".join("-" if np.isinf(e) else str(e) for e in (first_epoch(r, level) for r in runs))
 
 
 def scaling_table(run_dirs, env, after_epochs=(5, 10, 15, 20, 25)):
@@ -44,7 +102,7 @@ def scaling_table(run_dirs, env, after_epochs=(5, 10, 15, 20, 25)):
     header += [f"success after {e} epochs" for e in after_epochs]
     header += ["first epoch >= 0.5", "first epoch >= 0.9"]
     rows = []
-    for (_, n_ranks, num_env, variant), runs in groups_of_env(run_dirs, env).items():
+    for (_, n_ranks, num_env, variant), runs in group_runs(run_dirs, env).items():
         run = runs[0]
         steps = run["n_cycles"] * num_env * n_ranks * run["T"]
         secs = float(np.median(np.concatenate([r["epoch_s"] for r in runs])))
@@ -112,7 +170,7 @@ def success_cell(runs, n, statistic):
 def ended(run):
     """Whether a run has ended: all its n_epochs run, or a start under first-starts/ (one that
     was stopped for good and run again)."""
-    return len(run["epoch"]) >= run["n_epochs"] or run_name(run["dir"]).startswith("first-")
+    return len(run["epoch"]) >= run["n_epochs"] or run_name(run).startswith("first-")
 
 
 def level_cell(runs, level, statistic):
@@ -120,7 +178,7 @@ def level_cell(runs, level, statistic):
     that is; such a median or quartile reads "not yet" while a run short of the level is still
     going, "never" once none is."""
     firsts = [first_epoch(run, level) for run in runs]
-    short = [run for run, e in zip(runs, firsts) if np.isinf(e)]
+    short = [run for run, e in zip(runs, firsts, strict=True) if np.isinf(e)]
     word = "not yet" if any(not ended(run) for run in short) else "never"
     text = epoch_text(word)
     return over_seeds(firsts, statistic, text) if statistic else text(firsts[0])
@@ -151,29 +209,29 @@ def suite_table(run_dirs, after_epochs=AFTER_EPOCHS):
     return markdown_table(header, rows)
 
 
-def run_name(run_dir):
-    """A run folder as its table names it: the folder, under its parent where that is not
-    results/ (first-starts/..., port-differences/...)."""
-    parent, name = os.path.split(os.path.normpath(run_dir))
+def run_name(run):
+    """A run as its table names it: its folder, under its parent where that is not results/
+    (first-starts/..., port-differences/...)."""
+    parent, name = os.path.split(os.path.normpath(run["dir"]))
     return name if os.path.basename(parent) == "results" else f"{os.path.basename(parent)}/{name}"
 
 
 def start_order(run):
     """Runs of a seed in the order they started: a folder under first-starts/ (a start that was
     run again) before the others, then by log.txt's date."""
-    return run["seed"], run_name(run["dir"]).split("/")[0] != "first-starts", run["started"]
+    return run["seed"], run_name(run).split("/")[0] != "first-starts", run["started"]
 
 
-def marks_of_repeated_seeds(runs):
-    """{run dir: "run k of n (date)"} for each seed run more than once (a start run again, a
-    10-epoch control), in start_order()."""
-    marks = {}
+def run_names(runs):
+    """{run dir: run_name()}, with ", run k of n (date)" for each seed run more than once (a
+    start run again, a 10-epoch control), in start_order()."""
+    names = {run["dir"]: run_name(run) for run in runs}
     for seed in {run["seed"] for run in runs}:
         same = sorted((run for run in runs if run["seed"] == seed), key=start_order)
         for k, run in enumerate(same if len(same) > 1 else [], start=1):
             day = f" ({run['started'][:10]})" if run["started"] else ""
-            marks[run["dir"]] = f"run {k} of {len(same)}{day}"
-    return marks
+            names[run["dir"]] += f", run {k} of {len(same)}{day}"
+    return names
 
 
 def runs_table(run_dirs, after_epochs=AFTER_EPOCHS):
@@ -189,10 +247,10 @@ def runs_table(run_dirs, after_epochs=AFTER_EPOCHS):
         by_env.setdefault(with_variant(f"{run['env']} {run['n_ranks']} x {run['num_env']}",
                                        run["variant"]), []).append(run)
     for task, runs in sorted(by_env.items()):
-        marks = marks_of_repeated_seeds(runs)
+        names = run_names(runs)
         for run in runs:
-            name = run_name(run["dir"]) + (f", {marks[run['dir']]}" if run["dir"] in marks else "")
-            cells = [task, str(run["seed"]), name, f"{len(run['epoch'])} of {run['n_epochs']}"]
+            cells = [task, str(run["seed"]), names[run["dir"]],
+                     f"{len(run['epoch'])} of {run['n_epochs']}"]
             cells += [level_cell([run], 0.5, None), level_cell([run], 0.9, None)]
             rows.append(cells + [success_cell([run], e, None) for e in after_epochs])
         cells = [task, "all", f"every run above ({len(runs)} runs), median (IQR)", ""]
@@ -217,6 +275,18 @@ def one_decimal(value):
     return f"{value:.1f}".replace("-0.0", "0.0")
 
 
+def epochs_to_reach(run, level):
+    """Epochs run (row e: e + 1) at which the run's test success first reaches `level`, read
+    linearly between the last row below it and the first at it (from 0 epochs at success 0
+    where that is row 0); np.inf if no row reaches it."""
+    x = np.concatenate([[0.], run["epoch"] + 1.])
+    y = np.concatenate([[0.], run["success"]])
+    i = next((i for i in range(1, len(y)) if y[i] >= level), None)
+    if i is None:
+        return np.inf
+    return float(x[i - 1] + (level - y[i - 1]) / (y[i] - y[i - 1]) * (x[i] - x[i - 1]))
+
+
 def gap_table(run_dirs, levels=(0.5, 0.75, 0.9)):
     """FetchPush at the port's 8 x 2 (equal epochs, equal episodes): per run, the epochs run at
     which it first reaches each level (epochs_to_reach) and how many epochs before the port's
@@ -226,15 +296,16 @@ def gap_table(run_dirs, levels=(0.5, 0.75, 0.9)):
     header += [f"epochs ahead of the port at {level}" for level in levels]
     runs = sorted((read_run(d) for d in run_dirs), key=start_order)
     assert all((r["env"], r["n_ranks"], r["num_env"]) == ("FetchPush-v4", 8, 2) for r in runs)
-    marks = marks_of_repeated_seeds(runs)
+    names = run_names(runs)
+    port = [PORT_FETCHPUSH_EPOCHS_AT[level] for level in levels]
     reach = [[epochs_to_reach(run, level) for level in levels] for run in runs]
     rows = []
-    for run, epochs in zip(runs, reach):
-        name = run_name(run["dir"]) + (f", {marks[run['dir']]}" if run["dir"] in marks else "")
-        port = [PORT_FETCHPUSH_EPOCHS_AT[level] for level in levels]
-        rows.append([name] + [one_decimal(e) if np.isfinite(e) else f"not in {len(run['epoch'])}"
-                              for e in epochs]
-                    + [one_decimal(p - e) if np.isfinite(e) else "" for p, e in zip(port, epochs)])
+    for run, epochs in zip(runs, reach, strict=True):
+        rows.append([names[run["dir"]]]
+                    + [one_decimal(e) if np.isfinite(e) else f"not in {len(run['epoch'])}"
+                       for e in epochs]
+                    + [one_decimal(p - e) if np.isfinite(e) else ""
+                       for p, e in zip(port, epochs, strict=True)])
     summary = [f"median (lowest to highest) of the runs that reached it ({len(runs)} runs)"]
     gaps = []
     for i, level in enumerate(levels):
@@ -245,5 +316,5 @@ def gap_table(run_dirs, levels=(0.5, 0.75, 0.9)):
     summary += [f"{one_decimal(np.median(g))} ({one_decimal(min(g))} to {one_decimal(max(g))})"
                 for g in gaps]
     port_row = ["the PyTorch port's median, 8 x 2, traced"]
-    port_row += [f"{PORT_FETCHPUSH_EPOCHS_AT[level]:.1f}" for level in levels] + [""] * len(levels)
+    port_row += [f"{p:.1f}" for p in port] + [""] * len(levels)
     return markdown_table(header, rows + [summary, port_row])

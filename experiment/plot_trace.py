@@ -17,14 +17,15 @@ import json
 import os
 import sys
 
-from harness import files
+from experiment.plot import pyplot, save_figure
 
 TRACE_INTS = ("rank", "elements", "bytes_sent", "bytes_received", "epoch", "cycle")
 COMPUTING = "computing (none of the below)"
 ENV_WAIT = "waiting for env processes"
-OTHER_MPI = "other MPI calls (e.g. stop_safely_if_needed's allgather)"
+OTHER_MPI = "other MPI calls (e.g. Run.end_cycle's allgather)"
 TRACE_SITES = {"mpi_adam.py:MpiAdam.update": "gradient Allreduce (MpiAdam.update)",
-               "normalizer.py:Normalizer.recompute_stats": "normaliser Allreduce (recompute_stats)"}
+               "normalizer.py:Normalizer.recompute_stats":
+               "normaliser Allreduce (recompute_stats)"}
 # Drawn in this order, each on top of the last: a lane's cycle span, then what it waited in.
 TRACE_COLOURS = {COMPUTING: "#d6e2ef", ENV_WAIT: "tab:green", OTHER_MPI: "tab:purple",
                  TRACE_SITES["mpi_adam.py:MpiAdam.update"]: "tab:red",
@@ -94,16 +95,12 @@ def draw_lane(ax, span, lane, t0, least, name_groups):
 
 def plot_trace(folder, out_path, k=None):
     """Traced cycle k (from 0; None: the last), a lane per rank."""
-    import matplotlib
-    matplotlib.use("Agg")  # files only, no display needed
-    import matplotlib.pyplot as plt
-
     k, n_cycles, shown = traced_cycle(read_trace(folder), k)
     spans = {row["rank"]: row for row in shown if row["kind"] == "cycle"}
     t0 = min(span["start_s"] for span in spans.values())
     length = max(span["start_s"] + span["duration_s"] for span in spans.values()) - t0
     least = 0.001 * length  # drawn width at least 0.1% of the span: a 1 ms Allreduce shows
-    fig, ax = plt.subplots(figsize=(14, 1.8 + 0.42 * len(spans)))
+    fig, ax = pyplot().subplots(figsize=(14, 1.8 + 0.42 * len(spans)))
     labels = []
     for rank, span in spans.items():
         lane = [row for row in shown if row["rank"] == rank and row["kind"] != "cycle"]
@@ -122,9 +119,7 @@ def plot_trace(folder, out_path, k=None):
     fig.suptitle(f"{cfg.get('env', '?')}, {len(spans)} rank(s) x {cfg.get('num_env', '?')} "
                  f"env(s): traced cycle {k} of {n_cycles} (epoch {shown[0]['epoch']}, cycle "
                  f"{shown[0]['cycle']}), {length:.2f} s")
-    fig.tight_layout()
-    files.save_png(fig, out_path)
-    plt.close(fig)
+    save_figure(fig, out_path)
 
 
 def main(argv=None):

@@ -1,12 +1,11 @@
 """Run folders read and summarised over seeds: what the figures and tables of plot.py draw on.
 
-A run folder is what train.py writes: config.json (its Config and n_ranks) and progress.csv (a row per
-epoch, from 0: row e is written after e + 1 epochs). The seeds of one (env, MPI ranks, num_env,
-run_variant) are one group; a group's summaries are per epoch over the seeds that reached it.
-A run also knows its folder and when it started (log.txt's first line), so that two starts of
-one seed can be told apart, and epochs_to_reach reads the epochs it took to a level.
 Mirrors the reading half of baselines `her/experiment/plot.py` (load_results, grouping by
-config, median over seeds).
+config, median over seeds). A run folder is what train.py writes: config.json (its Config and
+n_ranks) and progress.csv (a row per epoch, from 0: row e is written after e + 1 epochs). The
+seeds of one (env, MPI ranks, num_env, run_variant) are one group; a group's summaries are per
+epoch over the seeds that reached it. A run also knows its folder and when it started (log.txt's
+first line), so that two starts of one seed can be told apart.
 
 Test: `python -m pytest -q tests/test_plot_bench.py`.
 """
@@ -15,6 +14,13 @@ import json
 import os
 
 import numpy as np
+
+
+def has_epochs(run_dir):
+    """Whether run_dir's progress.csv holds an epoch (a run just started has only its header)."""
+    path = os.path.join(run_dir, "progress.csv")
+    with open(path if os.path.exists(path) else os.devnull) as f:  # none: no epoch either
+        return sum(1 for _ in f) > 1
 
 
 def read_run(run_dir):
@@ -27,14 +33,14 @@ def read_run(run_dir):
         raise ValueError(f"{run_dir}/progress.csv has no epochs yet")
     n_ranks = cfg.get("n_ranks") or ranks_from_episodes(cfg, rows[0])  # older runs lack it
     T = int(rows[0]["total/timesteps"]) // int(rows[0]["total/episodes"])
+
     def column(key, kind=float):
         return np.array([kind(row[key]) for row in rows])
     epoch_s = column("time/epoch_s")
     return dict(dir=run_dir, started=run_started(run_dir), env=cfg["env"], n_ranks=n_ranks,
-                num_env=cfg["num_env"],
-                variant=run_variant(cfg), seed=cfg["seed"], n_epochs=cfg["n_epochs"],
-                n_cycles=cfg["n_cycles"], n_batches=cfg["n_batches"], T=T,
-                epoch=column("epoch", int), success=column("test/success_rate"),
+                num_env=cfg["num_env"], variant=run_variant(cfg), seed=cfg["seed"],
+                n_epochs=cfg["n_epochs"], n_cycles=cfg["n_cycles"], n_batches=cfg["n_batches"],
+                T=T, epoch=column("epoch", int), success=column("test/success_rate"),
                 episodes=column("total/episodes"), steps=column("total/timesteps"),
                 epoch_s=epoch_s,
                 hours=np.cumsum(epoch_s) / 3600.)  # training time only: not the pauses between
@@ -75,44 +81,30 @@ def run_variant(cfg):
     return ", ".join(parts)
 
 
-def group_runs(run_dirs):
-    """{(env, n_ranks, num_env, variant): [run, ...]} with seeds in order: a run of one variant
-    is never taken for another seed of a run of another."""
-    groups = {}
-    for run in sorted([read_run(d) for d in run_dirs], key=lambda r: r["seed"]):
-        key = (run["env"], run["n_ranks"], run["num_env"], run["variant"])
-        groups.setdefault(key, []).append(run)
-    return groups
-
-
-def groups_of_env(run_dirs, env):
-    """group_runs() of the runs of one env, in order of (ranks, envs, variant)."""
-    groups = group_runs(run_dirs)
-    return {key: groups[key] for key in sorted(groups, key=lambda k: k[1:]) if key[0] == env}
-
-
 def with_variant(text, variant):
     return f"{text}, {variant}" if variant else text
 
 
-def median_and_band(runs, key="success", band=(25, 75)):
-    """Per epoch, over the runs that reached it: epochs, median and the band's percentiles
-    ((0, 100): the range, lowest to highest)."""
+def group_runs(run_dirs, env=None):
+    """{(env, n_ranks, num_env, variant): [run, ...]} with seeds in order: a run of one variant
+    is never taken for another seed of a run of another. Given env: its groups only, in order
+    of (ranks, envs, variant)."""
+    groups = {}
+    for run in sorted([read_run(d) for d in run_dirs], key=lambda r: r["seed"]):
+        key = (run["env"], run["n_ranks"], run["num_env"], run["variant"])
+        groups.setdefault(key, []).append(run)
+    if env is None:
+        return groups
+    return {key: groups[key] for key in sorted(groups, key=lambda k: k[1:]) if key[0] == env}
+
+
+def median_and_band(runs, key="success"):
+    """Per epoch, over the runs that reached it: epochs, median, 25th and 75th percentiles."""
     values = np.full((len(runs), max(len(r[key]) for r in runs)), np.nan)  # nan: not reached
-    for row, run in zip(values, runs):
+    for row, run in zip(values, runs, strict=True):
         row[:len(run[key])] = run[key]
-    lo, hi = (np.nanpercentile(values, q, axis=0) for q in band)
+    lo, hi = (np.nanpercentile(values, q, axis=0) for q in (25, 75))
     return np.arange(values.shape[1]), np.nanmedian(values, axis=0), lo, hi
-
-
-def first_epoch(run, level):
-    """The first (0-based) epoch whose test success reaches `level`; np.inf if none has."""
-    return next((int(e) for e, s in zip(run["epoch"], run["success"]) if s >= level), np.inf)
-
-
-def first_epochs(runs, level):
-    """Per seed, first_epoch() as text, "-" for a seed that has not reached `level`."""
-    return ", ".join("-" if np.isinf(e) else str(e) for e in (first_epoch(r, level) for r in runs))
 
 
 def seeds_and_epochs(runs):
@@ -121,22 +113,3 @@ def seeds_and_epochs(runs):
     epochs = ", ".join(str(len(run["epoch"])) for run in runs)
     return (f"{len(runs)} seed{'s' if len(runs) > 1 else ''} ({seeds})",
             f"{epochs} of {max(run['n_epochs'] for run in runs)}")
-
-
-def has_epochs(run_dir):
-    """Whether run_dir's progress.csv holds an epoch (a run just started has only its header)."""
-    path = os.path.join(run_dir, "progress.csv")
-    with open(path if os.path.exists(path) else os.devnull) as f:  # none: no epoch either
-        return sum(1 for _ in f) > 1
-
-
-def epochs_to_reach(run, level):
-    """Epochs run (row e: e + 1) at which the run's test success first reaches `level`, read
-    linearly between the last row below it and the first at it (from 0 epochs at success 0
-    where that is row 0); np.inf if no row reaches it."""
-    x = np.concatenate([[0.], run["epoch"] + 1.])
-    y = np.concatenate([[0.], run["success"]])
-    i = next((i for i in range(1, len(y)) if y[i] >= level), None)
-    if i is None:
-        return np.inf
-    return float(x[i - 1] + (level - y[i - 1]) / (y[i] - y[i - 1]) * (x[i] - x[i - 1]))

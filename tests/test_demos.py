@@ -11,10 +11,9 @@ import os
 
 import numpy as np
 
-from harness import files, goal_env
 from experiment import demos
+from harness import files, goal_env
 from tests.helpers import small_disk
-
 
 # ---------------------------------------------------------------- demos.py: the demo controller
 

@@ -16,7 +16,6 @@ import pytest
 from harness import files
 from tests.helpers import ROOT, assert_one_line_error, fetch_reach_policy, play_cmd
 
-
 # ---------------------------------------------------------------- play.py: playing, --save_video
 
 def saved_reach_policy(tmp_path):

@@ -1,4 +1,4 @@
-"""Plots and benchmarks (experiment/plot.py, plot_trace.py, bench.py, timing.py).
+"""Plots and benchmarks (experiment/plot.py, plot_tables.py, runs.py, plot_trace.py, bench.py).
 
 No baselines counterpart as such (baselines' her/experiment/plot.py draws curves only): plot.py's
 figures and tables from synthetic runs written here (medians over seeds, variants never taken
@@ -19,11 +19,16 @@ import numpy as np
 import pytest
 
 from config import Config
-from tests.helpers import (ROOT, assert_one_line_error, read_trace_rows, run_cmd,
-                           traced_and_untraced_runs, train_cmd)
+from tests.helpers import (
+    ROOT,
+    assert_one_line_error,
+    read_trace_rows,
+    run_cmd,
+    traced_and_untraced_runs,
+    train_cmd,
+)
 
-
-# ---------------------------------------------------------------- plot*.py, bench*.py
+# ---------------------------------------------------------------- plot*.py, runs.py, bench.py
 
 def write_synthetic_run(run_dir, seed, success, n_ranks=2, epoch_s=20.0, env="FetchPush-v4",
                         **settings):
@@ -58,7 +63,7 @@ def write_suite_runs(root):
 
 
 class TestPlotBench:
-    """experiment/plot*.py, runs.py, bench*.py, timing.py."""
+    """experiment/plot*.py, runs.py, bench.py."""
 
     def test_plot_writes_a_png_and_the_table_reads_the_csvs(self, tmp_path):
         from experiment import plot
@@ -85,7 +90,8 @@ class TestPlotBench:
         assert "| FetchPush-v4, gamma 0.9 | 1 x 2 | 1 | 0.20 | 0.40 | - | 20.0 |" in table
         assert plot.main([plain, demo, gamma, "-o", str(tmp_path / "curves.png")]) == 0
 
-    def test_plot_never_takes_a_run_with_its_own_replay_strategy_or_k_for_another_seed(self, tmp_path):
+    def test_plot_never_takes_a_run_with_its_own_replay_strategy_or_k_for_another_seed(
+            self, tmp_path):
         from experiment import plot
         from experiment.runs import read_run
         runs = {"plain": ([0.0, 0.1], {}), "final": ([0.3, 0.5], dict(replay_strategy="final")),
@@ -133,14 +139,15 @@ class TestPlotBench:
         run = read_run(dirs[1])
         assert np.allclose(run["hours"], 475. * np.arange(1, 7) / 3600.)
 
-    def test_plot_suite_table_tells_not_yet_from_never_and_shows_the_anchors(self, tmp_path, capsys):
+    def test_plot_suite_table_tells_not_yet_from_never_and_shows_the_anchors(self, tmp_path,
+                                                                             capsys):
         from experiment import plot
         dirs, runs = write_suite_runs(str(tmp_path))
         table = plot.suite_table(dirs, after_epochs=(2, 5, 10)).splitlines()
-        assert table[0] == ("| task | ranks x envs | runs | epochs run (of n_epochs) | statistic | "
-                            "success after 2 epochs | success after 5 epochs | success after 10 "
-                            "epochs | first epoch >= 0.5 | first epoch >= 0.9 | published "
-                            "(success after n epochs) |")
+        assert table[0] == ("| task | ranks x envs | runs | epochs run (of n_epochs) | "
+                            "statistic | success after 2 epochs | success after 5 epochs | "
+                            "success after 10 epochs | first epoch >= 0.5 | first epoch >= 0.9 "
+                            "| published (success after n epochs) |")
         slide = runs["FetchSlide-v4"]
 
         def quartiles(e):  # "after n epochs" is row n - 1: median (q25-q75) by numpy, linear
@@ -148,23 +155,23 @@ class TestPlotBench:
             return f"{med:.2f} ({q25:.2f}-{q75:.2f})"
         # PickAndPlace ended at 4 epochs: 0.5 first at epoch 1, 0.9 never; 5 and 10 epochs never
         # run; the 100-demo mark is not set beside a run without demos
-        assert table[2] == ("| FetchPickAndPlace-v4 | 8 x 2 | 1 run: seed 0 | 4 of 4 | one run | "
-                            "0.50 | - | - | 1 | never | PyTorch port, 16x2 (5 seeds, median): 0.50 "
-                            "after 12, 0.76 after 20, 0.92 after 48 |")
+        assert table[2] == ("| FetchPickAndPlace-v4 | 8 x 2 | 1 run: seed 0 | 4 of 4 | one run "
+                            "| 0.50 | - | - | 1 | never | PyTorch port, 16x2 (5 seeds, median): "
+                            "0.50 after 12, 0.76 after 20, 0.92 after 48 |")
         # Slide: seed 0 reaches 0.5 at epoch 2 and 0.9 at 4, seed 1 at 3 and 5. Two seeds: the
         # IQM drops int(0.5) = 0 values, so it is their mean; a resample is both draws of one
         # seed 1 time in 4, more than 2.5%, so the 95% interval runs from the one to the other
         assert table[3] == (f"| FetchSlide-v4 | 8 x 2 | 2 runs: seeds 0, 1 | 6, 6 of 6 | median "
                             f"(IQR) | {quartiles(2)} | {quartiles(5)} | - | 2.5 (2.25-2.75) | "
-                            "4.5 (4.25-4.75) | PyTorch port, 8x2 (5 seeds, median): 0.10 after 10, "
-                            "0.28 after 20, 0.45 after 30, 0.50 after 35, 0.57 after 50, 0.70 "
-                            "after 125 |")
-        assert table[4] == ("| FetchSlide-v4 | 8 x 2 | 2 runs: seeds 0, 1 | 6, 6 of 6 | IQM [95% "
-                            "CI] | 0.25 [0.20-0.30] | 0.85 [0.80-0.90] | - | 2.5 [2-3] | 4.5 [4-5] "
-                            "|  |")
+                            "4.5 (4.25-4.75) | PyTorch port, 8x2 (5 seeds, median): 0.10 after "
+                            "10, 0.28 after 20, 0.45 after 30, 0.50 after 35, 0.57 after 50, "
+                            "0.70 after 125 |")
+        assert table[4] == ("| FetchSlide-v4 | 8 x 2 | 2 runs: seeds 0, 1 | 6, 6 of 6 | IQM "
+                            "[95% CI] | 0.25 [0.20-0.30] | 0.85 [0.80-0.90] | - | 2.5 [2-3] | "
+                            "4.5 [4-5] |  |")
         # HandReach is still going (3 of 50 epochs): epochs 5 and 10 blank, both levels not yet
-        assert table[5] == ("| HandReach-v3 | 8 x 2 | 1 run: seed 0 | 3 of 50 | one run | 0.10 |  | "
-                            " | not yet | not yet | none |")
+        assert table[5] == ("| HandReach-v3 | 8 x 2 | 1 run: seed 0 | 3 of 50 | one run | 0.10 "
+                            "|  |  | not yet | not yet | none |")
         assert len(table) == 6
         # a run before its first epoch (progress.csv: the header only) is left out until it has one
         started = str(tmp_path / "HandManipulateBlockRotateZ-v1-8x2-seed0")
@@ -194,7 +201,8 @@ class TestPlotBench:
         ys = band.get_paths()[0].vertices[:, 1]  # along the lower edge, then the upper
         q25, q75 = np.percentile([slide[0], slide[1]], [25, 75], axis=0)
         assert set(np.round(ys, 9)) == set(np.round(np.concatenate([q25, q75]), 9))
-        for line, seed in zip(slide_lines[1:3], (slide[0], slide[1])):  # each seed, faintly
+        # each seed, faintly
+        for line, seed in zip(slide_lines[1:3], (slide[0], slide[1]), strict=True):
             assert np.allclose(line.get_ydata(), seed) and line.get_alpha() < 0.5
         # against episodes: epoch e of 8 x 2 is (e + 1) * 800; "after n epochs" at n * 800
         assert list(slide_lines[0].get_xdata()) == [800 * (e + 1) for e in range(6)]
@@ -212,12 +220,13 @@ class TestPlotBench:
             legend_box = ax.get_legend().get_window_extent()
             assert legend_box.y1 < ax.get_window_extent().y0, ax.get_title()
         hand_lines = axes[2].get_lines()
-        assert [line.get_label() for line in hand_lines] == ["ours 8x2, 1 seed (0); 3 of 50 epochs"]
+        assert [line.get_label() for line in hand_lines] == \
+            ["ours 8x2, 1 seed (0); 3 of 50 epochs"]
         assert not axes[1].containers  # 6 epochs: no IQM mark at 10, 20, 30 or 50 epochs
         plot.draw_iqm_marks(axes[1], [read_run(d) for d in dirs if "Slide" in d], "k", (2, 5))
         marks = axes[1].containers  # two seeds: the IQM is their mean, the interval their range
         assert len(marks) == 2 and marks[0].get_label() == "IQM and 95% CI after 2, 5 epochs"
-        for mark, n in zip(marks, (2, 5)):
+        for mark, n in zip(marks, (2, 5), strict=True):
             values = [slide[0][n - 1], slide[1][n - 1]]
             (x, y), = mark.lines[0].get_xydata()
             assert (x, y) == (800 * n, pytest.approx(np.mean(values)))
@@ -297,8 +306,8 @@ class TestPlotBench:
         assert plot_trace.main([folder, "-o", out]) == 0 and os.path.getsize(out) > 10_000
         for argv, phrase in (([str(tmp_path)], "no rank<r>.csv"), ([folder, "--cycle", "1"],
                                                                       "no cycle 1")):
-            proc = subprocess.run([sys.executable, "-m", "experiment.plot_trace", *argv, "-o", out],
-                                  cwd=ROOT, capture_output=True, text=True, timeout=120)
+            proc = subprocess.run([sys.executable, "-m", "experiment.plot_trace", *argv, "-o",
+                                   out], cwd=ROOT, capture_output=True, text=True, timeout=120)
             assert_one_line_error(proc.returncode, proc.stdout + proc.stderr, 2, phrase)
 
     @pytest.mark.slow
@@ -336,3 +345,17 @@ class TestPlotBench:
                                 "epoch's logs, policies, checkpoint"}, out
         assert seconds["rollout"] > 0 and seconds["update (excl. sampling)"] > 0, out
         assert sum(seconds.values()) <= total + 0.05, out  # the epoch is printed to 0.1 s
+
+    @pytest.mark.slow
+    def test_bench_mpi_section_runs_on_one_rank_and_is_the_only_one_under_mpirun(self):
+        """bench.py's mpi section (MpiAdam.update and its Allreduce) runs without mpirun as a job
+        of one; under mpirun every other section is refused in one line (no timing asserts)."""
+        rc, out = run_cmd(train_cmd("--only", "mpi", "--quick", module="experiment.bench"),
+                          timeout=300)
+        assert rc == 0, out
+        assert re.search(r"^MpiAdam.update, critic, 1 rank\(s\) on \d+ cores\s+[0-9.]+ ms", out,
+                         re.M), out
+        assert re.search(r"^   of which Allreduce of \d+ floats, 1 rank\(s\)", out, re.M), out
+        rc, out = run_cmd(train_cmd("--only", "update", module="experiment.bench", n_ranks=2),
+                          timeout=300)
+        assert rc == 2 and "under mpirun only --only mpi runs" in out, out
