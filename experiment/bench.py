@@ -40,7 +40,7 @@ from ddpg import DDPG
 from harness import goal_env
 from harness.launch import launched, launcher_rank, start_mpi
 from harness.mpi_util import one_blas_thread
-from harness.one_rank import ONE_RANK
+from mpi_adam import ONE_RANK
 from replay import empty_episodes
 from rollout import RolloutWorker
 from vecenv import DummyVecEnv, ShmemVecEnv, SubprocVecEnv
