@@ -1,7 +1,7 @@
 """The errors a user can act on, each reported as one line and an exit code, no traceback.
 
 No baselines counterpart: baselines lets every error end in a traceback. train.py and
-experiment/play.py report these through mpi_util.run_on_every_rank (EXIT_CODES); any other
+experiment/play.py report these through mpi_util.exits_together (EXIT_CODES); any other
 exception keeps its traceback.
 
 Test: `python -m pytest -q tests/test_files.py`.
@@ -28,6 +28,6 @@ class Interrupted(Exception):
     """Ctrl-C (SIGINT), SIGTERM or SIGUSR1, after the checkpoint was saved: exit code 130."""
 
 
-# {error: (exit code, prefix of its line)}: what run_on_every_rank does with each
+# {error: (exit code, prefix of its line)}: what exits_together does with each
 EXIT_CODES = {UsageError: (2, "error: "), BadFileError: (2, "error: "), SaveError: (1, "error: "),
               NonFiniteError: (1, ""), Interrupted: (130, "")}

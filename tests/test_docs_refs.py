@@ -181,9 +181,9 @@ class TestDocsRefs:
         bad = [f"{where}: {ref}" for where, text in texts() for ref in unresolved(text, names)]
         assert not bad, "names that do not exist:\n" + "\n".join(sorted(set(bad)))
         # the check itself: a missing function, a missing method, an instance attribute, a file
-        made_up = ("`train.epoch_logs` and DDPG.no_such_method, but `DDPG.T`, ddpg.DDPG.train, "
+        made_up = ("`train.no_such_loop` and DDPG.no_such_method, but `DDPG.T`, ddpg.DDPG.train, "
                    "np.zeros, config.py and `rollout.RolloutWorker.generate_rollouts` are fine")
-        assert unresolved(made_up, names) == ["train.epoch_logs", "DDPG.no_such_method"]
+        assert unresolved(made_up, names) == ["train.no_such_loop", "DDPG.no_such_method"]
 
     def test_every_project_path_named_exists(self):
         pattern = re.compile(r"(?<![\w/.-])((?:harness|experiment|tests)/\w+\.py)\b")
