@@ -1,31 +1,21 @@
-"""Learning curves of run folders: test success against epoch, steps, hours or episodes, and the
-command line that draws them or prints their tables (plot_tables.py).
+"""Learning curves of run folders, and the command line that draws them or prints their tables.
 
 Mirrors baselines `her/experiment/plot.py` (test/success_rate per epoch, median and a
-percentile band over seeds); shows the quantity Plappert et al. (2018), Sec. 3, report.
-The run folders are read and grouped by runs.py: the seeds of one (env, MPI ranks, num_env,
-run_variant) make one curve. Epochs are progress.csv's, from 0: row e is written after e + 1
-epochs, so a published "after n epochs" is drawn at x = n - 1 on the epoch axis. Every figure
-draws the median over seeds and shades their interquartile range (25th to 75th percentile,
-numpy's linear interpolation), gives every curve of a panel a colour of its own, and puts the
-legend under the panels, where it covers no curve and no published mark (plot_tables.ANCHORS).
-Three figures, each with its markdown table (--table):
+percentile band over seeds); shows the quantity Plappert et al. (2018), Sec. 3, report. runs.py
+reads the folders: the seeds of one (env, MPI ranks, num_env, run_variant) make one curve. Every
+figure draws the median over seeds, shades their interquartile range, gives every curve of a
+panel a colour of its own, and puts the legend under the panels, where it covers no curve and no
+published mark (plot_tables.ANCHORS). Epochs are progress.csv's, from 0: row e is written after
+e + 1 epochs, so a published "after n epochs" is drawn at x = n - 1 on the epoch axis.
   * the curves: a panel column per env, against epoch (top) and total env steps (bottom);
   * --scaling ENV: one env, a curve per (ranks, num_env), against epoch, env steps and hours;
   * --suite: a panel per env against episodes (and its largest group's epoch above), each
     seed faint, the IQM over seeds with its 95% interval after 10, 20, 30 and 50 epochs, each
     published mark at its own episodes.
-And two tables without a figure: --runs (a row per run folder) and --gap (FetchPush 8 x 2
-against the port's traced median). One traced cycle (train.py --trace N) is plot_trace.py's.
+With --table each prints its figure's markdown table instead (plot_tables.py), as --runs and
+--gap do, which have no figure. One traced cycle (train.py --trace N) is plot_trace.py's.
 
-Run:
-    python -m experiment.plot runs/* -o results/curves.png     # the figure
-    python -m experiment.plot results/* --table     # the markdown table docs/results.md shows
-    python -m experiment.plot results/FetchPush-v4-*x2-seed[0-9] --scaling FetchPush-v4 \
-        -o results/scaling.png
-    python -m experiment.plot results/*-8x2-seed[0-9] results/FetchPush-v4-19x2-seed0 --suite \
-        -o results/suite.png
-    (with --table instead of -o, each prints its figure's markdown table)
+Run:  python -m experiment.plot results/* -o results/curves.png   (the others: docs/usage.md)
 Test: `python -m pytest -q tests/test_plot_bench.py`.
 """
 import argparse
