@@ -37,6 +37,7 @@ import numpy as np
 
 from config import Config
 from ddpg import DDPG
+from experiment.plot_trace import read_trace
 from harness import goal_env
 from harness.launch import launched, launcher_rank, start_mpi
 from harness.mpi_util import one_blas_thread
@@ -144,7 +145,7 @@ def run_train(*args):
     output = io.StringIO()
     try:
         with contextlib.redirect_stdout(output), contextlib.redirect_stderr(output):
-            train_main(list(args))  # [MPI] a job of one rank
+            train_main(list(args))  # [MPI] one rank here: a job of one
     except SystemExit as end:
         if end.code not in (0, None):
             raise RuntimeError(f"train.py ended with exit code {end.code}:\n"
@@ -201,7 +202,7 @@ def update_and_floor(policy, repeats, number, setting):
 
 
 def bench_update(quick):
-    policy, _, _ = make_policy(ONE_RANK, n_episodes=200)  # [MPI] ONE_RANK: no message
+    policy, _, _ = make_policy(ONE_RANK, n_episodes=200)  # [MPI] one rank here
     N = policy.cfg.batch_size
     repeats, number = (5, 20) if quick else (15, 40)
     t_floor, t_update = update_and_floor(policy, repeats, number, "batch 256, 3x256, FetchPush")
@@ -214,18 +215,18 @@ def bench_update(quick):
     row("normalising it (o and o_2 with g)", t_norm, "ms",
         f"sampling + normalising = {(t_sample + t_norm) / t_update:.1%} of an update")
     adam, zero = policy.Q_adam, np.zeros_like(policy.main.Q.grad)
-    t_adam = timeit(lambda: adam.update(zero, 0.), repeats, number)  # [MPI] ONE_RANK: no message
+    t_adam = timeit(lambda: adam.update(zero, 0.), repeats, number)  # [MPI] one rank here
     row("MpiAdam.update, critic (1 rank)", t_adam, "ms", f"{t_adam / t_update:.1%} of an update")
 
 
 def bench_update1024(quick):
     """The demo configuration of baselines' her/README (batch 1024, 128 of them from 100 demo
     episodes, bc_loss 1, q_filter 1) on FetchPickAndPlace: its update against its floor."""
-    policy, dims, T = make_policy(ONE_RANK, n_episodes=200, env="FetchPickAndPlace-v4",  # [MPI]
-                                  batch_size=1024, demo_batch_size=128, bc_loss=True,
-                                  q_filter=True)
+    policy, dims, T = make_policy(ONE_RANK, n_episodes=200,  # [MPI] one rank here
+                                  env="FetchPickAndPlace-v4", batch_size=1024,
+                                  demo_batch_size=128, bc_loss=True, q_filter=True)
     demos = random_episodes(np.random.default_rng(2), dims, T, 100)
-    policy.init_demo_buffer(demos)  # [MPI] ONE_RANK: no message
+    policy.init_demo_buffer(demos)  # [MPI] one rank here
     repeats, number = (3, 5) if quick else (10, 10)
     t_floor, t_update = update_and_floor(policy, repeats, number,
                                          "batch 1024, 3x256, PickAndPlace")
@@ -247,7 +248,7 @@ def bench_env(quick):
         env.step(u)
     raw = steps / (time.perf_counter() - t)
     row("raw env.step loop (1 env)", raw, "steps/s")
-    policy, dims, T = make_policy(ONE_RANK, buffer_size=10_000, n_episodes=2)  # [MPI] ONE_RANK
+    policy, _, T = make_policy(ONE_RANK, buffer_size=10_000, n_episodes=2)  # [MPI] one rank here
     env_fns = [functools.partial(goal_env.make_env, ENV)]
     cases = [(DummyVecEnv, 1)] + [(make, n) for make in (SubprocVecEnv, ShmemVecEnv)
                                   for n in (1, 2, 4)]
@@ -343,8 +344,8 @@ def rss_mb():
 
 
 def bench_buffer(quick):
-    # np.empty does not touch its pages: the buffer costs memory only as it fills
-    policy, dims, T = make_policy(ONE_RANK, buffer_size=1_000_000, n_episodes=2)  # [MPI] ONE_RANK
+    # np.empty does not touch its pages: the buffer (1e6 transitions) costs memory as it fills
+    policy, dims, T = make_policy(ONE_RANK, n_episodes=2)  # [MPI] one rank here
     before = rss_mb()
     rng = np.random.default_rng(3)
     buf = policy.buffer
@@ -413,9 +414,8 @@ def bench_trace(quick):
                 with open(os.path.join(logdir, "progress.csv")) as f:
                     epoch_s[name].append(float(next(csv.DictReader(f))["time/epoch_s"]))
         # the rows rank 0's trace holds from within cycles
-        with open(os.path.join(folder, "traced0", "trace", "rank0.csv")) as f:
-            lines = (line for line in f if not line.startswith("#"))
-            rows = sum(r["phase"] == "cycle" for r in csv.DictReader(lines))
+        rows = sum(r["rank"] == 0 and r["phase"] == "cycle"
+                   for r in read_trace(os.path.join(folder, "traced0", "trace")))
     plain, traced = (float(np.median(epoch_s[name])) for name in ("untraced", "traced"))
     row(f"traced / untraced epoch of train.py, 2 ranks x 2 envs, {n_cycles} cycles, {ENV}",
         traced / plain, "x", f"{traced:.2f} s / {plain:.2f} s, medians of {repeats}; "
