@@ -1,16 +1,11 @@
 """The markdown tables docs/results.md shows, made from run folders, and the published marks
 that they and plot.py's figures set our runs beside.
 
-Mirrors no baselines file (baselines' her/experiment/plot.py draws curves only); what each
-table is:
-  * results_table: per group of seeds, the median test success at chosen epochs;
-  * scaling_table: one env, a row per (ranks, num_env): cost per epoch and learning speed;
-  * suite_table: per task, "median (interquartile range)" and "IQM [95% CI]" over its seeds
-    (experiment/stats.py), each row saying how many runs it rests on;
-  * runs_table: one row per run folder, every start of a seed counted, reruns marked, and per
-    task a row over all of them;
-  * gap_table: at equal episodes, how many epochs before the port's traced FetchPush median
-    each run first reaches 0.5, 0.75 and 0.9.
+Mirrors no baselines file (baselines' her/experiment/plot.py draws curves only). A table for
+each of plot.py's --table commands, each function saying what its rows are: results_table (the
+curves'), scaling_table (--scaling ENV), suite_table (--suite: median (IQR) and IQM [95% CI]
+over seeds, experiment/stats.py), runs_table (--runs: a row per run folder, every start of a
+seed) and gap_table (--gap: the epochs to 0.5, 0.75 and 0.9 against the port's traced median).
 Epochs are progress.csv's, from 0: "success after n epochs" is row n - 1; "first epoch >= x"
 is a row index.
 
