@@ -135,12 +135,10 @@ def main(argv=None):
         episodes, T, attempts = generate(args.env, args.num_demo, args.seed)
         os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
         save_demos(args.out, episodes, args.env, T)
-    except SaveError as e:  # a full disk: one line, as train.py's, and no half-written file
+    except (SaveError, UsageError, RuntimeError, OSError) as e:
+        # one line; a full disk (SaveError) exits 1, as train.py's, and leaves no half-written file
         print(f"demos.py: error: {e}", file=sys.stderr)
-        return 1
-    except (UsageError, RuntimeError, OSError) as e:
-        print(f"demos.py: error: {e}", file=sys.stderr)
-        return 2
+        return 1 if isinstance(e, SaveError) else 2
     print(f"{args.env}: controller success rate {args.num_demo / attempts:.3f} "
           f"({args.num_demo} of {attempts} episodes); wrote the {args.num_demo} successful "
           f"ones to {args.out}")
