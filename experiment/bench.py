@@ -27,6 +27,7 @@ import functools
 import importlib
 import io
 import os
+import runpy
 import shutil
 import subprocess
 import sys
@@ -37,7 +38,7 @@ import numpy as np
 
 from config import Config
 from ddpg import DDPG
-from experiment.plot_trace import read_trace
+from experiment.runs import read_trace
 from harness import goal_env
 from harness.launch import launched, launcher_rank, start_mpi
 from harness.mpi_util import one_blas_thread
@@ -64,8 +65,7 @@ EPOCH_TIMERS = (("replay:ReplayBuffer", "sample", "sampling"),
                 ("ddpg:DDPG", "train", "update (incl. sampling)"),
                 ("ddpg:DDPG", "update_target_net", "target update"),
                 ("harness.run:Run", "end_cycle", "stop check"),
-                ("harness.run:Run", "end_epoch", "epoch's logs, policies, checkpoint"),
-                ("train", "train", "epoch"))
+                ("harness.run:Run", "end_epoch", "epoch's logs, policies, checkpoint"))
 
 # ---------------------------------------------------------------- how a figure is taken
 
@@ -141,15 +141,18 @@ def timers_in_place(seconds):
 def run_train(*args):
     """train.py's main() as `python train.py args` runs it, but in this process, so that the
     methods it calls can be timed; its output is kept back, and shown if it fails."""
-    from train import main as train_main
-    output = io.StringIO()
+    output, argv = io.StringIO(), sys.argv
+    sys.argv = [TRAIN_PY, *args]
     try:
         with contextlib.redirect_stdout(output), contextlib.redirect_stderr(output):
-            train_main(list(args))  # [MPI] one rank here: a job of one
+            # an entry point is run, not imported (runpy): train.py's main() on one rank
+            runpy.run_path(TRAIN_PY, run_name="__main__")
     except SystemExit as end:
         if end.code not in (0, None):
             raise RuntimeError(f"train.py ended with exit code {end.code}:\n"
                                f"{output.getvalue()[-3000:]}") from None
+    finally:
+        sys.argv = argv
 
 # ---------------------------------------------------------------- the update vs its GEMM floor
 
@@ -318,13 +321,16 @@ def bench_image(quick):
 
 def bench_epoch(quick):
     """One FetchPush epoch of train.py itself on one rank, with each phase timed where
-    train.train calls it: EPOCH_TIMERS's methods wrapped meanwhile."""
+    train.train calls it: EPOCH_TIMERS's methods wrapped meanwhile. The whole epoch is its
+    time/epoch_s in progress.csv (taken before the epoch's files) and the files' time."""
     n_cycles = 10 if quick else 50
     seconds = {}
     with timers_in_place(seconds), tempfile.TemporaryDirectory() as folder:
         run_train("--env", ENV, "--num_env", "2", "--n_epochs", "1", "--n_cycles", str(n_cycles),
                   "--logdir", os.path.join(folder, "run"))
-    total = seconds.pop("epoch")
+        with open(os.path.join(folder, "run", "progress.csv"), newline="") as f:
+            epoch_s = float(next(csv.DictReader(f))["time/epoch_s"])
+    total = epoch_s + seconds["epoch's logs, policies, checkpoint"]
     update_total = seconds.pop("update (incl. sampling)")
     seconds["update (excl. sampling)"] = update_total - seconds["sampling"]
     print(f"-- one {ENV} epoch of train.py, 1 rank, num_env 2, {n_cycles} cycles: {total:.1f} s")

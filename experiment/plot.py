@@ -25,7 +25,7 @@ from experiment import plot_tables
 from experiment.plot_tables import gap_table, results_table, runs_table, scaling_table, suite_table
 from experiment.runs import group_runs, has_epochs, median_and_band, seeds_and_epochs, with_variant
 from experiment.stats import iqm_interval
-from harness import files
+from harness.files import pyplot, save_figure
 
 X_LABELS = {"epoch": "epoch (row e: after e + 1 epochs)", "steps": "total env steps (all ranks)",
             "episodes": "total episodes (all ranks)",
@@ -36,19 +36,6 @@ COLOURS = ["tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:
            "tab:pink", "tab:gray", "tab:olive", "tab:cyan", "navy", "gold", "lime", "magenta",
            "teal", "maroon"]
 N_CYCLES, T_FETCH = 50, 50  # of the anchors with known ranks x envs: 50 cycles, 50-step episodes
-
-
-def pyplot():
-    import matplotlib
-    matplotlib.use("Agg")  # files only, no display needed
-    import matplotlib.pyplot as plt
-    return plt
-
-
-def save_figure(fig, out_path):
-    fig.tight_layout()
-    files.save_png(fig, out_path)
-    pyplot().close(fig)
 
 
 def draw_curves(axes, x_keys, curves, env, marker=None, faint=False):

@@ -11,15 +11,13 @@ Run:  python -m experiment.plot_trace runs/<run>/trace -o cycle.png [--cycle K]
 Test: `python -m pytest -q tests/test_plot_bench.py`.
 """
 import argparse
-import csv
-import glob
 import json
 import os
 import sys
 
-from experiment.plot import pyplot, save_figure
+from experiment.runs import read_trace
+from harness.files import pyplot, save_figure
 
-TRACE_INTS = ("rank", "elements", "bytes_sent", "bytes_received", "epoch", "cycle")
 COMPUTING = "computing (none of the below)"
 ENV_WAIT = "waiting for env processes"
 OTHER_MPI = "other MPI calls (e.g. Run.end_cycle's allgather)"
@@ -30,31 +28,6 @@ TRACE_SITES = {"mpi_adam.py:MpiAdam.update": "gradient Allreduce (MpiAdam.update
 TRACE_COLOURS = {COMPUTING: "#d6e2ef", ENV_WAIT: "tab:green", OTHER_MPI: "tab:purple",
                  TRACE_SITES["mpi_adam.py:MpiAdam.update"]: "tab:red",
                  TRACE_SITES["normalizer.py:Normalizer.recompute_stats"]: "tab:orange"}
-
-
-def read_trace(folder):
-    """Every row of the rank<r>.csv files of a trace folder, ranks in order, as dicts."""
-    paths = glob.glob(os.path.join(folder, "rank[0-9]*.csv"))
-    if not paths:
-        raise ValueError("no rank<r>.csv there: give the trace folder of a run made "
-                         "with --trace N (<logdir>/trace)")
-    rows = []
-    for path in paths:
-        with open(path, newline="") as f:
-            lines = [line for line in f if not line.startswith("#")]  # '#': a column's meaning
-        for row in csv.DictReader(lines):
-            rows.append({key: trace_cell(key, cell) for key, cell in row.items()})
-    return sorted(rows, key=lambda row: row["rank"])  # stable: each rank's rows stay in order
-
-
-def trace_cell(key, cell):
-    if cell == "":
-        return None
-    if key in TRACE_INTS:
-        return int(cell)
-    if key.endswith("_s"):
-        return float(cell)
-    return cell
 
 
 def traced_cycle(rows, k=None):

@@ -52,11 +52,21 @@ def atomic_savez(path, arrays, keep_previous=None):
         np.savez(f, **arrays)
 
 
-def save_png(fig, path):
-    """A matplotlib figure as a PNG (plot.py, plot_trace.py); its folder is made if missing."""
+def pyplot():
+    """matplotlib's pyplot, drawing into files only (plot.py, plot_trace.py)."""
+    import matplotlib
+    matplotlib.use("Agg")  # files only, no display needed
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def save_figure(fig, path):
+    """A matplotlib figure as a PNG, laid out, then closed; its folder is made if missing."""
+    fig.tight_layout()
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with atomic_file(path) as f:
         fig.savefig(f, format="png", dpi=100)
+    pyplot().close(fig)
 
 
 def load_npz(path, required_keys, what, writer="train.py"):
