@@ -1,14 +1,17 @@
 """What several test files share: running commands, the run they compare against, small agents.
 
-Not a test file: test_all.py and tests/test_*.py import it (nothing outside the tests does).
-  * running: run_cmd (with a hang guard; an MPI job's orphaned /dev/shm segments removed),
+Not a test file: tests/test_*.py import it (nothing outside the tests does). test_all.py does
+not: it imports the algorithm only, so the helpers it shares with tests/ live there and are
+re-exported here (ROOT, StubGoalEnv, fetch_reach_policy, gone, hang_guard, mpirun_args, ...);
+import them from here all the same.
+  * running: run_cmd (test_all.run_command, an MPI job's orphaned /dev/shm segments removed),
     train_cmd and play_cmd (train.py, `python -m experiment.play`, under mpirun with n_ranks),
     hang_guard, small_disk (a tmpfs that fills up);
   * checking: assert_one_line_error, assert_main_refuses, assert_same_arrays/progress;
   * runs shared by many tests (each made once per pytest run): straight_run, the reference that
     resumed runs must equal bitwise, and traced_and_untraced_runs;
-  * goal tasks without physics (StubGoalEnv) and FetchReach with injected faults (FaultyReach,
-    registered as tests.helpers:*Reach-v0), for env processes and whole runs;
+  * goal tasks without physics (StubGoalEnv, test_all.py's) and FetchReach with injected
+    faults (FaultyReach, registered as tests.helpers:*Reach-v0), for env processes and runs;
   * the docs' tables the tests hold the code against (doc_section, mpi_table_rows).
 
 Every command runs with cwd = the repository's root (ROOT), where `python -m experiment.play`
@@ -16,12 +19,9 @@ and the like find their modules.
 """
 import contextlib
 import csv
-import dataclasses
 import functools
 import os
 import re
-import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -31,54 +31,36 @@ import numpy as np
 import pytest
 
 from harness import files, goal_env, launch, mpi_util
-from mpi_adam import ONE_RANK
-from config import Config
-from ddpg import DDPG
+from test_all import HER_STRATEGIES as HER_STRATEGIES
+from test_all import ROOT as ROOT
+from test_all import Hang as Hang
+from test_all import StubGoalEnv as StubGoalEnv
+from test_all import fetch_reach_policy as fetch_reach_policy
+from test_all import fetch_reward_fun as fetch_reward_fun
+from test_all import gone as gone
+from test_all import hang_guard as hang_guard
+from test_all import mpi_family as mpi_family
+from test_all import mpirun_args as mpirun_args
+from test_all import mpirun_exe as mpirun_exe
+from test_all import read_progress as read_progress
+from test_all import run_command, shm_entries
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository's root
 mpi_util.one_blas_thread()  # as in a run: the suite's processes and those it starts
 
 
 # ---------------------------------------------------------------- running commands
 
-def mpirun_exe():
-    """mpirun installed next to this Python (the `mpich` wheel), else the one on PATH."""
-    local = os.path.join(os.path.dirname(sys.executable), "mpirun")
-    return local if os.path.exists(local) else shutil.which("mpirun")
-
-
-@functools.lru_cache(maxsize=None)
-def mpi_family():
-    """'MPICH' or 'Open MPI': whose mpirun mpirun_exe() is (its --version says)."""
-    exe = mpirun_exe()
-    version = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=60,
-                             check=False).stdout if exe else ""
-    return "Open MPI" if "Open MPI" in version else "MPICH"
-
-
-def mpirun_args(n_ranks):
-    """mpirun starting n_ranks ranks on this machine, whatever its cores. MPICH runs more ranks
-    than cores as it is; Open MPI is told to (its default maps one rank a core, and refuses)."""
-    extra = ["--map-by", ":OVERSUBSCRIBE"] if mpi_family() == "Open MPI" else []
-    return [mpirun_exe(), "-np", str(n_ranks), *extra]
-
-
 def run_cmd(cmd, timeout):
-    """Run a command with a hang guard; return (returncode, combined output). An MPI job that
-    ended in MPI_Abort or killed leaves its segments in /dev/shm (harness/mpi_util.py says why): once
-    the job is over, the segments it orphaned are removed."""
+    """test_all.run_command (from the repository's root, a time limit): (returncode, combined
+    output). An MPI job that ended in MPI_Abort or killed leaves its segments in /dev/shm
+    (harness/mpi_util.py says why): once the job is over, the segments it orphaned are removed."""
     is_mpi = os.path.basename(cmd[0]).startswith(("mpirun", "mpiexec"))
     before = shm_entries()
     try:
-        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+        return run_command(cmd, timeout)
     finally:  # a job that timed out is cleaned up too, so its failure is reported once
         if is_mpi:
             remove_orphans_of_job(before)
-    return proc.returncode, proc.stdout + proc.stderr
-
-
-def shm_entries():
-    return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
 
 
 def remove_orphans_of_job(entries_before, patience_s=30.):
@@ -114,25 +96,6 @@ def small_disk(folder, size):
         subprocess.run(["umount", str(folder)], check=True)
 
 
-class Hang(Exception):
-    """What hang_guard raises: not a TimeoutError, which is an OSError that a block waiting on
-    files (`except OSError: continue`) would swallow, and so loop on for ever."""
-
-
-@contextlib.contextmanager
-def hang_guard(seconds):
-    """Fail (instead of hanging the suite) if the block does not finish in `seconds`."""
-    def on_alarm(signum, frame):
-        raise Hang(f"block did not finish within {seconds}s")
-    old = signal.signal(signal.SIGALRM, on_alarm)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, old)
-
-
 TINY_RUN = ["--n_cycles", "5", "--n_batches", "20", "--n_test_rollouts", "1", "--seed", "3"]
 
 
@@ -146,11 +109,6 @@ def train_cmd(*args, n_ranks=1, module=None):
 
 def play_cmd(*args, n_ranks=1):
     return train_cmd(*args, n_ranks=n_ranks, module="experiment.play")
-
-
-def read_progress(logdir):
-    with open(os.path.join(logdir, "progress.csv")) as f:
-        return list(csv.DictReader(f))
 
 
 # ---------------------------------------------------------------- checking
@@ -201,7 +159,7 @@ def assert_same_progress(logdir_a, logdir_b):
     """Every progress.csv column, as written, except the wall-clock time/epoch_s."""
     rows_a, rows_b = read_progress(logdir_a), read_progress(logdir_b)
     assert [r["epoch"] for r in rows_a] == [r["epoch"] for r in rows_b]
-    for row_a, row_b in zip(rows_a, rows_b):
+    for row_a, row_b in zip(rows_a, rows_b, strict=True):
         assert set(row_a) == set(row_b)
         differ = {k: (row_a[k], row_b[k]) for k in row_a
                   if k != "time/epoch_s" and row_a[k] != row_b[k]}
@@ -251,13 +209,6 @@ def reach_task():
     return goal_env.describe_env("FetchReach-v4", need_range=False)
 
 
-def fetch_reach_policy(rng, buffer_size=10_000, hidden=64):
-    """A FetchReach agent of one process (no mpirun): (policy, dims, T)."""
-    task = dataclasses.replace(reach_task(), r_range=(-1., 0.))
-    cfg = Config(hidden=hidden, buffer_size=buffer_size, batch_size=32)
-    return DDPG(cfg, task, rng, ONE_RANK), task.dims, task.T
-
-
 def random_demo_file(path, env_id, dims, T, n, seed=0):
     rng = np.random.default_rng(seed)
     episodes = {"o": rng.normal(size=(n, T + 1, dims["o"])),
@@ -270,39 +221,6 @@ def random_demo_file(path, env_id, dims, T, n, seed=0):
 
 
 # ---------------------------------------------------------------- envs for env processes and runs
-
-class StubGoalEnv:
-    """A goal env without physics (picklable, for env processes): observations are the step
-    count; it raises at step `fail_at`, and is_success is 1 exactly at the steps in success_at.
-    Each step takes `delay_s` seconds; from step `hang_at` on, a step never returns."""
-
-    def __init__(self, fail_at=None, success_at=(), delay_s=0., hang_at=None):
-        self.fail_at, self.success_at, self.t = fail_at, success_at, 0
-        self.delay_s, self.hang_at = delay_s, hang_at
-        box = gym.spaces.Box(-1, 1, (2,), np.float32)
-        self.observation_space = gym.spaces.Dict(
-            observation=box, achieved_goal=box, desired_goal=box)
-        self.action_space = box
-
-    def _obs(self):
-        z = np.full(2, self.t, np.float32)
-        return dict(observation=z, achieved_goal=z, desired_goal=z)
-
-    def reset(self, seed=None):
-        self.t = 0
-        return self._obs(), {}
-
-    def step(self, u):
-        self.t += 1
-        if self.t == self.fail_at:
-            raise ValueError(f"injected failure at step {self.t}")
-        time.sleep(3600 if self.hang_at is not None and self.t >= self.hang_at else self.delay_s)
-        return self._obs(), -1.0, False, False, {"is_success": float(self.t in self.success_at),
-                                                 "mpi_imported": "mpi4py.MPI" in sys.modules}
-
-    def close(self):
-        pass
-
 
 class FaultyReach(gym.Wrapper):
     """FetchReach-v4 that, from its `at_step`-th step on, raises, returns NaN observations,
@@ -343,15 +261,6 @@ gym.register("HangReach-v0", entry_point="tests.helpers:FaultyReach", max_episod
              kwargs=dict(fault="hang", rank=None, at_step=30))
 gym.register("SlowReach-v0", entry_point="tests.helpers:FaultyReach", max_episode_steps=50,
              kwargs=dict(fault="slow", rank=None, at_step=1))
-
-
-def gone(pid):
-    """The process has ended (reaped, or a zombie waiting for whoever adopted it)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
-    except FileNotFoundError:
-        return True
 
 
 def env_processes_left(pid_dir):
