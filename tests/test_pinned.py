@@ -8,12 +8,16 @@ No baselines counterpart. Three runs are pinned:
     rollouts with Q; its weights, targets, normaliser sums, Adam moments, buffer, losses, test
     Q values and random generator are hashed (sha256 of their bytes);
   * a short FetchReach run of train.py with two env processes (test_fetch_reach_is_pinned,
-    slow): every progress.csv value but the time, and the sha256 of the learnt arrays of
-    policy_latest.npz and of the checkpoint (Adam moments, replay buffer, generator);
+    slow): every progress.csv value but the time, and the sha256 of every array but the
+    settings (config_json) of policy_latest.npz, policy_best.npz, policy_0.npz and the
+    checkpoint (weights, targets, normaliser sums, Adam moments and steps, replay buffer,
+    generator, counters, resume position);
   * the same run under `mpirun -np 2` (test_fetch_reach_on_two_ranks_is_pinned, slow): the
-    same figures, and both ranks' checkpoints, so that a change only several ranks see (the
-    gradients summed over ranks rather than averaged, the per-rank seeds, the pooled
-    normaliser sums) fails it, where the one-rank runs cannot tell.
+    same figures with rank 1's checkpoint beside rank 0's. One rank cannot tell a sum over
+    ranks from a mean, nor see any seed but rank 0's, nor pool anything; this run can: the
+    critic's and actor's gradients summed over ranks (HER's scale_grad_by_procs=False), each
+    rank's own seed (cfg.seed + 1000000 * rank), the normalisers' sums pooled over ranks, and
+    rank 1's own buffer, generator and copy of the weights.
 
 A change meant to alter what is learnt must update PINNED_AGENT, PINNED_FETCH_REACH or
 PINNED_FETCH_REACH_2_RANKS in the same commit and say why in its message; any other change
@@ -22,7 +26,7 @@ must leave them as they are.
 The figures must not depend on the machine. OpenBLAS picks its GEMM kernels by CPU when it is
 loaded, and kernels of different CPUs sum in different orders: the same seed has been seen to
 end in other last digits on another machine. NumPy, likewise, picks SIMD loops (SVML's tanh
-on AVX-512 among them) by CPU. So both runs happen in a child process whose environment pins
+on AVX-512 among them) by CPU. So every run happens in a child process whose environment pins
 OpenBLAS to one kernel set (PINNED_CORETYPE, which every x86-64 CPU can run) and turns NumPy's
 dispatch off (NPY_DISABLE_CPU_FEATURES: only the loops of its baseline), one BLAS thread. Both
 matter: on one AMD EPYC (Zen 3), the agent's weights hash differently under each of the core
@@ -32,7 +36,8 @@ left is the versions: the figures hold for the NumPy they were recorded with (RE
 a failure says when the versions differ) and x86-64 only (the test is skipped elsewhere).
 
 Run: `python -m pytest -q tests/test_pinned.py`; `python -m tests.test_pinned agent` prints
-the agent's figures as JSON (under the pinned environment only when started by the test).
+the agent's figures as JSON (under the pinned environment only when started by the test), and
+`python -m tests.test_pinned fetch_reach LOGDIR [N_RANKS]` those of a finished run's folder.
 """
 import csv
 import hashlib
@@ -92,17 +97,34 @@ PINNED_FETCH_REACH = {
     "checkpoint/Q_adam/m": "0beccebc026a7e1f",
     "checkpoint/Q_adam/t": "1aae72da459c94cf",
     "checkpoint/Q_adam/v": "e4913dc07c0ccc05",
+    "checkpoint/best": "f15c85904a8e6357",
     "checkpoint/buffer/ag": "b038e0a55e01db84",
     "checkpoint/buffer/current_size": "7f4c432a1896d8fa",
     "checkpoint/buffer/g": "19e7f35aa06be88e",
     "checkpoint/buffer/info_is_success": "889f2e8904005111",
     "checkpoint/buffer/o": "f79e6e8c3352e7a7",
     "checkpoint/buffer/u": "8d4f3849540911ba",
+    "checkpoint/cycle": "bc091e46acaed1ca",
+    "checkpoint/epoch": "cc295850fe726848",
+    "checkpoint/g_stats/count": "b3b76d76af7e0e4d",
+    "checkpoint/g_stats/sum": "10104de7b2fc0cbc",
+    "checkpoint/g_stats/sumsq": "ebef9b7687da8af3",
+    "checkpoint/log/train_losses": "6d55c3d3f3ea9a82",
+    "checkpoint/log/train_success_history": "fbdc01391abc1055",
+    "checkpoint/main/Q": "6aae285a9f4b0171",
+    "checkpoint/main/pi": "870ebc3ef7675d0f",
+    "checkpoint/n_episodes": "1c53a0b9265fa937",
+    "checkpoint/n_ranks": "cc295850fe726848",
     "checkpoint/n_updates": "1aae72da459c94cf",
+    "checkpoint/o_stats/count": "b3b76d76af7e0e4d",
+    "checkpoint/o_stats/sum": "0d7613fd3661ff60",
+    "checkpoint/o_stats/sumsq": "4402d6d0bc8ed47f",
     "checkpoint/pi_adam/m": "b00c76d9ebf86f1e",
     "checkpoint/pi_adam/t": "1aae72da459c94cf",
     "checkpoint/pi_adam/v": "99bb35d44dcb3e93",
     "checkpoint/rng_json": "f203c42f1c38fcd4",
+    "checkpoint/target/Q": "7fdd18ee33fa8c52",
+    "checkpoint/target/pi": "c923dc8ebbcb0c68",
     "policy/g_stats/count": "b3b76d76af7e0e4d",
     "policy/g_stats/sum": "10104de7b2fc0cbc",
     "policy/g_stats/sumsq": "ebef9b7687da8af3",
@@ -113,6 +135,26 @@ PINNED_FETCH_REACH = {
     "policy/o_stats/sumsq": "4402d6d0bc8ed47f",
     "policy/target/Q": "7fdd18ee33fa8c52",
     "policy/target/pi": "c923dc8ebbcb0c68",
+    "policy_0/g_stats/count": "b3b76d76af7e0e4d",
+    "policy_0/g_stats/sum": "10104de7b2fc0cbc",
+    "policy_0/g_stats/sumsq": "ebef9b7687da8af3",
+    "policy_0/main/Q": "6aae285a9f4b0171",
+    "policy_0/main/pi": "870ebc3ef7675d0f",
+    "policy_0/o_stats/count": "b3b76d76af7e0e4d",
+    "policy_0/o_stats/sum": "0d7613fd3661ff60",
+    "policy_0/o_stats/sumsq": "4402d6d0bc8ed47f",
+    "policy_0/target/Q": "7fdd18ee33fa8c52",
+    "policy_0/target/pi": "c923dc8ebbcb0c68",
+    "policy_best/g_stats/count": "b3b76d76af7e0e4d",
+    "policy_best/g_stats/sum": "10104de7b2fc0cbc",
+    "policy_best/g_stats/sumsq": "ebef9b7687da8af3",
+    "policy_best/main/Q": "6aae285a9f4b0171",
+    "policy_best/main/pi": "870ebc3ef7675d0f",
+    "policy_best/o_stats/count": "b3b76d76af7e0e4d",
+    "policy_best/o_stats/sum": "0d7613fd3661ff60",
+    "policy_best/o_stats/sumsq": "4402d6d0bc8ed47f",
+    "policy_best/target/Q": "7fdd18ee33fa8c52",
+    "policy_best/target/pi": "c923dc8ebbcb0c68",
     "progress/epoch": "0",
     "progress/stats_g/mean": "0.9074835777282715",
     "progress/stats_g/std": "0.09633171558380127",
@@ -131,31 +173,65 @@ PINNED_FETCH_REACH_2_RANKS = {
     "checkpoint/Q_adam/m": "c3ed13c649cbf202",
     "checkpoint/Q_adam/t": "1aae72da459c94cf",
     "checkpoint/Q_adam/v": "b52504acf41f1f93",
+    "checkpoint/best": "f15c85904a8e6357",
     "checkpoint/buffer/ag": "ed63207e93c4fcaf",
     "checkpoint/buffer/current_size": "7f4c432a1896d8fa",
     "checkpoint/buffer/g": "19e7f35aa06be88e",
     "checkpoint/buffer/info_is_success": "3fee3a6676658a23",
     "checkpoint/buffer/o": "acfc31622d635cb4",
     "checkpoint/buffer/u": "4dc567a9729e1506",
+    "checkpoint/cycle": "bc091e46acaed1ca",
+    "checkpoint/epoch": "cc295850fe726848",
+    "checkpoint/g_stats/count": "830de1f8377a457a",
+    "checkpoint/g_stats/sum": "d14ed7f5d6254aec",
+    "checkpoint/g_stats/sumsq": "2c22287b5e9771ab",
+    "checkpoint/log/train_losses": "6d55c3d3f3ea9a82",
+    "checkpoint/log/train_success_history": "fbdc01391abc1055",
+    "checkpoint/main/Q": "8122113d430104f9",
+    "checkpoint/main/pi": "c9bc381cad2fc591",
+    "checkpoint/n_episodes": "1c53a0b9265fa937",
+    "checkpoint/n_ranks": "463183af8febaa29",
     "checkpoint/n_updates": "1aae72da459c94cf",
+    "checkpoint/o_stats/count": "830de1f8377a457a",
+    "checkpoint/o_stats/sum": "a50088d18e407cfb",
+    "checkpoint/o_stats/sumsq": "c90acc5110dc8fb8",
     "checkpoint/pi_adam/m": "87874049782ef892",
     "checkpoint/pi_adam/t": "1aae72da459c94cf",
     "checkpoint/pi_adam/v": "959132335ce6b80d",
     "checkpoint/rank1/Q_adam/m": "c3ed13c649cbf202",
     "checkpoint/rank1/Q_adam/t": "1aae72da459c94cf",
     "checkpoint/rank1/Q_adam/v": "b52504acf41f1f93",
+    "checkpoint/rank1/best": "f15c85904a8e6357",
     "checkpoint/rank1/buffer/ag": "f75b4663605c05cc",
     "checkpoint/rank1/buffer/current_size": "7f4c432a1896d8fa",
     "checkpoint/rank1/buffer/g": "a2590640409e58a8",
     "checkpoint/rank1/buffer/info_is_success": "8e173a9bfcd9b75d",
     "checkpoint/rank1/buffer/o": "96dfac5ae562a5ee",
     "checkpoint/rank1/buffer/u": "48d5ae797774a82e",
+    "checkpoint/rank1/cycle": "bc091e46acaed1ca",
+    "checkpoint/rank1/epoch": "cc295850fe726848",
+    "checkpoint/rank1/g_stats/count": "830de1f8377a457a",
+    "checkpoint/rank1/g_stats/sum": "d14ed7f5d6254aec",
+    "checkpoint/rank1/g_stats/sumsq": "2c22287b5e9771ab",
+    "checkpoint/rank1/log/train_losses": "6d55c3d3f3ea9a82",
+    "checkpoint/rank1/log/train_success_history": "fbdc01391abc1055",
+    "checkpoint/rank1/main/Q": "8122113d430104f9",
+    "checkpoint/rank1/main/pi": "c9bc381cad2fc591",
+    "checkpoint/rank1/n_episodes": "1c53a0b9265fa937",
+    "checkpoint/rank1/n_ranks": "463183af8febaa29",
     "checkpoint/rank1/n_updates": "1aae72da459c94cf",
+    "checkpoint/rank1/o_stats/count": "830de1f8377a457a",
+    "checkpoint/rank1/o_stats/sum": "a50088d18e407cfb",
+    "checkpoint/rank1/o_stats/sumsq": "c90acc5110dc8fb8",
     "checkpoint/rank1/pi_adam/m": "87874049782ef892",
     "checkpoint/rank1/pi_adam/t": "1aae72da459c94cf",
     "checkpoint/rank1/pi_adam/v": "959132335ce6b80d",
     "checkpoint/rank1/rng_json": "86721ebcd1597261",
+    "checkpoint/rank1/target/Q": "3e733631644e3fd0",
+    "checkpoint/rank1/target/pi": "1a49e95ccda424de",
     "checkpoint/rng_json": "f203c42f1c38fcd4",
+    "checkpoint/target/Q": "3e733631644e3fd0",
+    "checkpoint/target/pi": "1a49e95ccda424de",
     "policy/g_stats/count": "830de1f8377a457a",
     "policy/g_stats/sum": "d14ed7f5d6254aec",
     "policy/g_stats/sumsq": "2c22287b5e9771ab",
@@ -166,6 +242,26 @@ PINNED_FETCH_REACH_2_RANKS = {
     "policy/o_stats/sumsq": "c90acc5110dc8fb8",
     "policy/target/Q": "3e733631644e3fd0",
     "policy/target/pi": "1a49e95ccda424de",
+    "policy_0/g_stats/count": "830de1f8377a457a",
+    "policy_0/g_stats/sum": "d14ed7f5d6254aec",
+    "policy_0/g_stats/sumsq": "2c22287b5e9771ab",
+    "policy_0/main/Q": "8122113d430104f9",
+    "policy_0/main/pi": "c9bc381cad2fc591",
+    "policy_0/o_stats/count": "830de1f8377a457a",
+    "policy_0/o_stats/sum": "a50088d18e407cfb",
+    "policy_0/o_stats/sumsq": "c90acc5110dc8fb8",
+    "policy_0/target/Q": "3e733631644e3fd0",
+    "policy_0/target/pi": "1a49e95ccda424de",
+    "policy_best/g_stats/count": "830de1f8377a457a",
+    "policy_best/g_stats/sum": "d14ed7f5d6254aec",
+    "policy_best/g_stats/sumsq": "2c22287b5e9771ab",
+    "policy_best/main/Q": "8122113d430104f9",
+    "policy_best/main/pi": "c9bc381cad2fc591",
+    "policy_best/o_stats/count": "830de1f8377a457a",
+    "policy_best/o_stats/sum": "a50088d18e407cfb",
+    "policy_best/o_stats/sumsq": "c90acc5110dc8fb8",
+    "policy_best/target/Q": "3e733631644e3fd0",
+    "policy_best/target/pi": "1a49e95ccda424de",
     "progress/epoch": "0",
     "progress/stats_g/mean": "0.8841025829315186",
     "progress/stats_g/std": "0.09805697947740555",
@@ -356,25 +452,28 @@ def test_agent_is_pinned():
 
 # ---------------------------------------------------------------- a short FetchReach run
 
+def npz_figures(path, prefix):
+    """{prefix + key: sha256} of every array of an .npz but config_json: the settings, which
+    the run's command line fixes, not something learnt."""
+    with np.load(path, allow_pickle=False) as data:
+        return {prefix + key: digest(data[key]) for key in data.files if key != "config_json"}
+
+
 def fetch_reach_figures(logdir, n_ranks=1):
     """{figure: value or sha256} of a finished FetchReach run of n_ranks ranks in logdir: its
-    progress.csv, policy_latest.npz and every rank's checkpoint (rank 0's keys unprefixed)."""
+    progress.csv (all but the time), its three policy files (policy_latest.npz's keys under
+    policy/) and every rank's checkpoint (rank 0's keys under checkpoint/, rank r's under
+    checkpoint/rank<r>/): weights, targets, normaliser sums, Adam moments and steps, buffer,
+    generator, update and episode counts, the logs and the resume position."""
     with open(os.path.join(logdir, "progress.csv")) as f:
         rows = list(csv.DictReader(f))
     figures = {f"progress/{key}": value for row in rows for key, value in row.items()
                if key != "time/epoch_s"}
-    with np.load(os.path.join(logdir, "policy_latest.npz"), allow_pickle=False) as data:
-        for key in data.files:
-            if key != "config_json":
-                figures[f"policy/{key}"] = digest(data[key])
+    for name, prefix in (("latest", "policy/"), ("best", "policy_best/"), ("0", "policy_0/")):
+        figures.update(npz_figures(os.path.join(logdir, f"policy_{name}.npz"), prefix))
     for rank in range(n_ranks):
         prefix = "checkpoint/" if rank == 0 else f"checkpoint/rank{rank}/"
-        path = os.path.join(logdir, "checkpoint", f"rank{rank}.npz")
-        with np.load(path, allow_pickle=False) as data:
-            for key in data.files:
-                learnt = key.startswith(("Q_adam/", "pi_adam/", "buffer/"))
-                if learnt or key in ("rng_json", "n_updates"):
-                    figures[prefix + key] = digest(data[key])
+        figures.update(npz_figures(os.path.join(logdir, "checkpoint", f"rank{rank}.npz"), prefix))
     return figures
 
 
