@@ -14,8 +14,15 @@ test_vec_env.py, common/mpi_adam.py's test_MpiAdam):
   * DDPG's losses, update and target nets; demonstrations (Nair et al. 2018): the batch, the
     Q filter and the cloning loss;
   * end-to-end learning on FetchReach-v4, alone and under mpirun.
-The tests of harness/ and experiment/ (the command line, files, checkpoints, faults, logs,
-tracing, play, demos, plots, the docs) are in tests/; their shared helpers in tests/helpers.py.
+This file imports the algorithm (the files at the top), numpy, pytest, the standard library and
+the tasks (gymnasium, gymnasium_robotics, mujoco) only, and mpi4py in its mpirun runner, nothing
+of harness/, experiment/ or tests/ (TestTrain runs train.py and experiment.play as commands). Its
+tasks are written in (Task, fetch_reach_task) where train.py reads them off the env
+(harness/goal_env.py). The tests of harness/ and experiment/
+(the command line, files, checkpoints, faults, logs, tracing, play, demos, plots, the docs) are
+in tests/, train.py's through harness/ in tests/test_train.py; their helpers are in
+tests/helpers.py, which re-exports the helpers of this file that tests/ use too, marked
+(tests/helpers.py) where they are defined here.
 
 Run: `python -m pytest -q` from the repository's root runs this file and tests/ together (the
 quick check: `python -m pytest -q -m "not slow"`, no training run, no mpirun); this file alone:
@@ -414,8 +421,9 @@ class TestRollout:
         assert all(v.dtype == np.float32 for v in ep.values())
         assert np.abs(ep["u"]).max() <= 1.0
         # Replaying the recorded actions in fresh envs with the same seed reproduces all T+1
-        # observations: the episode is aligned and no transition was dropped. The RolloutWorker draws
-        # each episode's reset seed from its generator: here the first draw of default_rng(11).
+        # observations: the episode is aligned and no transition was dropped. The RolloutWorker
+        # draws each episode's reset seed from its generator: here the first draw of
+        # default_rng(11).
         replay_venv = DummyVecEnv(env_fns)
         obs = replay_venv.reset(seed=int(np.random.default_rng(11).integers(2 ** 31 - 2)))
         np.testing.assert_allclose(ep["o"][:, 0], obs["observation"], rtol=1e-6)
@@ -632,9 +640,12 @@ class TestHer:
     def test_her_rewards_recomputed_with_env_compute_reward(self):
         tr, _, _ = sample_from("future", 4, batch=5000)
         env = make_env("FetchReach-v4")
-        np.testing.assert_array_equal(tr["r"], env.unwrapped.compute_reward(tr["ag_2"], tr["g"], None))
-        hit = np.all(tr["g"] == tr["ag_2"], axis=1)  # relabelled to the very next achieved goal
-        assert hit.any() and np.all(tr["r"][hit] == 0.) and np.all(tr["r"][tr["g"][:, 0] < 0] == -1.)
+        np.testing.assert_array_equal(tr["r"],
+                                      env.unwrapped.compute_reward(tr["ag_2"], tr["g"], None))
+        # relabelled to the very next achieved goal
+        hit = np.all(tr["g"] == tr["ag_2"], axis=1)
+        assert hit.any() and np.all(tr["r"][hit] == 0.)
+        assert np.all(tr["r"][tr["g"][:, 0] < 0] == -1.)
 
     def test_her_none_never_relabels(self):
         tr, sampler, episodes = sample_from("none", 4, batch=5000)
@@ -645,7 +656,8 @@ class TestHer:
     @pytest.mark.parametrize("strategy", HER_STRATEGIES)
     def test_her_strategy_draws_goals_from_its_own_distribution(self, strategy):
         """Every relabelled goal is an achieved goal the strategy may choose, with the paper's
-        frequencies (chi-square with 80,000 relabelled rows), and the reward is the env's for it."""
+        frequencies (chi-square with 80,000 relabelled rows), and the reward is the env's for
+        it."""
         n_eps, T = 40, 10
         tr, _, episodes = sample_from(strategy, 4, n_eps=n_eps, T=T)
         e, t, ge, gt, _ = relabelled_goals(tr, episodes)
@@ -670,7 +682,8 @@ class TestHer:
                     (drawn == claimed), (drawn, claimed)
         rng = np.random.default_rng(13)
         e, t, ge, _ = samples["episode"]
-        assert not goal_frequencies_match("episode", e, t, ge, rng.integers(0, T, len(t)), n_eps, T)
+        assert not goal_frequencies_match("episode", e, t, ge, rng.integers(0, T, len(t)),
+                                          n_eps, T)
         e, t, ge, _ = samples["future"]
         off_by_one = t + (rng.uniform(size=len(t)) * (T + 1 - t)).astype(int)  # {t..T}
         assert not goal_frequencies_match("future", e, t, ge, off_by_one, n_eps, T)
@@ -802,7 +815,10 @@ class TestActorCritic:
             R = rng.normal(size=(6, 5))
             _, cache = forward(x.copy())  # relu_forward may overwrite its input
             dx = backward(R, cache)
-            assert_grad_close(dx, numerical_grad(lambda: np.sum(forward(x.copy())[0] * R), x))
+
+            def loss(forward=forward, x=x, R=R):
+                return np.sum(forward(x.copy())[0] * R)
+            assert_grad_close(dx, numerical_grad(loss, x))
 
     def test_grad_mlp_params_and_input(self):
         rng = np.random.default_rng(2)
@@ -826,7 +842,8 @@ class TestActorCritic:
         whole = MLP([8, 16, 16, 2], rng, dtype=np.float64)
         whole.theta[...] = net.theta  # identical layout: W0 is (8, 16) with x_a's rows first
         np.testing.assert_allclose(net.forward(x_a, x_b)[0],
-                                   whole.forward(np.concatenate([x_a, x_b], axis=1))[0], rtol=1e-12)
+                                   whole.forward(np.concatenate([x_a, x_b], axis=1))[0],
+                                   rtol=1e-12)
         out, caches = net.forward(x_a, x_b)
         dx_a, dx_b = net.backward(R, caches, need_dxs=[True, True])
 
@@ -981,7 +998,8 @@ class TestDDPG:
 
     def test_ddpg_train_uses_clipped_target_from_target_nets(self):
         """The critic gradient of train() equals the one for y = clip(r + gamma Q_targ(o_2, g,
-        pi_targ(o_2, g)), -1/(1-gamma), 0) computed here, with targets that hit both clip bounds."""
+        pi_targ(o_2, g)), -1/(1-gamma), 0) computed here, with targets that hit both clip
+        bounds."""
         rng = np.random.default_rng(12)
         policy, dims, T = fetch_reach_policy(rng, hidden=16)
         venv = DummyVecEnv([functools.partial(make_env, "FetchReach-v4")])
@@ -992,7 +1010,8 @@ class TestDDPG:
         batch["r"][:20] = 10.  # y above 0 before clipping
         batch["r"][20:40] = -1000.  # y below -1/(1 - gamma) before clipping
         policy.buffer.sample = lambda batch_size: batch
-        policy.target.Q.theta += rng.normal(scale=0.1, size=policy.target.Q.theta.size)  # targ != main
+        # target nets unlike the main ones
+        policy.target.Q.theta += rng.normal(scale=0.1, size=policy.target.Q.theta.size)
         policy.target.pi.theta += rng.normal(scale=0.1, size=policy.target.pi.theta.size)
         grads = {}
         for name, adam in (("Q", policy.Q_adam), ("pi", policy.pi_adam)):
@@ -1024,8 +1043,8 @@ class TestDDPG:
         policy.main.pi.theta -= 1.
         old_Q, old_pi = policy.target.Q.theta.copy(), policy.target.pi.theta.copy()
         policy.update_target_net()
-        np.testing.assert_allclose(policy.target.Q.theta, 0.95 * old_Q + 0.05 * policy.main.Q.theta,
-                                   rtol=1e-6)
+        np.testing.assert_allclose(policy.target.Q.theta,
+                                   0.95 * old_Q + 0.05 * policy.main.Q.theta, rtol=1e-6)
         np.testing.assert_allclose(policy.target.pi.theta,
                                    0.95 * old_pi + 0.05 * policy.main.pi.theta, rtol=1e-6)
 
@@ -1100,7 +1119,7 @@ class TestDDPG:
             # no demo row near the mask's edge, where the loss is discontinuous
             assert np.abs(margin[-6:]).min() > 1e-3
 
-            def f():
+            def f(ac=ac, x_pi=x_pi, u=u, q_filter=q_filter):
                 return reference_bc_loss(ac, x_pi, u, 6, 0.7, 0.3, 0.9, q_filter)[0]
             assert_grad_close(analytic, numerical_grad(f, ac.pi.theta))
             # the mask matters here: the loss with every demo row cloned has another gradient
@@ -1310,7 +1329,7 @@ class TestVecEnv:
         with hang_guard(120):
             sub = VecEnvClass(env_fns)
             try:
-                for venv_obs in zip(*[_trajectory(v, actions) for v in (seq, sub)]):
+                for venv_obs in zip(*[_trajectory(v, actions) for v in (seq, sub)], strict=True):
                     a, b = venv_obs
                     for key in a[0]:
                         np.testing.assert_array_equal(a[0][key], b[0][key])
@@ -1346,8 +1365,9 @@ class TestVecEnv:
             except RuntimeError as e:
                 assert "env process 1" in str(e) and "injected failure at step 3" in str(e)
         assert not any(p.is_alive() for p in venv.ps)
-        with pytest.raises(RuntimeError, match=r"step_async\(\) called after it was closed \(env "
-                           r"process 1 raised ValueError: injected failure at step 3\); make a new"):
+        with pytest.raises(RuntimeError, match=r"step_async\(\) called after it was closed "
+                           r"\(env process 1 raised ValueError: injected failure at step 3\); "
+                           r"make a new"):
             venv.step(u)  # not "a step is pending"
 
     def test_shmem_vecenv_returns_arrays_that_the_next_step_leaves_alone(self):
@@ -1432,7 +1452,8 @@ class TestVecEnv:
                         venv.step(u)
                 unsendable = np.array([np.zeros(2), lambda: 0], dtype=object)  # pickling fails
                 for u, dtype in ((unsendable, "object"), (np.full((2, 2), "0"), "<U1")):
-                    with pytest.raises(TypeError, match=rf"^step_async got actions of dtype {dtype}; "
+                    with pytest.raises(TypeError,
+                                       match=rf"^step_async got actions of dtype {dtype}; "
                                        r"pass numbers \(a float array of shape \(2, 2\)\)$"):
                         venv.step(u)
                 obs, _, _, _ = venv.step(np.zeros((2, 2), np.float32))
@@ -1455,10 +1476,12 @@ class TestVecEnv:
                                    r"called with no step pending; call step_async\(u\) first$"):
                     venv.step_wait()
                 venv.step_async(u)
-                for call, name in ((venv.reset, "reset"), (lambda: venv.step_async(u), "step_async"),
+                for call, name in ((venv.reset, "reset"),
+                                   (lambda: venv.step_async(u), "step_async"),
                                    (venv.get_images, "get_images")):
-                    with pytest.raises(RuntimeError, match=rf"^{VecEnvClass.__name__}\.{name}\(\) "
-                                       r"called while a step is pending; call step_wait\(\) first$"):
+                    with pytest.raises(RuntimeError,
+                                       match=rf"^{VecEnvClass.__name__}\.{name}\(\) called "
+                                       r"while a step is pending; call step_wait\(\) first$"):
                         call()
                 obs, _, _, _ = venv.step_wait()
                 assert (obs["observation"] == 1).all()  # the step, answered once, and nothing else
@@ -1471,7 +1494,8 @@ class TestVecEnv:
     @PROCESS_VEC_ENVS
     @pytest.mark.parametrize("wrong, at, received", [("dtype", 0, "float64 (2,)"),
                                                      ("shape", 2, "float32 (3,)")])
-    def test_vec_env_refuses_observations_unlike_their_space(self, VecEnvClass, wrong, at, received):
+    def test_vec_env_refuses_observations_unlike_their_space(self, VecEnvClass, wrong, at,
+                                                             received):
         """Unchecked, ShmemVecEnv would cast such an observation silently into shared memory and
         SubprocVecEnv pass it on: both refuse it in the env process, which reports the key, the
         expected and the received dtype and shape."""
@@ -1490,7 +1514,8 @@ class TestVecEnv:
             finally:
                 venv.close()
         assert ("TypeError: observation key 'achieved_goal': expected float32 (2,) (its space), "
-                f"received {received}; make the env return its space's dtype and shape") in str(e.value)
+                f"received {received}; make the env return its space's dtype and "
+                "shape") in str(e.value)
         assert all(gone(p.pid) for p in venv.ps)
 
     @PROCESS_VEC_ENVS
@@ -1547,12 +1572,14 @@ class TestVecEnv:
             venv.reset()
             venv.step(u)
             pid = venv.ps[1].pid
-            with pytest.raises(RuntimeError, match=rf"^{VecEnvClass.__name__}: env process 1 \(pid "
-                               rf"{pid}\) did not answer 'step' within 1 s \(--env_timeout\); it "
+            with pytest.raises(RuntimeError, match=rf"^{VecEnvClass.__name__}: env process 1 "
+                               rf"\(pid {pid}\) did not answer 'step' within 1 s "
+                               r"\(--env_timeout\); it "
                                r"and its siblings were killed$"):
                 venv.step(u)
         assert all(gone(p.pid) for p in venv.ps)
-        with pytest.raises(RuntimeError, match=r"called after it was closed \(env process 1 \(pid "):
+        with pytest.raises(RuntimeError,
+                           match=r"called after it was closed \(env process 1 \(pid "):
             venv.reset()
 
     def test_a_run_suspended_past_the_timeout_is_not_taken_for_a_hung_env(self):
@@ -1576,7 +1603,8 @@ class TestVecEnv:
                 venv.close()
 
     def test_dummy_vecenv_refuses_what_the_process_vec_envs_refuse(self):
-        """The same refusals in one process (num_env 1 in train.py), so both accept the same envs."""
+        """The same refusals in one process (num_env 1 in train.py), so both accept the same
+        envs."""
         venv = DummyVecEnv([StubGoalEnv, functools.partial(OffSpaceGoalEnv, "dtype", 1)])
         u = np.zeros((2, 2), np.float32)
         venv.reset()
