@@ -1545,6 +1545,33 @@ class TestVecEnv:
             venv.reset()
 
     @PROCESS_VEC_ENVS
+    def test_a_stop_signal_while_env_processes_start_is_held_not_lost(self, VecEnvClass,
+                                                                      monkeypatch):
+        """SIGUSR1 (a stop signal of the rank's) sent while each env process is being started, a
+        start slowed on purpose: the rank's handler runs once they have started (the signal was
+        held, not dropped), and no env process died of it."""
+        got = []
+        handler = signal.signal(signal.SIGUSR1, lambda signum, frame: got.append(signum))
+        start = mp.get_context("spawn").Process.start
+
+        def start_after_a_signal(process):
+            os.kill(os.getpid(), signal.SIGUSR1)
+            time.sleep(0.1)
+            start(process)
+        monkeypatch.setattr(mp.get_context("spawn").Process, "start", start_after_a_signal)
+        try:
+            with hang_guard(60):
+                venv = VecEnvClass([functools.partial(StubGoalEnv) for _ in range(2)])
+                try:
+                    assert got and set(got) == {signal.SIGUSR1}, got
+                    assert all(p.is_alive() for p in venv.ps)
+                    venv.reset()
+                finally:
+                    venv.close()
+        finally:
+            signal.signal(signal.SIGUSR1, handler)
+
+    @PROCESS_VEC_ENVS
     def test_send_failing_part_way_closes_the_vec_env_and_later_calls_say_why(self, VecEnvClass):
         """Env 0 got its step, env 1 did not: answering the next reset would mix env 0's step with
         env 1's reset, so the vec env closes instead, and every later call says why in one line."""
