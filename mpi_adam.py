@@ -12,9 +12,9 @@ baselines uses.
 
 "Bitwise equal" rests on two assumptions: Allreduce hands every rank the same bits of the sum
 (the MPI standard recommends it; the runs here, 2 to 19 ranks with MPICH, and the tests' 2-
-and 3-rank jobs under Open MPI 5 found it so), and every rank runs the same binaries (NumPy, BLAS), so the same inputs give the same
-outputs. If either fails, for example on a cluster with mixed NumPy builds, check_synced()
-says so instead of letting ranks drift.
+and 3-rank jobs under Open MPI 5 found it so), and every rank runs the same binaries (NumPy,
+BLAS), so the same inputs give the same outputs. If either fails, for example on a cluster
+with mixed NumPy builds, check_synced() says so instead of letting ranks drift.
 
 Deviations from baselines (8, 28 and 33 in docs/deviations.md): check_synced's verdict
 reaches every rank; grad_clip and mpi_rank_weight are not ported; the communicator has no
