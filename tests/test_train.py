@@ -1,10 +1,9 @@
 """train.py through harness/: what its command line offers and refuses, and the policy files and
 checkpoints an agent is saved to and started from.
 
-These were tests of test_all.py, which imports the algorithm only (the files at the top, numpy,
-pytest and the tasks): what they check is harness/'s (harness/cli.py's CHOICES and refusals,
-harness/files.py's policy files, harness/checkpoint.py's checkpoints). train.py's runs end to end,
-and her.py's own refusal of an unknown strategy, stay in test_all.py (TestTrain, TestHer).
+What they check is harness/'s (harness/cli.py's CHOICES and refusals, harness/files.py's policy
+files, harness/checkpoint.py's checkpoints); test_all.py, which imports the algorithm only, keeps
+train.py's runs end to end and her.py's own refusal of an unknown strategy (TestTrain, TestHer).
 
 Run: `python -m pytest -q tests/test_train.py` (from the repository's root).
 """
