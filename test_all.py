@@ -18,11 +18,10 @@ This file imports the algorithm (the files at the top), numpy, pytest, the stand
 the tasks (gymnasium, gymnasium_robotics, mujoco) only, and mpi4py in its mpirun runner, nothing
 of harness/, experiment/ or tests/ (TestTrain runs train.py and experiment.play as commands). Its
 tasks are written in (Task, fetch_reach_task) where train.py reads them off the env
-(harness/goal_env.py). The tests of harness/ and experiment/
-(the command line, files, checkpoints, faults, logs, tracing, play, demos, plots, the docs) are
-in tests/, train.py's through harness/ in tests/test_train.py; their helpers are in
-tests/helpers.py, which re-exports the helpers of this file that tests/ use too, marked
-(tests/helpers.py) where they are defined here.
+(harness/goal_env.py). The tests of harness/ and experiment/ (the command line, files,
+checkpoints, faults, logs, tracing, play, demos, plots, the docs) are in tests/, train.py's
+through harness/ in tests/test_train.py; their helpers are in tests/helpers.py, which re-exports
+the helpers of this file that tests/ use too (marked "(tests/helpers.py)" here).
 
 Run: `python -m pytest -q` from the repository's root runs this file and tests/ together (the
 quick check: `python -m pytest -q -m "not slow"`, no training run, no mpirun); this file alone:
