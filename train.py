@@ -24,7 +24,7 @@ Run:
 
 Errors are one line and an exit code (harness/errors.py; docs/faults.md).
 
-Test: `python -m pytest -q test_all.py::TestTrain`.
+Test: `python -m pytest -q test_all.py::TestTrain tests/test_train.py`.
 """
 import time
 
