@@ -60,19 +60,18 @@ Start = collections.namedtuple("Start", "epoch cycle best_success_rate losses")
 
 
 @contextlib.contextmanager
-def start_run(args, prog="train.py"):
+def start_run(args):
     """Collective: every rank's start-up, then the Run it yields. Bad input, a stop signal or a
     full disk end every rank together: rank 0 prints one line and every rank raises SystemExit
     with the error's exit code (errors.py); an exception on one rank alone aborts the job. A
     wrong launch (N one-rank copies) exits 2 before anything is written (launch.py)."""
     one_blas_thread()  # before any env process starts: they inherit it
     MPI = start_mpi()  # here, not at the top of train.py: launch.start_mpi says why
-    wrong = check_launch(MPI.COMM_WORLD.Get_size(), mpi_library(), prog)
+    wrong = check_launch(MPI.COMM_WORLD.Get_size(), mpi_library(), "train.py")
     if wrong is not None:
         raise SystemExit(wrong)
     # The time limit, until rank 0's configuration has come: the flag's or the default.
-    watchdog = Watchdog(Config.mpi_timeout if args.mpi_timeout is None else args.mpi_timeout,
-                        prog)
+    watchdog = Watchdog(Config.mpi_timeout if args.mpi_timeout is None else args.mpi_timeout)
     tracer = Tracer(args.trace)
     # One proxy: the watchdog times every collective call, and with --trace the tracer records
     # it; the watchdog's own Abort goes to MPI directly, the trace's own gather is timed too.
@@ -80,7 +79,7 @@ def start_run(args, prog="train.py"):
     watchdog.comm, tracer.comm = MPI.COMM_WORLD, comm
     watchdog.start()
     try:
-        with exits_together(comm, prog):  # [MPI] Abort if one rank raises alone
+        with exits_together(comm, "train.py"):  # [MPI] Abort if one rank raises alone
             cfg = shared_config(args, comm)  # [MPI] rank 0's, on every rank
             watchdog.limit_s, watchdog.logdir = cfg.mpi_timeout, cfg.logdir
             run = Run(cfg, args, comm, tracer, watchdog)  # [MPI] checks, files, log.txt
