@@ -175,17 +175,8 @@ class TestOneRank:
             name = os.path.basename(path)
             if name in ("train.py", "test_all.py", "conftest.py"):
                 continue
-            with open(path) as f:
-                tree = ast.parse(f.read())
-            for node in ast.walk(tree):
-                if isinstance(node, ast.Import):
-                    modules = [alias.name for alias in node.names]
-                elif isinstance(node, ast.ImportFrom):
-                    modules = [node.module or ""]
-                else:
-                    continue
-                for module in modules:
-                    assert module.split(".")[0] in allowed, f"{name} imports {module}"
+            for top in imported_packages(path):
+                assert top in allowed, f"{name} imports {top}"
 
     def test_the_layers_import_one_way(self):
         """The top level (train.py alone reaches below it) <- harness/ <- experiment/ <- tests/:
@@ -196,24 +187,23 @@ class TestOneRank:
         tasks = {"gymnasium", "gymnasium_robotics", "mujoco"}
         test_all_may = ours - {"conftest"} | {"numpy", "pytest", "mpi4py"} | tasks | \
             set(sys.stdlib_module_names)
+        for top in imported_packages(os.path.join(ROOT, "test_all.py")):
+            assert top in test_all_may, f"test_all.py imports {top}"
         forbidden = {"harness": {"experiment", "tests"}, "experiment": {"tests"}}
-        for path in sorted(glob.glob(os.path.join(ROOT, "*", "*.py"))) + [
-                os.path.join(ROOT, "test_all.py")]:
-            folder = os.path.basename(os.path.dirname(path))
-            if folder not in forbidden and not path.endswith("test_all.py"):
-                continue
-            with open(path) as f:
-                tree = ast.parse(f.read())
-            for node in ast.walk(tree):
-                if isinstance(node, ast.Import):
-                    modules = [alias.name for alias in node.names]
-                elif isinstance(node, ast.ImportFrom) and node.level == 0:
-                    modules = [node.module]
-                else:
-                    continue
-                for top in (module.split(".")[0] for module in modules):
-                    where = os.path.relpath(path, ROOT)
-                    if path.endswith("test_all.py"):
-                        assert top in test_all_may, f"{where} imports {top}"
-                    else:
-                        assert top not in forbidden[folder], f"{where} imports {top}"
+        for folder, never in forbidden.items():
+            for path in sorted(glob.glob(os.path.join(ROOT, folder, "*.py"))):
+                wrong = imported_packages(path) & never
+                assert not wrong, f"{os.path.relpath(path, ROOT)} imports {wrong}"
+
+
+def imported_packages(path):
+    """The top-level package of every absolute import in the file, inside functions too."""
+    with open(path) as f:
+        tree = ast.parse(f.read())
+    packages = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            packages |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0:
+            packages.add(node.module.split(".")[0])
+    return packages
