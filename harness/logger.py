@@ -23,7 +23,7 @@ import numpy as np
 from threadpoolctl import threadpool_info
 
 from harness.files import atomic_write_text
-from harness.launch import launched
+from harness.launch import launched, library_name
 
 
 class EpochLogger:
@@ -142,8 +142,9 @@ def code_version(folder):
 
 
 def machine():
-    """The CPU model and the numeric libraries whose kernels decide a run's last digits:
-    'AMD EPYC; numpy 2.4.6; openblas 0.3.31.188.0 (Haswell)' (docs/usage.md, what a seed fixes)."""
+    """The CPU model, the numeric libraries whose kernels decide a run's last digits, and the MPI
+    (once started: never started here): 'AMD EPYC; numpy 2.4.6; openblas 0.3.31.188.0
+    (Haswell); MPICH 5.0.2' (docs/usage.md, what a seed fixes)."""
     cpu = platform.machine()
     try:
         with open("/proc/cpuinfo") as f:
@@ -153,7 +154,9 @@ def machine():
         pass
     blas = [f"{lib['internal_api']} {lib['version']} ({lib.get('architecture')})"
             for lib in threadpool_info() if lib["user_api"] == "blas"]
-    return "; ".join([cpu, f"numpy {np.__version__}", *blas])
+    mpi = sys.modules.get("mpi4py.MPI")
+    mpi = [library_name(mpi.Get_library_version())] if mpi else []
+    return "; ".join([cpu, f"numpy {np.__version__}", *blas, *mpi])
 
 
 def _fmt(v):

@@ -55,10 +55,20 @@ class TestLogger:
         blas = threadpool_info()[0]
         assert lines[2].startswith("# machine: ") and f"; numpy {np.__version__}; " in lines[2]
         assert f"{blas['internal_api']} {blas['version']} ({blas['architecture']})" in lines[2]
+        named = "; MPICH " in lines[2] or "; Open MPI " in lines[2]
+        assert named == ("mpi4py.MPI" in sys.modules)  # the MPI, once started
         assert lines[3:] == ["# resumed from the checkpoint at epoch 3, cycle 7", "to stdout",
                              "to stderr", "# ended: interrupted in epoch 3 after cycle 9: saved"]
         out, err = capsys.readouterr()
         assert out == "to stdout\nafter close\n" and err == "to stderr\n"
+
+    def test_machine_names_the_mpi_once_started_and_never_starts_it(self, monkeypatch):
+        class MPI:  # what mpi4py.MPI answers
+            Get_library_version = staticmethod(lambda: "MPICH Version:  5.0.2\nMPICH Release")
+        monkeypatch.delitem(sys.modules, "mpi4py.MPI", raising=False)
+        assert "MPI" not in logger.machine() and "mpi4py.MPI" not in sys.modules
+        monkeypatch.setitem(sys.modules, "mpi4py.MPI", MPI)
+        assert logger.machine().endswith("; MPICH 5.0.2")
 
     @pytest.mark.slow
     def test_output_is_terminal_sees_through_mpirun(self):
