@@ -7,7 +7,9 @@ stays, holding who had it last (pid, host, start time), which the refusal quotes
 
 Only rank 0 takes it: ranks on other machines without a shared file system write their own
 copies of the folder, where nothing else looks; with a shared file system every rank's folder
-is rank 0's. flock works across NFS clients on Linux (since 2.6.12, as a POSIX lock).
+is rank 0's. flock works across NFS clients on Linux (since 2.6.12, as a POSIX lock) where the
+NFS lock service runs, and across Lustre clients mounted with `-o flock` (mount.lustre(8)); a
+file system without locks refuses the run with one line rather than run it unlocked.
 
 Test: `python -m pytest -q tests/test_launch.py`.
 """
@@ -42,6 +44,12 @@ class RunLock:
             lock_file.close()
             raise UsageError(f"run folder {os.path.dirname(self.path)!r} is in use by "
                              f"{holder}; wait for that job to end, or pass another --logdir"
+                             ) from None
+        except OSError as e:  # ENOLCK (NFS without its lock service), ENOSYS (Lustre's noflock)
+            lock_file.close()
+            raise UsageError(f"cannot lock run folder {os.path.dirname(self.path)!r}: its file "
+                             f"system takes no flock ({e.strerror}); pass a --logdir on one "
+                             f"that does (a local disk, NFS with lockd, Lustre with -o flock)"
                              ) from None
         # who holds it now, for the refusal of the next job that tries
         lock_file.seek(0)

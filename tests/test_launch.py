@@ -9,6 +9,8 @@ output goes into a file gets short progress lines, no bar.
 
 Run: `python -m pytest -q tests/test_launch.py` (from the repository's root).
 """
+import errno
+import fcntl
 import os
 import signal
 import subprocess
@@ -17,6 +19,7 @@ import sys
 import pytest
 
 from harness import launch
+from harness.errors import UsageError
 from harness.runlock import RunLock
 from tests.helpers import (
     ROOT,
@@ -99,6 +102,16 @@ class TestRunLock:
             RunLock(str(tmp_path)).acquire()
         first.release()
         RunLock(str(tmp_path)).acquire().release()
+
+    def test_a_file_system_without_flock_is_named_in_one_line(self, tmp_path, monkeypatch):
+        def no_locks(*args):
+            raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
+        monkeypatch.setattr(fcntl, "flock", no_locks)
+        with pytest.raises(UsageError) as refused:
+            RunLock(str(tmp_path)).acquire()
+        line = str(refused.value)
+        assert "takes no flock (No locks available)" in line and "--logdir" in line
+        assert "\n" not in line
 
     @pytest.mark.slow
     def test_a_second_job_on_a_run_folder_writes_nothing_and_a_killed_one_leaves_no_lock(
