@@ -12,6 +12,7 @@ is a row index.
 Run: `python -m experiment.plot ... --table` (with --suite, --runs, --gap or --scaling).
 Test: `python -m pytest -q tests/test_plot_bench.py tests/test_docs.py`.
 """
+import csv
 import os
 
 import numpy as np
@@ -211,6 +212,24 @@ def run_name(run):
     return name if os.path.basename(parent) == "results" else f"{os.path.basename(parent)}/{name}"
 
 
+def but_time(run):
+    """run's progress.csv, a dict a row, without its one column that a repeat may change:
+    time/epoch_s."""
+    with open(os.path.join(run["dir"], "progress.csv"), newline="") as f:
+        return [{k: v for k, v in row.items() if k != "time/epoch_s"} for row in csv.DictReader(f)]
+
+
+def counted(runs):
+    """runs less each start under first-starts/ that another run of its seed repeats, equal in
+    every column of progress.csv but time/epoch_s over all its epochs: one run, counted once,
+    as the other (which holds those epochs and more). A start that parts from it is a run of its
+    own."""
+    rows = {run["dir"]: but_time(run) for run in runs}
+    return [run for run in runs if not run_name(run).startswith("first-starts/") or not any(
+        other is not run and other["seed"] == run["seed"]
+        and rows[other["dir"]][:len(rows[run["dir"]])] == rows[run["dir"]] for other in runs)]
+
+
 def start_order(run):
     """Runs of a seed in the order they started: a folder under first-starts/ (a start that was
     run again) before the others, then by log.txt's date."""
@@ -230,9 +249,9 @@ def run_names(runs):
 
 
 def runs_table(run_dirs, after_epochs=AFTER_EPOCHS):
-    """One row per run folder, by task and seed, then per task a row "median (IQR)" over all of
-    its runs: the first epochs at 0.5 and 0.9, then success after each of after_epochs epochs.
-    A seed run more than once has a row per run, marked "run k of n"."""
+    """One row per run folder that counted() keeps, by task and seed, then per task a row
+    "median (IQR)" over all of its runs: the first epochs at 0.5 and 0.9, then success after
+    each of after_epochs epochs. A seed run more than once has a row per run, "run k of n"."""
     header = ["task", "seed", "run (folder in results/)", "epochs run (of n_epochs)",
               "first epoch >= 0.5", "first epoch >= 0.9"]
     header += [f"success after {e} epochs" for e in after_epochs]
@@ -242,6 +261,7 @@ def runs_table(run_dirs, after_epochs=AFTER_EPOCHS):
         by_env.setdefault(with_variant(f"{run['env']} {run['n_ranks']} x {run['num_env']}",
                                        run["variant"]), []).append(run)
     for task, runs in sorted(by_env.items()):
+        runs = counted(runs)
         names = run_names(runs)
         for run in runs:
             cells = [task, str(run["seed"]), names[run["dir"]],
@@ -289,7 +309,7 @@ def gap_table(run_dirs, levels=(0.5, 0.75, 0.9)):
     that reached it, and the port's row."""
     header = ["run (folder in results/)"] + [f"epochs to {level}" for level in levels]
     header += [f"epochs ahead of the port at {level}" for level in levels]
-    runs = sorted((read_run(d) for d in run_dirs), key=start_order)
+    runs = counted(sorted((read_run(d) for d in run_dirs), key=start_order))
     assert all((r["env"], r["n_ranks"], r["num_env"]) == ("FetchPush-v4", 8, 2) for r in runs)
     names = run_names(runs)
     port = [PORT_FETCHPUSH_EPOCHS_AT[level] for level in levels]

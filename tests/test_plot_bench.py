@@ -258,21 +258,24 @@ class TestPlotBench:
         plot.pyplot().close(figures[0])
 
     def test_runs_table_counts_every_run_and_gap_table_reads_epochs_between_rows(self, tmp_path):
-        """Seed 1 started twice (a short first start, stopped for good, and a full one): a row
-        each, the one under first-starts/ marked start 1 although its log.txt is dated later
-        (the folder says which start was run again), its levels "never"; the task's row over
-        all three runs leaves out of the levels the short start that stopped below them. The
+        """Seed 1 started twice (a short first start, stopped for good, and a full one that
+        parts from it): a row each, the one under first-starts/ marked start 1 although its
+        log.txt is dated later (the folder says which start was run again), its levels "never";
+        the task's row over all three runs leaves out of the levels the short start that stopped
+        below them. Seed 0's first start equals its later start but in time: one run, no row. The
         gap: success 0.0, 0.4, 0.6, 0.7,
         1.0 after 1-5 epochs reaches 0.5 after 2.5 epochs, 0.75 after 4 + 0.05 / 0.3 = 4.17
         and 0.9 after 4.67; the port's traced median after 11.5, 13.5 and 15.8."""
         from experiment import plot
         runs = {"a/FetchPush-v4-8x2-seed0": (0, [0.0, 0.4, 0.6, 0.7, 1.0], "2026-12-01"),
-                "first-starts/FetchPush-v4-8x2-seed1": (1, [0.0, 0.2], "2026-12-03"),
-                "a/FetchPush-v4-8x2-seed1": (1, [0.0, 0.2, 0.6, 0.95, 1.0], "2026-12-02")}
+                "first-starts/FetchPush-v4-8x2-seed1": (1, [0.1, 0.2], "2026-12-03"),
+                "a/FetchPush-v4-8x2-seed1": (1, [0.0, 0.2, 0.6, 0.95, 1.0], "2026-12-02"),
+                "first-starts/FetchPush-v4-8x2-seed0": (0, [0.0, 0.4, 0.6], "2026-11-30")}
         dirs = []
         for name, (seed, success, day) in runs.items():
             dirs.append(str(tmp_path / name))
-            write_synthetic_run(dirs[-1], seed, success, n_ranks=8, n_epochs=5)
+            write_synthetic_run(dirs[-1], seed, success, n_ranks=8, n_epochs=5,
+                                epoch_s=10.0 if "seed0" in name else 20.0)
             with open(os.path.join(dirs[-1], "log.txt"), "w") as f:
                 f.write(f"# {day} 10:00:00: train.py --seed {seed}\n")
         table = plot.runs_table(dirs, after_epochs=(2, 5)).splitlines()
