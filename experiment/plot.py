@@ -1,17 +1,14 @@
 """Learning curves of run folders, and the command line that draws them or prints their tables.
 
 Mirrors baselines `her/experiment/plot.py` (test/success_rate per epoch, median and a
-percentile band over seeds); shows the quantity Plappert et al. (2018), Sec. 3, report. runs.py
-reads the folders: the seeds of one (env, MPI ranks, num_env, run_variant) make one curve. Every
-figure draws the median over seeds, shades their interquartile range, gives every curve of a
-panel a colour of its own, and puts the legend under the panels, where it covers no curve and no
-published mark (plot_tables.ANCHORS). Epochs are progress.csv's, from 0: row e is written after
-e + 1 epochs, so a published "after n epochs" is drawn at x = n - 1 on the epoch axis.
-  * the curves: a panel column per env, against epoch (top) and total env steps (bottom);
-  * --scaling ENV: one env, a curve per (ranks, num_env), against epoch, env steps and hours;
-  * --suite: a panel per env against episodes (and its largest group's epoch above), each
-    seed faint, the IQM over seeds with its 95% interval after 10, 20, 30 and 50 epochs, each
-    published mark at its own episodes.
+percentile band over seeds), the quantity Plappert et al. (2018), Sec. 3, report. The seeds of
+one (env, MPI ranks, num_env, run_variant) make one curve (runs.py): their median, their
+interquartile range shaded, in a colour of its own in its panel, the legend under the panels.
+Epochs are progress.csv's, from 0: a published "after n epochs" (plot_tables.ANCHORS) is drawn
+at x = n - 1 on an epoch axis.
+  * the curves: per env an epoch panel over an env-steps panel, at most 4 envs a row;
+  * --scaling ENV: a curve per (ranks, num_env), against epoch, env steps and hours;
+  * --suite: a panel per env against episodes, each seed faint, the IQM with its 95% interval.
 With --table each prints its figure's markdown table instead (plot_tables.py), as --runs and
 --gap do, which have no figure. One traced cycle (train.py --trace N) is plot_trace.py's.
 
@@ -31,54 +28,78 @@ X_LABELS = {"epoch": "epoch (row e: after e + 1 epochs)", "steps": "total env st
             "episodes": "total episodes (all ranks)",
             "hours": "hours of training (sum of time/epoch_s)"}
 # One colour per curve of a panel, never two alike (matplotlib's tab10, then more that differ
-# from them and from the published marks' black)
-COLOURS = ["tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown",
-           "tab:pink", "tab:gray", "tab:olive", "tab:cyan", "navy", "gold", "lime", "magenta",
-           "teal", "maroon"]
+# from them and from the published marks' black); red is the headline's alone
+COLOURS = ["tab:blue", "tab:orange", "tab:green", "tab:purple", "tab:brown", "tab:pink",
+           "tab:gray", "tab:olive", "tab:cyan", "navy", "gold", "lime", "magenta", "teal"]
+HEADLINE = (8, 2, "")  # ranks, envs, variant: the paper's setup at baselines' defaults, bold red
 N_CYCLES, T_FETCH = 50, 50  # of the anchors with known ranks x envs: 50 cycles, 50-step episodes
 
 
 def draw_curves(axes, x_keys, curves, env, marker=None, faint=False):
     """On axes[i], against x_keys[i]: each (label, runs) of `curves` in a colour of its own, as
     the median over its seeds and, where several, their interquartile range shaded (and with
-    faint each seed); then draw_anchors()."""
+    faint each seed, a marker each, and draw_iqm_marks()); the HEADLINE group first, bold red,
+    the others thinner; then draw_anchors()."""
     if len(curves) > len(COLOURS):
         raise ValueError(f"{len(curves)} curves in one panel, {len(COLOURS)} colours")
-    for (label, runs), colour in zip(curves, COLOURS, strict=False):
+    quiet = iter(COLOURS)
+    for label, runs in sorted(curves, key=lambda curve: scale(curve[1]) != HEADLINE):
         epochs, med, lo, hi = median_and_band(runs)
+        bold = scale(runs) == HEADLINE
+        colour = "tab:red" if bold else next(quiet)
         for ax, x_key in zip(axes, x_keys, strict=True):
             x = epochs if x_key == "epoch" else median_and_band(runs, x_key)[1]
-            ax.plot(x, med, marker=marker, label=label, color=colour)
+            ax.plot(x, med, marker=marker, label=label, color=colour, lw=2.5 if bold else 1.2,
+                    zorder=3 if bold else 2)
             if len(runs) > 1:
                 ax.fill_between(x, lo, hi, alpha=0.2, color=colour)
-            for run in runs if faint and len(runs) > 1 else []:
-                ax.plot(run[x_key], run["success"], lw=0.8, alpha=0.3, color=colour)
-    draw_anchors(axes, x_keys, env, {runs[0]["variant"] for _, runs in curves})
+            for k, run in enumerate(runs if faint and len(runs) > 1 else []):
+                ax.plot(run[x_key], run["success"], lw=0.8, alpha=0.45, color=colour, ms=4,
+                        marker="os^vD"[k % 5], markevery=5, label=f"seed {run['seed']}")
+            if faint:
+                draw_iqm_marks(ax, runs, colour)
+    draw_anchors(axes, x_keys, env, {scale(runs) for _, runs in curves})
 
 
-def anchor_x(n_ranks, num_env, epoch, x_key):
+def scale(runs):
+    return runs[0]["n_ranks"], runs[0]["num_env"], runs[0]["variant"]
+
+
+def anchor_x(n_ranks, num_env, epoch, x_key, other_scale=False):
     """Where a mark "after `epoch` epochs" goes on x_key's axis: epoch - 1 on the epoch axis (our
-    row after that many); None where episodes or env steps lack its ranks x envs, and for hours
-    (unstated)."""
+    row after that many), unless no curve of the panel is at its scale (other_scale); None where
+    episodes or env steps lack its ranks x envs, and for hours (unstated)."""
     if x_key == "epoch":
-        return epoch - 1
+        return None if other_scale else epoch - 1
     if x_key not in ("episodes", "steps") or n_ranks is None:
         return None
     episodes = epoch * N_CYCLES * n_ranks * num_env
     return episodes if x_key == "episodes" else episodes * T_FETCH
 
 
-def draw_anchors(axes, x_keys, env, variants):
-    """env's ANCHORS for runs of those variants, a marker per source; the axes' labels, legends."""
+def draw_anchors(axes, x_keys, env, scales):
+    """env's ANCHORS for runs of the variants of scales ((ranks, envs, variant) of the curves), a
+    marker per source over the curves; one of another scale only where it is at equal episodes
+    (its label says so), and not past every curve's end, where one of a curve's own scale is an
+    arrow at the edge with its value."""
+    ends = [ax.dataLim.x1 for ax in axes]  # the curves' last x, before any mark
     for source, n_ranks, num_env, variant, epoch, success in plot_tables.ANCHORS.get(env, []):
-        if variant not in variants:
+        if variant not in {v for *_, v in scales}:
             continue
+        other = n_ranks is not None and (n_ranks, num_env, variant) not in scales
         label = "published: " + plot_tables.anchor_label(source, n_ranks, num_env, variant)
-        for ax, x_key in zip(axes, x_keys, strict=True):
-            x = anchor_x(n_ranks, num_env, epoch, x_key)
-            if x is not None:
-                ax.plot([x], [success], plot_tables.SOURCES[source][2], color="k", markersize=8,
-                        label=label)
+        label += "\n(another scale: at equal episodes only)" if other and "epoch" in x_keys else ""
+        for ax, x_key, end in zip(axes, x_keys, ends, strict=True):
+            x = anchor_x(n_ranks, num_env, epoch, x_key, other)
+            if x is None or x > end and other:
+                continue
+            if x > end:  # at the right edge, pointing on
+                where = "" if x_key == "epoch" else f"\n= {x:,.0f}\n{x_key}"
+                ax.annotate(f"\u25b6 {success:.2f} after\n{epoch} epochs{where}", (1, success),
+                            xycoords=ax.get_yaxis_transform(), va="center", fontsize=8)
+                continue
+            ax.plot([x], [success], plot_tables.SOURCES[source][2], color="k", mec="w", mew=0.6,
+                    ms=10, zorder=5, label=label)
     for ax, x_key in zip(axes, x_keys, strict=True):
         ax.set_xlabel(X_LABELS[x_key])
         ax.set_ylabel("test success rate")
@@ -86,36 +107,44 @@ def draw_anchors(axes, x_keys, env, variants):
         ax.grid(alpha=0.3)
 
 
-def legend_below(ax, from_axes, title=None):
-    """One legend under ax, out of every panel's way (half an inch below its axis, past the tick
-    labels and the axis label): an entry per label drawn on any of from_axes."""
+def legend_below(ax, from_axes, title=None, drop=0.5):
+    """One legend under ax, out of every panel's way (`drop` inches below its axis, past the tick
+    labels and the axis label; 0 in a blank axis kept for it): an entry per label drawn on any of
+    from_axes."""
     from matplotlib.transforms import ScaledTranslation
     unique = {}  # one entry per anchor source and curve, not one per mark or per axis
     for other in from_axes:
         handles, labels = other.get_legend_handles_labels()
         unique.update((label, h) for label, h in zip(labels, handles, strict=True)
                       if label not in unique)
-    below = ax.transAxes + ScaledTranslation(0, -0.5, ax.figure.dpi_scale_trans)
-    ax.legend(unique.values(), unique.keys(), fontsize=7, loc="upper center", frameon=False,
-              bbox_to_anchor=(0.5, 0), bbox_transform=below, title=title, title_fontsize=7)
+    below = ax.transAxes + ScaledTranslation(0, -drop, ax.figure.dpi_scale_trans)
+    ax.legend(unique.values(), unique.keys(), fontsize=9, loc="upper center", frameon=False,
+              bbox_to_anchor=(0.5, 0 if drop else 1), bbox_transform=below, title=title,
+              title_fontsize=9)
 
 
 def plot(run_dirs, out_path):
     groups = group_runs(run_dirs)
     envs = sorted({key[0] for key in groups})
-    most = max(sum(1 for key in groups if key[0] == env) for env in envs)  # legend entries
-    fig, axes = pyplot().subplots(2, len(envs), figsize=(4.5 * len(envs), 7 + 0.16 * most),
-                                  squeeze=False)
-    for col, env in enumerate(envs):
+    cols = min(4, len(envs))  # at most 4 envs a row: 1,800 pixels wide
+    # a row of envs: epoch, env-steps and blank panels, these for legends of 0.24 inch a line
+    keys = [0.24 * max(2 + sum(key[0] == env for key in groups) for env in envs[i:i + cols])
+            for i in range(0, len(envs), cols)]
+    heights = [h for key in keys for h in (3, 3, key)]
+    fig = pyplot().figure(figsize=(4.5 * cols, sum(heights) + 0.6 * len(keys)))
+    grid = fig.add_gridspec(3 * len(keys), cols, height_ratios=heights)
+    for i, env in enumerate(envs):
+        top, bottom, key = (fig.add_subplot(grid[3 * (i // cols) + r, i % cols]) for r in range(3))
         curves = [(with_variant(f"{n_ranks} rank(s) x {num_env} env(s), {len(runs)} seed(s)",
                                 variant), runs)
                   for (g_env, n_ranks, num_env, variant), runs in groups.items() if g_env == env]
-        draw_curves(axes[:, col], ("epoch", "steps"), curves, env)
-        legend_below(axes[1, col], axes[:, col])  # one legend a column, under both panels
-        axes[0, col].set_title(env)
-        axes[1, col].set_xscale("log")  # 1 x 2 runs and 16 x 2 anchors: decades apart
-    separator = "\n" if len(envs) == 1 else " "  # one column is too narrow for one line
-    fig.suptitle(f"DDPG + HER (NumPy):{separator}median and interquartile range over seeds")
+        draw_curves((top, bottom), ("epoch", "steps"), curves, env)
+        key.axis("off")
+        legend_below(key, (top, bottom), drop=0)  # one legend an env, under both its panels
+        top.set_title(env)
+        bottom.set_xscale("log")  # 1 x 2 runs and 16 x 2 anchors: decades apart
+        bottom.tick_params(axis="x", which="minor", labelbottom=False)  # they would overlap
+    fig.suptitle("DDPG + HER (NumPy):\nmedian and interquartile range over seeds", y=0.995)
     save_figure(fig, out_path)
 
 
@@ -136,27 +165,25 @@ def plot_scaling(run_dirs, env, out_path):
 def plot_suite(run_dirs, out_path):
     groups = group_runs(run_dirs)
     envs = sorted({key[0] for key in groups})
-    fig, axes = pyplot().subplots(1, len(envs), figsize=(4.5 * len(envs), 5.8), squeeze=False)
+    fig, axes = pyplot().subplots(1, len(envs), figsize=(4.5 * len(envs), 8.5), squeeze=False)
     for ax, env in zip(axes[0], envs, strict=True):
         curves = []
         for (g_env, n_ranks, num_env, variant), runs in groups.items():
             if g_env == env:
                 seeds, epochs = seeds_and_epochs(runs)
                 how = ", median and IQR" if len(runs) > 1 else ""
-                label = f"ours {n_ranks}x{num_env}, {seeds}{how}; {epochs} epochs"
+                label = f"ours {n_ranks}x{num_env}, {seeds}{how};\n{epochs} epochs"
                 curves.append((with_variant(label, variant), runs))
         # one seed: one plain line; several: the median over the seeds that reached each
         # epoch, their interquartile range shaded, each seed thin and faint. Against episodes,
         # so that a mark of another ranks x envs stands where as many episodes ran
         draw_curves([ax], ("episodes",), curves, env, faint=True)
-        for (_, runs), colour in zip(curves, COLOURS, strict=False):
-            draw_iqm_marks(ax, runs, colour)
         add_epoch_axis(ax, max((runs for _, runs in curves), key=len))
         legend_below(ax, [ax])
         ax.set_title(env)
     fig.suptitle("The paper's tasks: DDPG + HER (NumPy), test success: the median over seeds, "
-                 "their interquartile range shaded, each seed faint; squares: the IQM over seeds "
-                 "with its 95% bootstrap interval")
+                 "their interquartile range shaded, each seed faint (a marker each); squares: "
+                 "the IQM over seeds with its 95% bootstrap interval")
     save_figure(fig, out_path)
 
 

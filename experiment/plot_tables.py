@@ -34,7 +34,7 @@ N_BOOT, BOOT_SEED = 2000, 0  # the bootstrap's resamples and its generator's see
 #   "demos": baselines her/README.md, figure fetchPickAndPlaceContrast (median; no ranks x envs).
 # Plappert et al. (2018) give curves only, no value in numbers (Fetch: Fig. 3, HandReach: Fig. 4,
 # BlockRotateZ: Appendix C; 19 x 2, 5 seeds), so HandReach and BlockRotateZ have no mark here.
-SOURCES = {"port": ("PyTorch port", "5 seeds, median", "x"), "issue 591": ("baselines issue 591",
+SOURCES = {"port": ("PyTorch port", "5 seeds, median", "X"), "issue 591": ("baselines issue 591",
            "one run", "*"), "demos": ("baselines her/README", "median", "D")}  # name, what, marker
 ANCHORS = {
     "FetchPush-v4": [("port", 8, 2, "", 10, 0.3), ("port", 8, 2, "", 20, 0.97),
@@ -127,8 +127,7 @@ def results_table(run_dirs, at_epochs=(0, 4, 9, 19, 29, 39, 49)):
     return markdown_table(header, rows)
 
 
-def success_text(value):
-    return f"{value:.2f}"
+success_text = "{:.2f}".format
 
 
 def epoch_text(word):
@@ -212,19 +211,15 @@ def run_name(run):
     return name if os.path.basename(parent) == "results" else f"{os.path.basename(parent)}/{name}"
 
 
-def but_time(run):
-    """run's progress.csv, a dict a row, without its one column that a repeat may change:
-    time/epoch_s."""
-    with open(os.path.join(run["dir"], "progress.csv"), newline="") as f:
-        return [{k: v for k, v in row.items() if k != "time/epoch_s"} for row in csv.DictReader(f)]
-
-
 def counted(runs):
-    """runs less each start under first-starts/ that another run of its seed repeats, equal in
-    every column of progress.csv but time/epoch_s over all its epochs: one run, counted once,
-    as the other (which holds those epochs and more). A start that parts from it is a run of its
-    own."""
-    rows = {run["dir"]: but_time(run) for run in runs}
+    """runs less each start under first-starts/ that another run of its seed repeats (equal in
+    every column of progress.csv but time/epoch_s, the one a rerun may change, over all its
+    epochs): one run, counted once, as the other. A start that parts from it is a run apart."""
+    rows = {}
+    for run in runs:
+        with open(os.path.join(run["dir"], "progress.csv"), newline="") as f:
+            rows[run["dir"]] = [{k: v for k, v in r.items() if k != "time/epoch_s"}
+                                for r in csv.DictReader(f)]
     return [run for run in runs if not run_name(run).startswith("first-starts/") or not any(
         other is not run and other["seed"] == run["seed"]
         and rows[other["dir"]][:len(rows[run["dir"]])] == rows[run["dir"]] for other in runs)]
@@ -290,6 +285,12 @@ def one_decimal(value):
     return f"{value:.1f}".replace("-0.0", "0.0")
 
 
+def spread(values):
+    """Their median (lowest to highest), to one decimal."""
+    low, high = one_decimal(min(values)), one_decimal(max(values))
+    return f"{one_decimal(np.median(values))} ({low} to {high})"
+
+
 def epochs_to_reach(run, level):
     """Epochs run (row e: e + 1) at which the run's test success first reaches `level`, read
     linearly between the last row below it and the first at it (from 0 epochs at success 0
@@ -321,15 +322,10 @@ def gap_table(run_dirs, levels=(0.5, 0.75, 0.9)):
                        for e in epochs]
                     + [one_decimal(p - e) if np.isfinite(e) else ""
                        for p, e in zip(port, epochs, strict=True)])
+    got = [[epochs[i] for epochs in reach if np.isfinite(epochs[i])] for i in range(len(levels))]
     summary = [f"median (lowest to highest) of the runs that reached it ({len(runs)} runs)"]
-    gaps = []
-    for i, level in enumerate(levels):
-        got = [epochs[i] for epochs in reach if np.isfinite(epochs[i])]
-        gaps.append([PORT_FETCHPUSH_EPOCHS_AT[level] - e for e in got])
-        summary.append(f"{one_decimal(np.median(got))} ({one_decimal(min(got))} to "
-                       f"{one_decimal(max(got))}), {len(got)} of {len(runs)} runs")
-    summary += [f"{one_decimal(np.median(g))} ({one_decimal(min(g))} to {one_decimal(max(g))})"
-                for g in gaps]
+    summary += [f"{spread(g)}, {len(g)} of {len(runs)} runs" for g in got]
+    summary += [spread([p - e for e in g]) for p, g in zip(port, got, strict=True)]
     port_row = ["the PyTorch port's median, 8 x 2, traced"]
     port_row += [f"{p:.1f}" for p in port] + [""] * len(levels)
     return markdown_table(header, rows + [summary, port_row])

@@ -192,7 +192,7 @@ class TestPlotBench:
         assert [ax.get_title() for ax in axes] == ["FetchPickAndPlace-v4", "FetchSlide-v4",
                                                    "HandReach-v3"]
         slide_lines = axes[1].get_lines()
-        assert slide_lines[0].get_label() == ("ours 8x2, 2 seeds (0, 1), median and IQR; 6, 6 "
+        assert slide_lines[0].get_label() == ("ours 8x2, 2 seeds (0, 1), median and IQR;\n6, 6 "
                                               "of 6 epochs")
         slide = runs["FetchSlide-v4"]
         assert np.allclose(slide_lines[0].get_ydata(), np.median([slide[0], slide[1]], axis=0))
@@ -201,16 +201,22 @@ class TestPlotBench:
         ys = band.get_paths()[0].vertices[:, 1]  # along the lower edge, then the upper
         q25, q75 = np.percentile([slide[0], slide[1]], [25, 75], axis=0)
         assert set(np.round(ys, 9)) == set(np.round(np.concatenate([q25, q75]), 9))
-        # each seed, faintly
+        # each seed, faintly, a marker each
         for line, seed in zip(slide_lines[1:3], (slide[0], slide[1]), strict=True):
             assert np.allclose(line.get_ydata(), seed) and line.get_alpha() < 0.5
+        assert slide_lines[1].get_marker() != slide_lines[2].get_marker()
         # against episodes: epoch e of 8 x 2 is (e + 1) * 800; "after n epochs" at n * 800
         assert list(slide_lines[0].get_xdata()) == [800 * (e + 1) for e in range(6)]
-        marks = [(line.get_label(), line.get_xdata()[0], line.get_ydata()[0])
-                 for line in slide_lines[3:]]
-        port = "published: PyTorch port, 8x2 (5 seeds, median)"
-        assert marks == [(port, 800 * n, s) for n, s in ((10, 0.1), (20, 0.28), (30, 0.45),
-                                                          (35, 0.5), (50, 0.57), (125, 0.7))]
+        # each mark past the runs' 4,800 episodes: no marker, an arrow at the right edge (x = 1
+        # of the axes) with its value and its own episodes; one within them at its own episodes
+        published = ((10, 0.1), (20, 0.28), (30, 0.45), (35, 0.5), (50, 0.57), (125, 0.7))
+        assert not slide_lines[3:]
+        assert [t.xy for t in axes[1].texts] == [(1, s) for _, s in published]
+        assert [t.get_text() for t in axes[1].texts] == \
+            [f"\u25b6 {s:.2f} after\n{n} epochs\n= {800 * n:,}\nepisodes" for n, s in published]
+        assert plot.anchor_x(16, 2, 12, "episodes") == 19_200
+        assert plot.anchor_x(16, 2, 12, "epoch") == 11
+        assert plot.anchor_x(16, 2, 12, "epoch", other_scale=True) is None
         epoch_axis, = axes[1].child_axes  # above: the epoch index of the 8 x 2 runs
         assert epoch_axis.get_xlabel().startswith("epoch at 8 x 2")
         figures[0].canvas.draw()  # the top axis takes its limits from the bottom one's
@@ -221,7 +227,7 @@ class TestPlotBench:
             assert legend_box.y1 < ax.get_window_extent().y0, ax.get_title()
         hand_lines = axes[2].get_lines()
         assert [line.get_label() for line in hand_lines] == \
-            ["ours 8x2, 1 seed (0); 3 of 50 epochs"]
+            ["ours 8x2, 1 seed (0);\n3 of 50 epochs"]
         assert not axes[1].containers  # 6 epochs: no IQM mark at 10, 20, 30 or 50 epochs
         plot.draw_iqm_marks(axes[1], [read_run(d) for d in dirs if "Slide" in d], "k", (2, 5))
         marks = axes[1].containers  # two seeds: the IQM is their mean, the interval their range
@@ -237,24 +243,32 @@ class TestPlotBench:
 
     def test_no_colour_twice_in_a_panel_and_the_legends_under_the_panels(self, tmp_path,
                                                                           monkeypatch):
-        """Twelve groups in one env (ranks 1-12): twelve colours; the one legend of the column
-        under the bottom panel, so it covers neither panel."""
+        """Twelve groups in one env (ranks 1-12): twelve colours, 8 x 2 first and bold; the one
+        legend of the column in a blank axis under the bottom panel, so it covers neither; the
+        marks of issue 591 (19 x 2, a scale none of the runs has) only against env steps."""
         from experiment import plot
         dirs = []
         for n_ranks in range(1, 13):
             dirs.append(str(tmp_path / f"{n_ranks}x2"))
-            write_synthetic_run(dirs[-1], 0, [0.1, 0.5, 0.9], n_ranks=n_ranks)
+            write_synthetic_run(dirs[-1], 0, [0.1, 0.5] + [0.9] * 23, n_ranks=n_ranks)
         figures = []
         monkeypatch.setattr(plot, "save_figure", lambda fig, out_path: figures.append(fig))
         plot.plot(dirs, "unused.png")
-        top, bottom = figures[0].axes[:2]
+        top, bottom, key = figures[0].axes[:3]
         for ax in (top, bottom):
             colours = [line.get_color() for line in ax.get_lines() if line.get_label()[0] != "_"
                        and not line.get_label().startswith("published")]
             assert len(colours) == 12 and len(set(colours)) == 12, colours
-        assert top.get_legend() is None and len(bottom.get_legend().get_texts()) == 12 + 2
+        first, second = bottom.get_lines()[:2]
+        assert first.get_label().startswith("8 rank(s)") and first.get_lw() > second.get_lw()
+        assert top.get_legend() is None and bottom.get_legend() is None
+        assert len(key.get_legend().get_texts()) == 12 + 2
+        assert not [line for line in top.get_lines() if "issue 591" in line.get_label()]
+        assert [line.get_label() for line in bottom.get_lines() if "591" in line.get_label()] == \
+            ["published: baselines issue 591, 19x2 (one run)\n(another scale: at equal episodes "
+             "only)"] * 2  # after 9 and 10 epochs; after 20, past the runs' 1.5M steps
         figures[0].canvas.draw()
-        assert bottom.get_legend().get_window_extent().y1 < bottom.get_window_extent().y0
+        assert key.get_legend().get_window_extent().y1 < bottom.get_window_extent().y0
         plot.pyplot().close(figures[0])
 
     def test_runs_table_counts_every_run_and_gap_table_reads_epochs_between_rows(self, tmp_path):
