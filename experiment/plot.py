@@ -27,8 +27,7 @@ from harness.files import pyplot, save_figure
 X_LABELS = {"epoch": "epoch (row e: after e + 1 epochs)", "steps": "total env steps (all ranks)",
             "episodes": "total episodes (all ranks)",
             "hours": "hours of training (sum of time/epoch_s)"}
-# One colour per curve of a panel, never two alike (matplotlib's tab10, then more that differ
-# from them and from the published marks' black); red is the headline's alone
+# A colour per curve of a panel (tab10, then more unlike them and the marks' black), red aside
 COLOURS = ["tab:blue", "tab:orange", "tab:green", "tab:purple", "tab:brown", "tab:pink",
            "tab:gray", "tab:olive", "tab:cyan", "navy", "gold", "lime", "magenta", "teal"]
 HEADLINE = (8, 2, "")  # ranks, envs, variant: the paper's setup at baselines' defaults, bold red
@@ -65,12 +64,12 @@ def scale(runs):
     return runs[0]["n_ranks"], runs[0]["num_env"], runs[0]["variant"]
 
 
-def anchor_x(n_ranks, num_env, epoch, x_key, other_scale=False):
+def anchor_x(n_ranks, num_env, epoch, x_key):
     """Where a mark "after `epoch` epochs" goes on x_key's axis: epoch - 1 on the epoch axis (our
-    row after that many), unless no curve of the panel is at its scale (other_scale); None where
-    episodes or env steps lack its ranks x envs, and for hours (unstated)."""
+    row after that many); None where episodes or env steps lack its ranks x envs, and for hours
+    (unstated)."""
     if x_key == "epoch":
-        return None if other_scale else epoch - 1
+        return epoch - 1
     if x_key not in ("episodes", "steps") or n_ranks is None:
         return None
     episodes = epoch * N_CYCLES * n_ranks * num_env
@@ -79,9 +78,8 @@ def anchor_x(n_ranks, num_env, epoch, x_key, other_scale=False):
 
 def draw_anchors(axes, x_keys, env, scales):
     """env's ANCHORS for runs of the variants of scales ((ranks, envs, variant) of the curves), a
-    marker per source over the curves; one of another scale only where it is at equal episodes
-    (its label says so), and not past every curve's end, where one of a curve's own scale is an
-    arrow at the edge with its value."""
+    marker per source over the curves; one of another scale only at equal episodes (its label
+    says so) and within the curves; past them, one of theirs is an arrow at the edge."""
     ends = [ax.dataLim.x1 for ax in axes]  # the curves' last x, before any mark
     for source, n_ranks, num_env, variant, epoch, success in plot_tables.ANCHORS.get(env, []):
         if variant not in {v for *_, v in scales}:
@@ -90,12 +88,11 @@ def draw_anchors(axes, x_keys, env, scales):
         label = "published: " + plot_tables.anchor_label(source, n_ranks, num_env, variant)
         label += "\n(another scale: at equal episodes only)" if other and "epoch" in x_keys else ""
         for ax, x_key, end in zip(axes, x_keys, ends, strict=True):
-            x = anchor_x(n_ranks, num_env, epoch, x_key, other)
-            if x is None or x > end and other:
+            x = anchor_x(n_ranks, num_env, epoch, x_key)
+            if x is None or other and (x_key == "epoch" or x > end):
                 continue
-            if x > end:  # at the right edge, pointing on
-                where = "" if x_key == "epoch" else f"\n= {x:,.0f}\n{x_key}"
-                ax.annotate(f"\u25b6 {success:.2f} after\n{epoch} epochs{where}", (1, success),
+            if x > end:  # at the right edge, pointing on, with its value
+                ax.annotate(f"\u25b6 {success:.2f} after\n{epoch} epochs", (1, success),
                             xycoords=ax.get_yaxis_transform(), va="center", fontsize=8)
                 continue
             ax.plot([x], [success], plot_tables.SOURCES[source][2], color="k", mec="w", mew=0.6,
@@ -107,40 +104,34 @@ def draw_anchors(axes, x_keys, env, scales):
         ax.grid(alpha=0.3)
 
 
-def legend_below(ax, from_axes, title=None, drop=0.5):
-    """One legend under ax, out of every panel's way (`drop` inches below its axis, past the tick
-    labels and the axis label; 0 in a blank axis kept for it): an entry per label drawn on any of
-    from_axes."""
+def legend_below(ax, from_axes, title=None):
+    """One legend under ax, out of every panel's way (half an inch below its axis, past the tick
+    labels and the axis label): an entry per label drawn on any of from_axes."""
     from matplotlib.transforms import ScaledTranslation
     unique = {}  # one entry per anchor source and curve, not one per mark or per axis
     for other in from_axes:
-        handles, labels = other.get_legend_handles_labels()
-        unique.update((label, h) for label, h in zip(labels, handles, strict=True)
-                      if label not in unique)
-    below = ax.transAxes + ScaledTranslation(0, -drop, ax.figure.dpi_scale_trans)
-    ax.legend(unique.values(), unique.keys(), fontsize=9, loc="upper center", frameon=False,
-              bbox_to_anchor=(0.5, 0 if drop else 1), bbox_transform=below, title=title,
-              title_fontsize=9)
+        for handle, label in zip(*other.get_legend_handles_labels(), strict=True):
+            unique.setdefault(label, handle)
+    below = ax.transAxes + ScaledTranslation(0, -0.5, ax.figure.dpi_scale_trans)
+    return ax.legend(unique.values(), unique.keys(), fontsize=9, loc="upper center", frameon=False,
+                     bbox_to_anchor=(0.5, 0), bbox_transform=below, title=title, title_fontsize=9)
 
 
 def plot(run_dirs, out_path):
     groups = group_runs(run_dirs)
     envs = sorted({key[0] for key in groups})
     cols = min(4, len(envs))  # at most 4 envs a row: 1,800 pixels wide
-    # a row of envs: epoch, env-steps and blank panels, these for legends of 0.24 inch a line
-    keys = [0.24 * max(2 + sum(key[0] == env for key in groups) for env in envs[i:i + cols])
-            for i in range(0, len(envs), cols)]
-    heights = [h for key in keys for h in (3, 3, key)]
-    fig = pyplot().figure(figsize=(4.5 * cols, sum(heights) + 0.6 * len(keys)))
-    grid = fig.add_gridspec(3 * len(keys), cols, height_ratios=heights)
+    # per row of envs: 3-inch epoch and env-steps panels, then 0.24 inch a legend's line
+    heights = [h for i in range(0, len(envs), cols) for h in (3, 3, 0.24 * max(
+        2 + sum(key[0] == env for key in groups) for env in envs[i:i + cols]))]
+    fig = pyplot().figure(figsize=(4.5 * cols, sum(heights) + 0.2 * len(heights)))
+    grid = fig.add_gridspec(len(heights), cols, height_ratios=heights)
     for i, env in enumerate(envs):
-        top, bottom, key = (fig.add_subplot(grid[3 * (i // cols) + r, i % cols]) for r in range(3))
-        curves = [(with_variant(f"{n_ranks} rank(s) x {num_env} env(s), {len(runs)} seed(s)",
-                                variant), runs)
-                  for (g_env, n_ranks, num_env, variant), runs in groups.items() if g_env == env]
+        top, bottom = (fig.add_subplot(grid[3 * (i // cols) + r, i % cols]) for r in range(2))
+        curves = [(with_variant(f"{n} rank(s) x {e} env(s), {len(runs)} seed(s)", v), runs)
+                  for (g_env, n, e, v), runs in groups.items() if g_env == env]
         draw_curves((top, bottom), ("epoch", "steps"), curves, env)
-        key.axis("off")
-        legend_below(key, (top, bottom), drop=0)  # one legend an env, under both its panels
+        legend_below(bottom, (top, bottom)).set_in_layout(False)  # in the room kept for it
         top.set_title(env)
         bottom.set_xscale("log")  # 1 x 2 runs and 16 x 2 anchors: decades apart
         bottom.tick_params(axis="x", which="minor", labelbottom=False)  # they would overlap
@@ -149,10 +140,8 @@ def plot(run_dirs, out_path):
 
 
 def plot_scaling(run_dirs, env, out_path):
-    curves = []  # main has checked that some run is of env
-    for (_, n_ranks, num_env, variant), runs in group_runs(run_dirs, env).items():
-        seeds = f"{len(runs)} seed{'s' if len(runs) > 1 else ''}"
-        curves.append((with_variant(f"{n_ranks} x {num_env} ({seeds})", variant), runs))
+    curves = [(with_variant(f"{n} x {e} ({len(runs)} seed{'s' * (len(runs) > 1)})", v), runs)
+              for (_, n, e, v), runs in group_runs(run_dirs, env).items()]  # main checked: some
     fig, axes = pyplot().subplots(1, 3, figsize=(15, 5.2 + 0.16 * len(curves)))
     # every epoch marked: on the hours axis epochs are unevenly spaced
     draw_curves(axes, ("epoch", "steps", "hours"), curves, env, marker=".")
@@ -168,12 +157,11 @@ def plot_suite(run_dirs, out_path):
     fig, axes = pyplot().subplots(1, len(envs), figsize=(4.5 * len(envs), 8.5), squeeze=False)
     for ax, env in zip(axes[0], envs, strict=True):
         curves = []
-        for (g_env, n_ranks, num_env, variant), runs in groups.items():
-            if g_env == env:
-                seeds, epochs = seeds_and_epochs(runs)
-                how = ", median and IQR" if len(runs) > 1 else ""
-                label = f"ours {n_ranks}x{num_env}, {seeds}{how};\n{epochs} epochs"
-                curves.append((with_variant(label, variant), runs))
+        for (_, n_ranks, num_env, variant), runs in group_runs(run_dirs, env).items():
+            seeds, epochs = seeds_and_epochs(runs)
+            how = ", median and IQR" if len(runs) > 1 else ""
+            label = f"ours {n_ranks}x{num_env}, {seeds}{how};\n{epochs} epochs"
+            curves.append((with_variant(label, variant), runs))
         # one seed: one plain line; several: the median over the seeds that reached each
         # epoch, their interquartile range shaded, each seed thin and faint. Against episodes,
         # so that a mark of another ranks x envs stands where as many episodes ran
@@ -181,9 +169,8 @@ def plot_suite(run_dirs, out_path):
         add_epoch_axis(ax, max((runs for _, runs in curves), key=len))
         legend_below(ax, [ax])
         ax.set_title(env)
-    fig.suptitle("The paper's tasks: DDPG + HER (NumPy), test success: the median over seeds, "
-                 "their interquartile range shaded, each seed faint (a marker each); squares: "
-                 "the IQM over seeds with its 95% bootstrap interval")
+    fig.suptitle("The paper's tasks, DDPG + HER (NumPy): the median over seeds, their IQR shaded, "
+                 "each seed faint (a marker each); squares: their IQM, 95% bootstrap interval")
     save_figure(fig, out_path)
 
 

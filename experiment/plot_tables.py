@@ -2,10 +2,8 @@
 that they and plot.py's figures set our runs beside.
 
 Mirrors no baselines file (baselines' her/experiment/plot.py draws curves only). A table for
-each of plot.py's --table commands, each function saying what its rows are: results_table (the
-curves'), scaling_table (--scaling ENV), suite_table (--suite: median (IQR) and IQM [95% CI]
-over seeds, experiment/stats.py), runs_table (--runs: a row per run folder, every start of a
-seed) and gap_table (--gap: the epochs to 0.5, 0.75 and 0.9 against the port's traced median).
+each of plot.py's --table commands: results_table (the curves'), scaling_table (--scaling ENV),
+suite_table (--suite), runs_table (--runs) and gap_table (--gap), each saying what its rows are.
 Epochs are progress.csv's, from 0: "success after n epochs" is row n - 1; "first epoch >= x"
 is a row index.
 
@@ -162,20 +160,15 @@ def success_cell(runs, n, statistic):
     return cell if len(values) == len(runs) else f"{cell}, {len(values)} of {len(runs)} seeds"
 
 
-def ended(run):
-    """Whether a run has ended: all its n_epochs run, or a start under first-starts/ (one that
-    was stopped for good and run again)."""
-    return len(run["epoch"]) >= run["n_epochs"] or run_name(run).startswith("first-")
-
-
 def level_cell(runs, level, statistic):
     """The first epoch at `level` over the runs. One not at it counts as later than every run
     that is; such a median or quartile reads "not yet" while a run short of the level is still
-    going, "never" once none is."""
+    going (short of its n_epochs, and not a start under first-starts/, stopped for good),
+    "never" once none is."""
     firsts = [first_epoch(run, level) for run in runs]
-    short = [run for run, e in zip(runs, firsts, strict=True) if np.isinf(e)]
-    word = "not yet" if any(not ended(run) for run in short) else "never"
-    text = epoch_text(word)
+    going = [len(run["epoch"]) < run["n_epochs"] and not run_name(run).startswith("first-")
+             for run, e in zip(runs, firsts, strict=True) if np.isinf(e)]
+    text = epoch_text("not yet" if any(going) else "never")
     return over_seeds(firsts, statistic, text) if statistic else text(firsts[0])
 
 
@@ -212,9 +205,8 @@ def run_name(run):
 
 
 def counted(runs):
-    """runs less each start under first-starts/ that another run of its seed repeats (equal in
-    every column of progress.csv but time/epoch_s, the one a rerun may change, over all its
-    epochs): one run, counted once, as the other. A start that parts from it is a run apart."""
+    """runs less each start under first-starts/ that another run of its seed repeats, equal in
+    every column of progress.csv but time/epoch_s over all its epochs: one run, counted once."""
     rows = {}
     for run in runs:
         with open(os.path.join(run["dir"], "progress.csv"), newline="") as f:

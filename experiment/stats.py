@@ -4,18 +4,10 @@ interquartile mean with a stratified-bootstrap confidence interval.
 No baselines counterpart (baselines' plot.py draws a median and a percentile band). The two
 summaries of a handful of seeds in use for deep RL:
   * the median and the interquartile range (25th to 75th percentile), what Plappert et al.
-    (2018) and the PyTorch port of baselines HER draw; percentiles are numpy's default,
-    linear interpolation between the sorted values (`np.percentile(..., method="linear")`:
-    the q-th percentile of n sorted values x_0..x_{n-1} is read at position q/100 x (n - 1));
-  * the interquartile mean (IQM) with a 95% stratified-bootstrap interval, after Agarwal et al.
-    (2021), "Deep reinforcement learning at the edge of the statistical precipice". The IQM
-    drops int(0.25 n) of the n values from each end of the sorted values and averages the rest:
-    the definition of scipy.stats.trim_mean(x, 0.25), which their library computes. So with
-    n = 4k it is the mean of the middle half; with n = 5 or 6 one value is dropped at each end,
-    with n = 3 none (the IQM of 3 values is their mean). The interval resamples, within each
-    task, that task's runs with replacement (as many as it has), takes the IQM of the pooled
-    sample, and reads the 2.5th and 97.5th percentiles of n_boot such IQMs (the percentile
-    bootstrap). With one task that is a plain percentile bootstrap over its seeds.
+    (2018) and the PyTorch port of baselines HER draw, by numpy's linear percentiles;
+  * the interquartile mean (IQM) with a 95% stratified percentile-bootstrap interval, after
+    Agarwal et al. (2021) (iqm, bootstrap_iqms and iqm_interval say how); over as few as 5 runs
+    the 95% is nominal: a resample only reuses the values seen, so it covers less often.
 
 Run as a library: `from experiment.stats import median_iqr, iqm, iqm_interval`.
 Test: `python -m pytest -q tests/test_stats.py`.

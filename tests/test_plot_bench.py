@@ -208,15 +208,14 @@ class TestPlotBench:
         # against episodes: epoch e of 8 x 2 is (e + 1) * 800; "after n epochs" at n * 800
         assert list(slide_lines[0].get_xdata()) == [800 * (e + 1) for e in range(6)]
         # each mark past the runs' 4,800 episodes: no marker, an arrow at the right edge (x = 1
-        # of the axes) with its value and its own episodes; one within them at its own episodes
+        # of the axes) with its value; one within them at its own episodes
         published = ((10, 0.1), (20, 0.28), (30, 0.45), (35, 0.5), (50, 0.57), (125, 0.7))
         assert not slide_lines[3:]
         assert [t.xy for t in axes[1].texts] == [(1, s) for _, s in published]
         assert [t.get_text() for t in axes[1].texts] == \
-            [f"\u25b6 {s:.2f} after\n{n} epochs\n= {800 * n:,}\nepisodes" for n, s in published]
-        assert plot.anchor_x(16, 2, 12, "episodes") == 19_200
-        assert plot.anchor_x(16, 2, 12, "epoch") == 11
-        assert plot.anchor_x(16, 2, 12, "epoch", other_scale=True) is None
+            [f"\u25b6 {s:.2f} after\n{n} epochs" for n, s in published]
+        assert (plot.anchor_x(16, 2, 12, "episodes"), plot.anchor_x(16, 2, 12, "epoch")) == \
+            (19_200, 11)
         epoch_axis, = axes[1].child_axes  # above: the epoch index of the 8 x 2 runs
         assert epoch_axis.get_xlabel().startswith("epoch at 8 x 2")
         figures[0].canvas.draw()  # the top axis takes its limits from the bottom one's
@@ -244,8 +243,8 @@ class TestPlotBench:
     def test_no_colour_twice_in_a_panel_and_the_legends_under_the_panels(self, tmp_path,
                                                                           monkeypatch):
         """Twelve groups in one env (ranks 1-12): twelve colours, 8 x 2 first and bold; the one
-        legend of the column in a blank axis under the bottom panel, so it covers neither; the
-        marks of issue 591 (19 x 2, a scale none of the runs has) only against env steps."""
+        legend of the column under the bottom panel, so it covers neither panel; the marks of
+        issue 591 (19 x 2, a scale none of the runs has) only against env steps."""
         from experiment import plot
         dirs = []
         for n_ranks in range(1, 13):
@@ -254,21 +253,20 @@ class TestPlotBench:
         figures = []
         monkeypatch.setattr(plot, "save_figure", lambda fig, out_path: figures.append(fig))
         plot.plot(dirs, "unused.png")
-        top, bottom, key = figures[0].axes[:3]
+        top, bottom = figures[0].axes[:2]
         for ax in (top, bottom):
             colours = [line.get_color() for line in ax.get_lines() if line.get_label()[0] != "_"
                        and not line.get_label().startswith("published")]
             assert len(colours) == 12 and len(set(colours)) == 12, colours
         first, second = bottom.get_lines()[:2]
         assert first.get_label().startswith("8 rank(s)") and first.get_lw() > second.get_lw()
-        assert top.get_legend() is None and bottom.get_legend() is None
-        assert len(key.get_legend().get_texts()) == 12 + 2
+        assert top.get_legend() is None and len(bottom.get_legend().get_texts()) == 12 + 2
         assert not [line for line in top.get_lines() if "issue 591" in line.get_label()]
         assert [line.get_label() for line in bottom.get_lines() if "591" in line.get_label()] == \
             ["published: baselines issue 591, 19x2 (one run)\n(another scale: at equal episodes "
              "only)"] * 2  # after 9 and 10 epochs; after 20, past the runs' 1.5M steps
         figures[0].canvas.draw()
-        assert key.get_legend().get_window_extent().y1 < bottom.get_window_extent().y0
+        assert bottom.get_legend().get_window_extent().y1 < bottom.get_window_extent().y0
         plot.pyplot().close(figures[0])
 
     def test_runs_table_counts_every_run_and_gap_table_reads_epochs_between_rows(self, tmp_path):
