@@ -101,7 +101,8 @@ def wrong_launch(n_ranks, library, prog="train.py", environ=os.environ):
                f"`mpirun -np {launch.size}` inside the allocation")
     return (f"{launch.launcher} started {launch.size} processes, but {library} sees each as a "
             f"job of {n_ranks} rank(s): {launch.size} copies that would each train alone into "
-            f"the same folder. {fix}; nothing was written")
+            f"the same folder. {fix}; nothing was written. Independent seeds: a job array "
+            f"(sbatch --array=0-{launch.size - 1}, docs/usage.md)")
 
 
 def check_launch(n_ranks, library, prog="train.py"):

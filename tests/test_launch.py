@@ -64,6 +64,7 @@ class TestLaunch:
         assert "srun started 2 processes" in mpich and "srun --mpi=pmi2 -n 2" in mpich
         ompi = launch.wrong_launch(1, "Open MPI v5.0.11", environ=SRUN)
         assert "mpirun -np 2" in ompi and "inside the allocation" in ompi
+        assert "a job array (sbatch --array=0-1" in mpich and "sbatch --array=0-1" in ompi
         assert "\n" not in mpich + ompi
 
     def test_library_names_and_rank_ranges(self):

@@ -10,6 +10,9 @@ reason where it cannot be made) runs the recipe of the MPI the suite runs under:
       limit cut short while the ranks are held still, so that the run cannot end first), a
       save, a requeue, a resume, and its progress.csv and policies equal (a)'s, bit for bit;
   (d) plain `srun -n 2` (two one-rank copies) is refused with one line and writes nothing.
+And without a cluster: docs/usage.md shows each script of tools/slurm/ as the file holds it,
+job.sh passes a resume exactly cli.py's RESUME_FLAGS, and the refusal lines usage.md quotes
+are launch.wrong_launch's.
 
 Run: `python -m pytest -q tests/test_slurm.py` (from the repository's root, as root).
 """
@@ -31,9 +34,7 @@ from tests.helpers import (
     mpi_family,
     read_progress,
     remove_orphans_of_job,
-    run_cmd,
     shm_entries,
-    train_cmd,
 )
 
 REACH = ("--num_env", "2", "--n_epochs", "4", "--seed", "1")  # FetchReach-v4, 10 cycles
@@ -172,8 +173,14 @@ class TestSlurm:
         for rank in (0, 1):
             saved = arrays_of(os.path.join(run, "checkpoint", f"rank{rank}.npz"))
             assert int(saved["cycle"]) > 0
-        rc, out = run_cmd(train_cmd("--resume", run, "--n_epochs", "2", n_ranks=2), 600)
-        assert rc == 0 and "2 rank(s) in sync" in out, out[-3000:]
+        # a new job on the folder (RUN), given the run's arguments again with --n_epochs 3
+        # (20 before): job.sh resumes, passing on --n_epochs alone
+        epochs = ("--n_epochs", "3", *LONG[LONG.index("--n_epochs") + 2:])
+        job, output = sbatch(cluster, run, train_args=(*LONG[:2], *epochs))
+        shown = wait_for_job(cluster, job, 600)
+        out = open(output).read()
+        assert shown["JobState"] == "COMPLETED" and "resuming" in out, out[-3000:]
+        assert "2 rank(s) in sync" in out and len(read_progress(run)) == 3, out[-3000:]
 
     @pytest.mark.slow
     def test_a_job_past_its_time_limit_is_requeued_and_ends_as_one_run(self, cluster,
@@ -228,3 +235,34 @@ class TestSlurm:
         fix = "mpirun -np 2" if mpi_family() == "Open MPI" else "srun --mpi=pmi2 -n 2"
         assert fix in errors[0]
         assert not os.path.exists(run)
+
+
+class TestSlurmDocs:
+    """docs/usage.md's Slurm section against tools/slurm/ and the code; no cluster needed."""
+
+    def test_usage_md_shows_each_script_as_the_file_holds_it(self):
+        usage = open(os.path.join(ROOT, "docs", "usage.md")).read()
+        names = sorted(os.listdir(os.path.join(ROOT, "tools", "slurm")))
+        for name in names:
+            text = open(os.path.join(ROOT, "tools", "slurm", name)).read()
+            assert f"```bash\n{text}```\n" in usage, f"usage.md's tools/slurm/{name} differs"
+        firsts = {open(os.path.join(ROOT, "tools", "slurm", n)).readline() for n in names}
+        shown = [b for b in re.findall(r"```bash\n(.*\n)", usage) if b in firsts]
+        assert len(shown) == len(names), shown  # no second, older copy
+
+    def test_a_resume_in_job_sh_is_passed_the_flags_cli_allows(self):
+        from harness.cli import RESUME_FLAGS
+        body = open(os.path.join(ROOT, "tools", "slurm", "job.sh")).read()
+        patterns = re.findall(r"^\s*(--[^)]*)\)", body, re.M)
+        assert len(patterns) == 2, patterns  # --flag=VALUE and --flag VALUE
+        for pattern in patterns:
+            flags = {p.strip().strip("-").split("=")[0] for p in pattern.split("|")}
+            assert flags == RESUME_FLAGS, (pattern, RESUME_FLAGS)
+
+    def test_usage_md_quotes_each_mpis_refusal_of_n_copies_as_printed(self):
+        from harness import launch
+        usage = open(os.path.join(ROOT, "docs", "usage.md")).read()
+        srun = {"SLURM_PROCID": "0", "SLURM_STEP_NUM_TASKS": "2"}
+        for library in ("MPICH 5.0.2", "Open MPI v5.0.11"):
+            line = launch.wrong_launch(1, library, environ=srun)
+            assert f"  train.py: error: {line}\n" in usage, line
