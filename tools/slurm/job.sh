@@ -1,7 +1,7 @@
 # The body of the batch scripts beside it (mpich.sbatch, openmpi.sbatch): they set LAUNCH, the
 # launcher's command, and source this from the repository's root (where sbatch was run).
 #
-# Runs train.py with the script's arguments into RUN (runs/slurm-<job id> unless set), or
+# Runs train.py with the script's arguments into RUN (set below unless given), or
 # resumes RUN if a run is there: a requeued job keeps its id, and a new job given RUN=... goes on
 # from that run's checkpoint, passed only --n_epochs and --mpi_timeout of its arguments (all
 # that --resume takes). A job array's task (sbatch --array=0-4) runs with --seed <its index>.
@@ -9,7 +9,8 @@
 # passes SIGUSR1 on to the launcher, which passes it to the ranks: train.py stops at the end of
 # the cycle, saves its checkpoint and exits 130; then the job requeues itself, and its next
 # start resumes. Any other end (done, an error, scancel) is the job's, with train.py's exit code.
-RUN=${RUN:-runs/slurm-$SLURM_JOB_ID}
+# runs/slurm-<job id>, or runs/slurm-<array id>_<index> for an array's task (squeue's name)
+RUN=${RUN:-runs/slurm-${SLURM_ARRAY_TASK_ID:+${SLURM_ARRAY_JOB_ID}_}${SLURM_ARRAY_TASK_ID:-$SLURM_JOB_ID}}
 if [ -f "$RUN/config.json" ]; then
   echo "job $SLURM_JOB_ID: start $((${SLURM_RESTART_COUNT:-0} + 1)), resuming $RUN"
   args=(--resume "$RUN")
