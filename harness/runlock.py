@@ -45,7 +45,7 @@ class RunLock:
             raise UsageError(f"run folder {os.path.dirname(self.path)!r} is in use by "
                              f"{holder}; wait for that job to end, or pass another --logdir"
                              ) from None
-        except OSError as e:  # ENOLCK (NFS without its lock service), ENOSYS (Lustre's noflock)
+        except OSError as e:  # e.g. ENOLCK: NFS without its lock service; Lustre without flock
             lock_file.close()
             raise UsageError(f"cannot lock run folder {os.path.dirname(self.path)!r}: its file "
                              f"system takes no flock ({e.strerror}); pass a --logdir on one "
