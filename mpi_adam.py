@@ -146,7 +146,7 @@ class MpiAdam:
 class OneRankComm:
     """A world of one rank, without MPI: what a single process passes as `comm` (the tests, the
     benchmarks). It answers the calls this project makes as COMM_WORLD of a one-rank job does:
-    a sum or a gather over one rank is its own value, a broadcast leaves rank 0's data as is."""
+    a sum or an allgather over one rank is its value, a broadcast leaves rank 0's data as is."""
 
     def Get_rank(self):
         return 0
@@ -161,9 +161,6 @@ class OneRankComm:
         pass
 
     def allgather(self, obj):
-        return [obj]
-
-    def gather(self, obj, root=0):
         return [obj]
 
     def bcast(self, obj, root=0):

@@ -19,7 +19,7 @@ the tasks (gymnasium, gymnasium_robotics, mujoco) only, and mpi4py in its mpirun
 of harness/, experiment/ or tests/ (TestTrain runs train.py and experiment.play as commands). Its
 tasks are written in (Task, fetch_reach_task) where train.py reads them off the env
 (harness/goal_env.py). The tests of harness/ and experiment/ (the command line, files,
-checkpoints, faults, logs, tracing, play, demos, plots, the docs) are in tests/, train.py's
+checkpoints, faults, logs, play, demos, plots, the docs) are in tests/, train.py's
 through harness/ in tests/test_train.py; their helpers are in tests/helpers.py, which re-exports
 the helpers of this file that tests/ use too (marked "(tests/helpers.py)" here).
 

@@ -7,9 +7,9 @@ n_batches updates, a target update), then test rollouts. Every rank runs this sa
 there is no master. The settings are config.Config, one --flag each (--help); with
 --demo_file, learn() puts the demonstrations of Nair et al. (2018), read at setup, into every
 rank's demo buffer.
-What is not learning (MPI's start, the launch check, the watchdog, --trace, the run folder,
-log.txt, checkpoints and resume) is harness/run.py's: main() enters it once, and train() hands
-it the stop check after each cycle and the epoch's logs to write. The loop deviates from
+What is not learning (MPI's start, the launch check, the watchdog, the run folder, log.txt,
+checkpoints and resume) is harness/run.py's: main() enters it once, and train() hands it the
+stop check after each cycle and the epoch's logs to write. The loop deviates from
 baselines' in three places: two calls, each marked where it is made (the stop check after
 every cycle, deviations 9 and 10 of docs/deviations.md; check_synced after every epoch, 8),
 and one call left out, baselines' per-epoch check that the ranks' seeds differ (34: train()

@@ -7,17 +7,15 @@ Plappert et al. (2018), Sec. 2.2, on one CPU thread per process, a section each 
   update1024  the same at batch 1024 with demonstrations (Nair et al. 2018), which add no
               matrix product;
   env         env steps per second: raw env, DummyVecEnv, SubprocVecEnv and ShmemVecEnv;
-  image       SubprocVecEnv against ShmemVecEnv on a 480 x 480 x 3 image observation;
   epoch       one FetchPush-v4 epoch of train.py on one rank, split into its phases;
   buffer      a full 1e6-transition buffer: resident memory, and sampling time against its size;
-  mpi         MpiAdam.update and its gradient Allreduce on every rank of the job;
-  trace       what --trace costs an epoch of `mpirun -np 2 python train.py` (harness/tracing.py).
+  mpi         MpiAdam.update and its gradient Allreduce on every rank of the job.
 A figure is the median over repeats of the mean time of a number of calls, taken side by side
 with the figure it is compared to, so that the ratio holds on a busy machine where the absolute
 times do not (machines here differ 2-3x from one day to the next).
 
-Run: `python -m experiment.bench [--quick] [--only SECTION]` (about 3 minutes in all; trace
-starts its own 2-rank jobs), and `mpirun -np R python -m experiment.bench --only mpi` for R ranks.
+Run: `python -m experiment.bench [--quick] [--only SECTION]` (about 3 minutes in all), and
+`mpirun -np R python -m experiment.bench --only mpi` for R ranks.
 Test: `python -m pytest -q tests/test_plot_bench.py`.
 """
 import argparse
@@ -28,8 +26,6 @@ import importlib
 import io
 import os
 import runpy
-import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -38,7 +34,6 @@ import numpy as np
 
 from config import Config
 from ddpg import DDPG
-from experiment.runs import read_trace
 from harness import goal_env
 from harness.launch import launched, launcher_rank, start_mpi
 from harness.mpi_util import one_blas_thread
@@ -270,52 +265,6 @@ def bench_env(quick):
             f"{rate / raw:.2f}x raw (with policy)")
 
 
-class ImageObsEnv:
-    """A goal-task-shaped env with no physics whose observation is a 480 x 480 x 3 uint8
-    image, new at every step: the transport cost of a rendered frame, alone."""
-
-    def __init__(self):
-        import gymnasium as gym
-        image = gym.spaces.Box(0, 255, (480, 480, 3), np.uint8)
-        goal = gym.spaces.Box(-1., 1., (3,), np.float64)
-        self.observation_space = gym.spaces.Dict(observation=image, achieved_goal=goal,
-                                                 desired_goal=goal)
-        self.action_space = gym.spaces.Box(-1., 1., (4,), np.float32)
-        self.t = 0
-
-    def _obs(self):
-        return {"observation": np.full((480, 480, 3), self.t % 256, np.uint8),
-                "achieved_goal": np.zeros(3), "desired_goal": np.ones(3)}
-
-    def reset(self, seed=None):
-        self.t = 0
-        return self._obs(), {}
-
-    def step(self, u):
-        self.t += 1
-        return self._obs(), -1., False, False, {"is_success": 0.}
-
-    def close(self):
-        pass
-
-
-def bench_image(quick):
-    steps = 100 if quick else 400
-    for n in (1, 2, 4):
-        rates = {}
-        for make in (SubprocVecEnv, ShmemVecEnv):
-            venv = make([ImageObsEnv] * n)
-            venv.reset()
-            u = np.zeros((n, 4), np.float32)
-            t = time.perf_counter()
-            for _ in range(steps):
-                venv.step(u)
-            rates[make] = steps * n / (time.perf_counter() - t)
-            venv.close()
-            row(f"{make.__name__}, num_env {n}, 480x480x3 image", rates[make], "steps/s")
-        row(f"   ShmemVecEnv / SubprocVecEnv, num_env {n}",
-            rates[ShmemVecEnv] / rates[SubprocVecEnv], "x")
-
 # ---------------------------------------------------------------- one epoch, phase by phase
 
 
@@ -396,41 +345,8 @@ def bench_mpi(quick):
             f"per network, x2 per update")
 
 
-def bench_trace(quick):
-    """train.py's epoch with --trace against one without, at 2 ranks x 2 envs of FetchPush:
-    each run started as a user starts it (`mpirun -np 2 python train.py`), the two kinds
-    alternating so that drift falls on both alike. It starts the jobs; it is not one."""
-    n_cycles, repeats = (5, 2) if quick else (10, 3)
-    args = ("--env", ENV, "--num_env", "2", "--n_epochs", "1", "--n_cycles", str(n_cycles),
-            "--n_test_rollouts", "1")
-    # the mpirun beside this Python (a venv's), else the first on PATH
-    mpirun = shutil.which("mpirun", path=os.path.dirname(sys.executable)) or "mpirun"
-    epoch_s = {"untraced": [], "traced": []}
-    with tempfile.TemporaryDirectory() as folder:
-        for i in range(repeats):
-            for name in ("untraced", "traced") if i % 2 == 0 else ("traced", "untraced"):
-                logdir = os.path.join(folder, f"{name}{i}")
-                trace = ("--trace", str(n_cycles)) if name == "traced" else ()
-                job = subprocess.run([mpirun, "-np", "2", sys.executable, TRAIN_PY, *args,
-                                      *trace, "--logdir", logdir], capture_output=True,
-                                     text=True)
-                if job.returncode != 0:
-                    raise RuntimeError(f"train.py ended with exit code {job.returncode}:\n"
-                                       f"{(job.stdout + job.stderr)[-3000:]}")
-                with open(os.path.join(logdir, "progress.csv")) as f:
-                    epoch_s[name].append(float(next(csv.DictReader(f))["time/epoch_s"]))
-        # the rows rank 0's trace holds from within cycles
-        rows = sum(r["rank"] == 0 and r["phase"] == "cycle"
-                   for r in read_trace(os.path.join(folder, "traced0", "trace")))
-    plain, traced = (float(np.median(epoch_s[name])) for name in ("untraced", "traced"))
-    row(f"traced / untraced epoch of train.py, 2 ranks x 2 envs, {n_cycles} cycles, {ENV}",
-        traced / plain, "x", f"{traced:.2f} s / {plain:.2f} s, medians of {repeats}; "
-        f"{rows / n_cycles:.0f} rows recorded per cycle (rank 0)")
-
-
 SECTIONS = {"update": bench_update, "update1024": bench_update1024, "env": bench_env,
-            "image": bench_image, "epoch": bench_epoch, "buffer": bench_buffer,
-            "mpi": bench_mpi, "trace": bench_trace}
+            "epoch": bench_epoch, "buffer": bench_buffer, "mpi": bench_mpi}
 
 
 def main():
@@ -440,8 +356,8 @@ def main():
     p.add_argument("--only", choices=list(SECTIONS))
     args = p.parse_args()
     if launched() and args.only != "mpi":
-        p.error("under mpirun only --only mpi runs (the other sections are one process's, and "
-                "trace starts its own jobs): mpirun -np R python -m experiment.bench --only mpi")
+        p.error("under mpirun only --only mpi runs (the other sections are one process's): "
+                "mpirun -np R python -m experiment.bench --only mpi")
     if launcher_rank() == 0:
         print(f"numpy {np.__version__}, {os.cpu_count()} cores, 1 BLAS thread per process")
     for name, section in SECTIONS.items():

@@ -10,7 +10,7 @@ at x = n - 1 on an epoch axis.
   * --scaling ENV: a curve per (ranks, num_env), against epoch, env steps and hours;
   * --suite: a panel per env against episodes, each seed faint, the IQM with its 95% interval.
 With --table each prints its figure's markdown table instead (plot_tables.py), as --runs and
---gap do, which have no figure. One traced cycle (train.py --trace N) is plot_trace.py's.
+--gap do, which have no figure.
 
 Run:  python -m experiment.plot results/* -o results/curves.png   (the others: docs/usage.md)
 Test: `python -m pytest -q tests/test_plot_bench.py`.

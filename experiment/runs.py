@@ -10,7 +10,6 @@ first line), so that two starts of one seed can be told apart.
 Test: `python -m pytest -q tests/test_plot_bench.py`.
 """
 import csv
-import glob
 import json
 import os
 
@@ -114,36 +113,3 @@ def seeds_and_epochs(runs):
     epochs = ", ".join(str(len(run["epoch"])) for run in runs)
     return (f"{len(runs)} seed{'s' if len(runs) > 1 else ''} ({seeds})",
             f"{epochs} of {max(run['n_epochs'] for run in runs)}")
-
-
-# ---------------------------------------------------------------- a run's trace (--trace N)
-
-# The integer columns of rank<r>.csv (harness/tracing.py's COLUMNS)
-TRACE_INTS = ("rank", "elements", "bytes_sent", "bytes_received", "epoch", "cycle")
-
-
-def read_trace(folder):
-    """Every row of the rank<r>.csv files of a trace folder, ranks in order, as dicts."""
-    paths = glob.glob(os.path.join(folder, "rank[0-9]*.csv"))
-    if not paths:
-        raise ValueError("no rank<r>.csv there: give the trace folder of a run made "
-                         "with --trace N (<logdir>/trace)")
-    rows = []
-    for path in paths:
-        with open(path, newline="") as f:
-            # '#': a column's meaning
-            lines = [line for line in f if not line.startswith("#")]
-        for row in csv.DictReader(lines):
-            rows.append({key: trace_cell(key, cell) for key, cell in row.items()})
-    # stable: each rank's rows stay in order
-    return sorted(rows, key=lambda row: row["rank"])
-
-
-def trace_cell(key, cell):
-    if cell == "":
-        return None
-    if key in TRACE_INTS:
-        return int(cell)
-    if key.endswith("_s"):
-        return float(cell)
-    return cell

@@ -197,9 +197,6 @@ def train_parser():
     config_flags(p)
     p.add_argument("--load_path", help="policy .npz to start training from")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its checkpoint")
-    p.add_argument("--trace", type=int, default=0, metavar="N",
-                   help="record every message between processes in the first N cycles into "
-                        "<logdir>/trace/ and print a table of them (0: off; harness/tracing.py)")
     return p
 
 
@@ -207,8 +204,6 @@ def parse_train_args(argv=None):
     p = train_parser()
     args = p.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)  # for log.txt's header
-    if args.trace < 0:
-        p.error(f"--trace must be 0 (off) or a number of cycles, got {args.trace}")
     if args.resume and args.load_path:
         p.error("--resume cannot be combined with --load_path")
     if args.resume and set(given_config_args(args)) - RESUME_FLAGS:

@@ -53,7 +53,7 @@ def atomic_savez(path, arrays, keep_previous=None):
 
 
 def pyplot():
-    """matplotlib's pyplot, drawing into files only (plot.py, plot_trace.py)."""
+    """matplotlib's pyplot, drawing into files only (plot.py)."""
     import matplotlib
     matplotlib.use("Agg")  # files only, no display needed
     import matplotlib.pyplot as plt

@@ -15,7 +15,6 @@ Test: `python -m pytest -q tests/test_mpi_util.py`.
 """
 import array
 import contextlib
-import dataclasses
 import fcntl
 import os
 import stat
@@ -30,28 +29,16 @@ from threadpoolctl import threadpool_limits
 from harness.errors import EXIT_CODES, SaveError, UsageError
 
 
-@dataclasses.dataclass
-class CollectiveCall:
-    """One collective call as an ObservedComm's observers see it."""
-    name: str  # the communicator's method: "Allreduce", "Bcast", ...
-    frame: object  # the frame that made the call
-    args: tuple
-    kwargs: dict
-    start: float = 0.  # set by an observer that times it
-    done: bool = False  # the call returned (left() is also called when it raised)
-    result: object = None  # what it returned (lower-case, pickling calls: the object)
-
-
 class ObservedComm:
-    """An MPI communicator whose collective calls its observers see: each gets entering(call)
-    before the call and left(call) after it, also when it raised. train.py's observers are
-    harness/watchdog.py's Watchdog (a time limit on every call) and harness/tracing.py's Tracer
-    (--trace: a row per call); they only look, so nothing they do changes what is computed.
+    """An MPI communicator whose collective calls an observer sees: it gets entering(name,
+    frame) before the call (frame: the caller's) and left() after it, also when it raised.
+    train.py's observer is harness/watchdog.py's Watchdog (a time limit on every call); it only
+    looks, so nothing it does changes what is computed.
     Every other attribute (Get_rank, Get_size) is the communicator's own."""
-    COLLECTIVE = ("Allreduce", "Bcast", "allgather", "bcast", "gather", "Abort")
+    COLLECTIVE = ("Allreduce", "Bcast", "allgather", "bcast", "Abort")
 
-    def __init__(self, comm, observers):
-        self._comm, self._observers = comm, tuple(observers)
+    def __init__(self, comm, observer):
+        self._comm, self._observer = comm, observer
 
     def __getattr__(self, name):
         method = getattr(self._comm, name)
@@ -59,16 +46,11 @@ class ObservedComm:
             return method
 
         def observed(*args, **kwargs):
-            call = CollectiveCall(name, sys._getframe(1), args, kwargs)  # 1: who called it
-            for observer in self._observers:
-                observer.entering(call)
+            self._observer.entering(name, sys._getframe(1))  # 1: who called it
             try:
-                call.result = method(*args, **kwargs)
-                call.done = True
-                return call.result
+                return method(*args, **kwargs)
             finally:
-                for observer in reversed(self._observers):
-                    observer.left(call)
+                self._observer.left()
         return observed
 
 

@@ -3,17 +3,17 @@
 Mirrors what openai/baselines `her/experiment/train.py` (launch) and `her/her.py` do beside the
 algorithm: start MPI, check the input, make the log dir, write the logs and the policies.
 Added here (baselines has none of it): the launch check, a time limit on every collective call
-and stop signals that work inside one (watchdog.py), --trace (tracing.py), every rank agreeing
-on bad input before anything collective can hang, one job per run folder (runlock.py), log.txt,
-a progress bar, checkpoints and resume (deviation 10 of docs/deviations.md), and a stop that
-every rank makes after the same cycle.
+and stop signals that work inside one (watchdog.py), every rank agreeing on bad input before
+anything collective can hang, one job per run folder (runlock.py), log.txt, a progress bar,
+checkpoints and resume (deviation 10 of docs/deviations.md), and a stop that every rank makes
+after the same cycle.
 
 train.py uses two things of this file:
     with start_run(args) as run:     # main(): everything before the agent exists
         learn(run)                   # the agent, its workers, train()
-start_run() yields a Run: the configuration, the communicator (a proxy that the watchdog and
-the tracer observe), the task, the vec env (whose pipes the tracer counts), the files the flags
-named; train() calls its restore(), save_start(), end_cycle() and end_epoch().
+start_run() yields a Run: the configuration, the communicator (a proxy that the watchdog
+observes), the task, the vec env, the files the flags named; train() calls its restore(),
+save_start(), end_cycle() and end_epoch().
 
 Test: `python -m pytest -q tests/test_checkpoint.py tests/test_logger.py`.
 """
@@ -49,7 +49,6 @@ from harness.mpi_util import (
     save_on_every_rank,
 )
 from harness.runlock import hold_run_folder
-from harness.tracing import Tracer
 from harness.watchdog import Watchdog
 
 PROGRESS_LINES = 4  # an epoch's cycles in about this many parts, where no bar is drawn
@@ -72,20 +71,18 @@ def start_run(args):
         raise SystemExit(wrong)
     # The time limit, until rank 0's configuration has come: the flag's or the default.
     watchdog = Watchdog(Config.mpi_timeout if args.mpi_timeout is None else args.mpi_timeout)
-    tracer = Tracer(args.trace)
-    # One proxy: the watchdog times every collective call, and with --trace the tracer records
-    # it; the watchdog's own Abort goes to MPI directly, the trace's own gather is timed too.
-    comm = ObservedComm(MPI.COMM_WORLD, (watchdog, tracer))
-    watchdog.comm, tracer.comm = MPI.COMM_WORLD, comm
+    # A proxy through which the watchdog times every collective call; its own Abort goes to
+    # MPI directly.
+    comm = ObservedComm(MPI.COMM_WORLD, watchdog)
+    watchdog.comm = MPI.COMM_WORLD
     watchdog.start()
     try:
         with exits_together(comm, "train.py"):  # [MPI] Abort if one rank raises alone
             cfg = shared_config(args, comm)  # [MPI] rank 0's, on every rank
             watchdog.limit_s, watchdog.logdir = cfg.mpi_timeout, cfg.logdir
-            run = Run(cfg, args, comm, tracer, watchdog)  # [MPI] checks, files, log.txt
+            run = Run(cfg, args, comm, watchdog)  # [MPI] checks, files, log.txt
             try:
                 yield run
-                tracer.finish()  # [MPI] if the run ended before its traced cycles did
             except BaseException as error:
                 run.close(error)
                 raise
@@ -99,13 +96,13 @@ class Run:
     the files the flags name, takes the run folder, writes config.json and log.txt's header and
     builds the vec env; then it keeps the epoch's progress bar, files and checkpoints."""
 
-    def __init__(self, cfg, args, comm, tracer, watchdog):
-        self.cfg, self.comm, self.tracer, self.watchdog = cfg, comm, tracer, watchdog
+    def __init__(self, cfg, args, comm, watchdog):
+        self.cfg, self.comm, self.watchdog = cfg, comm, watchdog
         self.rank0 = comm.Get_rank() == 0
         self.log = self.lock = self.venv = self.bar = None
         self.read_inputs(args)  # [MPI] every rank agrees that they are good
         self.lock = hold_run_folder(cfg.logdir, comm)  # [MPI] before anything is written there
-        make_logdir(cfg, comm, tracer.folders)  # [MPI]
+        make_logdir(cfg, comm)  # [MPI]
         resumed_at = None if self.checkpoint is None else (int(self.checkpoint["epoch"]),
                                                            int(self.checkpoint["cycle"]))
         self.log = RunLog(cfg.logdir, enabled=self.rank0, argv=["train.py", *args.argv],
@@ -115,8 +112,7 @@ class Run:
             if self.resume_note:
                 print(self.resume_note, flush=True)
             print_setup(cfg, self.task, comm.Get_size(), job)
-        # with --trace, its pipes count every message
-        self.venv = tracer.wrap_venv(build_venv(cfg), os.path.join(cfg.logdir, "trace"))
+        self.venv = build_venv(cfg)
         self.screen = self.log.screen
         self.draw_bar = self.rank0 and self.log.screen_is_terminal
 
@@ -125,10 +121,6 @@ class Run:
         --demo_file, --resume's checkpoint), and all agree that they are good, or all raise the
         first error."""
         cfg, rank, n_ranks = self.cfg, self.comm.Get_rank(), self.comm.Get_size()
-        if self.tracer.n_cycles > cfg.n_epochs * cfg.n_cycles:  # the same on every rank
-            raise UsageError(f"--trace {self.tracer.n_cycles} is more cycles than the run has "
-                             f"({cfg.n_epochs} epochs x {cfg.n_cycles} cycles); give at most "
-                             f"{cfg.n_epochs * cfg.n_cycles}")
         self.init_policy = self.demos = self.checkpoint = self.resume_note = None
         self.load_path, checkpoints, error = args.load_path, None, None
         try:
@@ -168,28 +160,25 @@ class Run:
     def save_start(self, start):
         """Collective: a new run saves a checkpoint of its state before any training, so that
         a failure always has one to resume from (a resumed run has its own already). The first
-        epoch begins here."""
+        epoch's bar begins here."""
         if self.checkpoint is None:
             save_on_every_rank(self.comm, save_checkpoint, self.cfg.logdir, 0, 0, -1.,  # [MPI]
                                self.policy, self.workers, self.comm)
         if start.epoch < self.cfg.n_epochs:
-            self.begin_epoch(start.epoch, start.cycle)  # [MPI] --trace: Tracer.begin_cycle
+            self.begin_epoch(start.epoch, start.cycle)
 
     def begin_epoch(self, epoch, first_cycle):
-        """The epoch's progress bar (on a terminal) and the trace's next cycle (--trace).
-        Collective with --trace: Tracer.begin_cycle."""
-        self.t_start = time.time()
+        """The epoch's progress bar (on a terminal) and its clock."""
+        self.t_start, self.first_cycle = time.time(), first_cycle
         self.bar = tqdm(total=self.cfg.n_cycles, initial=first_cycle, desc=f"epoch {epoch}",
                         unit="cycle", leave=False, file=self.screen, disable=not self.draw_bar)
-        self.tracer.begin_cycle(epoch, first_cycle)  # [MPI] --trace: gathered after the last
 
     def end_cycle(self, epoch, cycle, losses, best_success_rate):
         """Collective, after every cycle: all ranks learn whether any saw a stop signal
         (watchdog.py takes them) or a non-finite loss or weight, and all stop after this same
         cycle or none does, instead of one rank leaving the others waiting in an Allreduce for
         ever. On a signal every rank saves first; on a non-finite value nothing is saved: the
-        checkpoint from before this epoch is the last good one. Then the bar moves on, and
-        the trace's cycle ends."""
+        checkpoint from before this epoch is the last good one. Then the bar moves on."""
         bad = nonfinite_names(losses, self.policy)
         statuses = self.comm.allgather((self.watchdog.requested, bad))  # [MPI]
         nonfinite = [(rank, names) for rank, (_, names) in enumerate(statuses) if names]
@@ -205,12 +194,9 @@ class Run:
             raise Interrupted(f"interrupted in epoch {epoch} after cycle {cycle}: saved "
                               f"policy_latest.npz and checkpoint/ in {logdir}; continue with "
                               f"--resume {logdir}")
-        self.tracer.close_cycle()
         self.bar.update()
         self.report_progress(epoch, cycle + 1)
-        if cycle + 1 < self.cfg.n_cycles:
-            self.tracer.begin_cycle(epoch, cycle + 1)  # [MPI] --trace: gathered after the last
-        else:
+        if cycle + 1 == self.cfg.n_cycles:
             self.close_bar()
 
     def save_interrupted(self, epoch, cycle, losses, best_success_rate):
@@ -222,14 +208,16 @@ class Run:
 
     def report_progress(self, epoch, cycles_done):
         """Where no bar is drawn (a file, a pipe: a Slurm job's output), rank 0 prints a short
-        line PROGRESS_LINES times an epoch, so that a long epoch is not minutes of silence."""
+        line PROGRESS_LINES times an epoch, so that a long epoch is not minutes of silence; its
+        seconds a cycle are what a save on a stop signal may need (Slurm's KillWait)."""
         n_cycles = self.cfg.n_cycles
         every = -(-n_cycles // PROGRESS_LINES)  # ceil: at 50 cycles, after 13, 26 and 39
         if not self.rank0 or self.draw_bar or cycles_done == n_cycles or cycles_done % every:
             return
-        minutes = (time.time() - self.t_start) / 60.
-        print(f"epoch {epoch}: {cycles_done} of {n_cycles} cycles, {minutes:.1f} min",
-              file=self.screen, flush=True)
+        seconds = time.time() - self.t_start
+        cycle_s = seconds / (cycles_done - self.first_cycle)
+        print(f"epoch {epoch}: {cycles_done} of {n_cycles} cycles, {seconds / 60:.1f} min, "
+              f"{cycle_s:.1f} s a cycle", file=self.screen, flush=True)
 
     def end_epoch(self, epoch, logs, is_best, best_success_rate):
         """Collective: the epoch's progress.csv row (rank 0), the policies (rank 0: ranks hold
@@ -239,7 +227,7 @@ class Run:
         save_on_every_rank(self.comm, self.save_epoch, epoch, logs, is_best,  # [MPI]
                            best_success_rate)
         if epoch + 1 < self.cfg.n_epochs:
-            self.begin_epoch(epoch + 1, 0)  # [MPI] --trace: gathered after the last cycle
+            self.begin_epoch(epoch + 1, 0)
 
     def save_epoch(self, epoch, logs, is_best, best_success_rate):
         self.logger.dump(logs)
@@ -272,14 +260,13 @@ class Run:
             self.lock.release()
 
 
-def make_logdir(cfg, comm, folders=()):
-    """Collective: each rank creates the folders it writes to (`checkpoint/` and `folders`),
+def make_logdir(cfg, comm):
+    """Collective: each rank creates the folder it writes to (`checkpoint/`),
     so ranks on machines without a shared file system save into the same path on their own
     disk; rank 0 writes config.json. Every rank learns if any of them could not."""
     error = None
     try:
-        for folder in ("checkpoint", *folders):
-            os.makedirs(os.path.join(cfg.logdir, folder), exist_ok=True)
+        os.makedirs(os.path.join(cfg.logdir, "checkpoint"), exist_ok=True)
     except OSError as e:
         error = (f"cannot write to log dir {cfg.logdir!r} on rank {comm.Get_rank()} "
                  f"({e.strerror}); pass a --logdir that every rank can write")

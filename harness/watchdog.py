@@ -5,8 +5,7 @@ has no time limit. A rank blocked in a collective (a peer stopped or hung, a hos
 wire) runs no Python code, signal handlers included, until the call returns. So one thread per
 rank, the watchdog, does what the main thread cannot while it waits:
   * it times the collective call the rank is in (it observes the communicator through
-    mpi_util.ObservedComm, as --trace's Tracer does, and only watches: nothing it does changes
-    what is computed).
+    mpi_util.ObservedComm and only watches: nothing it does changes what is computed).
     After WARN_FRACTION of --mpi_timeout it prints one warning line; after --mpi_timeout
     seconds it prints one line naming the call, kills this rank's env processes and aborts the
     job (MPI_Abort), so every rank on every host exits. Time this process spent suspended
@@ -26,8 +25,6 @@ import signal
 import sys
 import threading
 import time
-
-from harness.tracing import caller_site
 
 TICK_S = 0.5  # how often the watchdog looks at the clock
 WARN_FRACTION = 0.25  # the warning comes after this fraction of --mpi_timeout
@@ -75,13 +72,13 @@ class Watchdog:
 
     # -------------------------------------------------- the main thread's side
 
-    def entering(self, call):
+    def entering(self, name, frame):
         """Before each collective call (mpi_util.ObservedComm); an Abort is not timed."""
-        if call.name != "Abort":
+        if name != "Abort":
             with self._lock:
-                self._call = [call.frame, call.name, 0., False]
+                self._call = [frame, name, 0., False]
 
-    def left(self, call):
+    def left(self):
         with self._lock:
             self._call = None
 
@@ -163,6 +160,9 @@ def kill_env_processes():
 
 def describe_call(frame, name):
     """"MpiAdam.update's Allreduce (mpi_adam.py)" for the call `name` made from `frame`."""
-    site = caller_site(frame, skip=("tracing.py", "watchdog.py"))  # file:function
-    file, _, function = site.partition(":")
-    return f"{function}'s {name} ({file})"
+    while frame is not None and os.path.basename(frame.f_code.co_filename) == "watchdog.py":
+        frame = frame.f_back
+    if frame is None:
+        return f"{name} (?)"
+    file = os.path.basename(frame.f_code.co_filename)
+    return f"{frame.f_code.co_qualname}'s {name} ({file})"

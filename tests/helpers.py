@@ -9,7 +9,7 @@ import them from here all the same.
     hang_guard, small_disk (a tmpfs that fills up);
   * checking: assert_one_line_error, assert_main_refuses, assert_same_arrays/progress;
   * runs shared by many tests (each made once per pytest run): straight_run, the reference that
-    resumed runs must equal bitwise, and traced_and_untraced_runs;
+    resumed runs must equal bitwise;
   * goal tasks without physics (StubGoalEnv, test_all.py's) and FetchReach with injected
     faults (FaultyReach, registered as tests.helpers:*Reach-v0), for env processes and runs;
   * the docs' tables the tests hold the code against (doc_section, mpi_table_rows).
@@ -18,7 +18,6 @@ Every command runs with cwd = the repository's root (ROOT), where `python -m exp
 and the like find their modules.
 """
 import contextlib
-import csv
 import functools
 import os
 import re
@@ -175,31 +174,6 @@ def straight_run(root, n_epochs=4):
     rc, out = run_cmd(train_cmd("--n_epochs", str(n_epochs), "--logdir", logdir, *TINY_RUN), 600)
     assert rc == 0, out[-3000:]
     return logdir
-
-
-TRACED_RUN = ("--num_env", "2", "--n_epochs", "1", "--n_cycles", "1", "--n_batches", "3",
-              "--n_test_rollouts", "1", "--seed", "9")
-
-
-@functools.lru_cache(maxsize=None)
-def traced_and_untraced_runs(root):
-    """The same 2-rank FetchReach run of one cycle, with --trace 1 and without."""
-    runs = {}
-    for name, extra in (("traced", ("--trace", "1")), ("untraced", ())):
-        runs[name] = os.path.join(root, f"{name}_run")
-        rc, out = run_cmd(train_cmd(*TRACED_RUN, *extra, "--logdir", runs[name], n_ranks=2), 300)
-        assert rc == 0, out[-3000:]
-        runs[f"{name}_out"] = out
-    return runs
-
-
-def read_trace_rows(folder):
-    """Every row of every rank<r>.csv in a trace folder, as dicts (the # lines skipped)."""
-    rows = []
-    for name in sorted(n for n in os.listdir(folder) if n.endswith(".csv")):
-        with open(os.path.join(folder, name), newline="") as f:
-            rows += csv.DictReader(line for line in f if not line.startswith("#"))
-    return rows
 
 
 # ---------------------------------------------------------------- agents and tasks

@@ -9,6 +9,7 @@ Run: `python -m pytest -q tests/test_logger.py` (from the repository's root).
 """
 import io
 import os
+import re
 import subprocess
 import sys
 
@@ -105,8 +106,10 @@ class TestLogger:
         shown = run_on_screen(FakeTerminal(), str(tmp_path / "terminal"), monkeypatch)
         assert "epoch 0: " in shown and "0/2" in shown and "\r" in shown, shown[-3000:]
         piped = run_on_screen(io.StringIO(), str(tmp_path / "piped"), monkeypatch)
-        # no bar: a whole line after cycle 1 of 2 (PROGRESS_LINES an epoch), nothing redrawn
-        assert "\nepoch 0: 1 of 2 cycles, " in piped and "\r" not in piped, piped[-3000:]
+        # no bar: a whole line after cycle 1 of 2 (PROGRESS_LINES an epoch), with the seconds
+        # of that cycle, nothing redrawn
+        assert re.search(r"\nepoch 0: 1 of 2 cycles, \d+\.\d min, \d+\.\d s a cycle\n", piped)
+        assert "\r" not in piped, piped[-3000:]
         assert "cycle/s" not in piped and "0/2" not in piped, piped[-3000:]
         assert "Done: best test success rate" in piped and "Done: best" in shown
         for run in ("terminal", "piped"):

@@ -1,9 +1,9 @@
-"""Plots and benchmarks (experiment/plot.py, plot_tables.py, runs.py, plot_trace.py, bench.py).
+"""Plots and benchmarks (experiment/plot.py, plot_tables.py, runs.py, bench.py).
 
 No baselines counterpart as such (baselines' her/experiment/plot.py draws curves only): plot.py's
 figures and tables from synthetic runs written here (medians over seeds, variants never taken
-for another seed, the scaling and suite tables with the published anchors), plot_trace.py's
-drawing of a traced cycle, and bench.py's update and epoch sections (run, not timed: no timing
+for another seed, the scaling and suite tables with the published anchors), and bench.py's
+update and epoch sections (run, not timed: no timing
 asserts).
 
 Run: `python -m pytest -q tests/test_plot_bench.py` (from the repository's root).
@@ -12,19 +12,13 @@ import csv
 import json
 import os
 import re
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
 from config import Config
 from tests.helpers import (
-    ROOT,
-    assert_one_line_error,
-    read_trace_rows,
     run_cmd,
-    traced_and_untraced_runs,
     train_cmd,
 )
 
@@ -308,22 +302,6 @@ class TestPlotBench:
                                  "runs) | 2.5 (2.5 to 2.5), 1 of 1 runs |")
         assert gap[4] == ("| the PyTorch port's median, 8 x 2, traced | 11.5 | 13.5 | 15.8 |  |  "
                           "|  |")
-
-    @pytest.mark.slow
-    def test_plot_trace_draws_the_traced_cycle_and_refuses_what_it_cannot(self, tmp_path):
-        from experiment import plot_trace
-        runs = traced_and_untraced_runs(str(tmp_path.parent))
-        folder = os.path.join(runs["traced"], "trace")
-        k, n_cycles, shown = plot_trace.traced_cycle(plot_trace.read_trace(folder))
-        assert (k, n_cycles) == (0, 1) and {r["rank"] for r in shown} == {0, 1}
-        assert len(shown) == len([r for r in read_trace_rows(folder) if r["phase"] == "cycle"])
-        out = str(tmp_path / "cycle.png")
-        assert plot_trace.main([folder, "-o", out]) == 0 and os.path.getsize(out) > 10_000
-        for argv, phrase in (([str(tmp_path)], "no rank<r>.csv"), ([folder, "--cycle", "1"],
-                                                                      "no cycle 1")):
-            proc = subprocess.run([sys.executable, "-m", "experiment.plot_trace", *argv, "-o",
-                                   out], cwd=ROOT, capture_output=True, text=True, timeout=120)
-            assert_one_line_error(proc.returncode, proc.stdout + proc.stderr, 2, phrase)
 
     @pytest.mark.slow
     def test_bench_update_section_runs_and_prints_its_ratios(self):

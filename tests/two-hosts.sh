@@ -12,7 +12,7 @@
 #   bash tests/two-hosts.sh [RANKS_PER_HOST] [EPOCHS] [--out DIR] [--rate RATE [--burst SIZE]]
 #                           [--cut_wire SECONDS] [-- TRAIN_ARGS...]
 #   sudo env PATH="$PATH" bash tests/two-hosts.sh 1 1                 # 2 hosts x 1 rank, 1 epoch
-#   bash tests/two-hosts.sh 2 1 --rate 1gbit -- --env FetchPush-v4 --trace 2
+#   bash tests/two-hosts.sh 2 1 --rate 1gbit -- --env FetchPush-v4
 # RANKS_PER_HOST and EPOCHS default to 1. train.py gets --num_env 2 and a short FetchReach-v4
 # epoch (QUICK below), then TRAIN_ARGS, which override them (argparse keeps the last); the log
 # dir is the script's. --rate puts a token bucket (tc tbf, default burst 64kb) on both ends of
@@ -24,7 +24,7 @@
 # "... N rank(s) in sync ..." line, or its first error line), its exit code and seconds, what
 # was still running in the hosts' namespaces when the job ended, the bytes that crossed the wire
 # each way (the veth's counters), the files each host's disk held, and where rank 0's
-# progress.csv and config.json (and every host's trace/, with --trace) were copied: --out, default
+# progress.csv and config.json were copied: --out, default
 # runs/two-hosts-<time>, since the hosts' disks go with them. Exit code: the job's; 2 for bad
 # input. The namespaces, the veth, the mounts and the script's /tmp folder are gone when it
 # exits, also after an error, Ctrl-C or kill (kill -9 leaves the /tmp/two-hosts.* folder).
@@ -217,11 +217,6 @@ report() {
   done
   for f in progress.csv config.json; do
     in_host 0 -m test -f "$LOGDIR/$f" && in_host 0 -m cat "$LOGDIR/$f" > "$OUT/$f"
-  done
-  for i in 0 1; do  # every rank writes its trace CSV on its own host's disk
-    if in_host $i -m test -d "$LOGDIR/trace"; then
-      in_host $i -m tar -C "$LOGDIR" -cf - trace | tar -C "$OUT" -xf -
-    fi
   done
   echo "two-hosts: rank 0's files copied to $OUT: $(ls -A "$OUT" | xargs)"
   if [ -n "$INTERRUPTED" ]; then
