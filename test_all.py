@@ -1544,31 +1544,38 @@ class TestVecEnv:
             venv.reset()
 
     @PROCESS_VEC_ENVS
-    def test_a_stop_signal_while_env_processes_start_is_held_not_lost(self, VecEnvClass,
-                                                                      monkeypatch):
-        """SIGUSR1 (a stop signal of the rank's) sent while each env process is being started, a
-        start slowed on purpose: the rank's handler runs once they have started (the signal was
-        held, not dropped), and no env process died of it."""
-        got = []
-        handler = signal.signal(signal.SIGUSR1, lambda signum, frame: got.append(signum))
-        start = mp.get_context("spawn").Process.start
-
-        def start_after_a_signal(process):
-            os.kill(os.getpid(), signal.SIGUSR1)
-            time.sleep(0.1)
-            start(process)
-        monkeypatch.setattr(mp.get_context("spawn").Process, "start", start_after_a_signal)
-        try:
-            with hang_guard(60):
-                venv = VecEnvClass([functools.partial(StubGoalEnv) for _ in range(2)])
-                try:
-                    assert got and set(got) == {signal.SIGUSR1}, got
-                    assert all(p.is_alive() for p in venv.ps)
-                    venv.reset()
-                finally:
-                    venv.close()
-        finally:
-            signal.signal(signal.SIGUSR1, handler)
+    def test_stop_signals_while_env_processes_start_are_held_not_lost(self, VecEnvClass):
+        """What scancel does at start-up: SIGINT, SIGTERM and SIGUSR1 sent to each env process
+        the moment it is started, and to the rank, in a fresh process (so that the first start
+        also starts multiprocessing's resource tracker, which unblocked SIGINT and SIGTERM and
+        let them kill env processes). Every env process lives and ends well; the rank's
+        handlers run, once all have started: each signal was held, not dropped."""
+        script = f"""
+import functools, multiprocessing as mp, os, signal, sys
+sys.path.insert(0, {ROOT!r})
+import vecenv
+from test_all import StubGoalEnv
+if __name__ == "__main__":
+    got = []
+    for s in vecenv.STOP_SIGNALS:
+        signal.signal(s, lambda signum, frame: got.append(signum))
+    Process = mp.get_context("spawn").Process
+    start = Process.start
+    def start_and_signal(process):
+        start(process)
+        for s in vecenv.STOP_SIGNALS:
+            os.kill(process.pid, s)
+            os.kill(os.getpid(), s)
+    Process.start = start_and_signal
+    venv = vecenv.{VecEnvClass.__name__}([functools.partial(StubGoalEnv) for _ in range(2)])
+    venv.reset()
+    venv.close()
+    print("got", sorted(set(got)), "exit codes", [p.exitcode for p in venv.ps])
+"""
+        proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                              timeout=120, cwd=ROOT)
+        signals = sorted(int(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1))
+        assert proc.stdout == f"got {signals} exit codes [0, 0]\n", proc.stdout + proc.stderr
 
     @PROCESS_VEC_ENVS
     def test_send_failing_part_way_closes_the_vec_env_and_later_calls_say_why(self, VecEnvClass):

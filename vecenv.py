@@ -30,6 +30,7 @@ import os
 import signal
 import time
 import traceback
+from multiprocessing import resource_tracker
 
 import numpy as np
 
@@ -279,7 +280,10 @@ class SubprocVecEnv(VecEnv):
                                args=(work_remotes[i], self.remotes[i], env_fns[i],
                                      self._obs_buffers(ctx, i)))
                    for i in range(n)]
-        # and so are the env processes, from their first moment
+        # Easy to miss: the first start in a process also starts multiprocessing's resource
+        # tracker, which unblocks SIGINT and SIGTERM when done; started first, it cannot.
+        resource_tracker.ensure_running()
+        # the stop signals blocked in the rank and so in each env process from its first moment
         with stop_signals_blocked():
             for p in self.ps:
                 p.start()
