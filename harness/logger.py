@@ -143,8 +143,8 @@ def code_version(folder):
 
 def machine():
     """The CPU model, the numeric libraries whose kernels decide a run's last digits, and the MPI
-    (once started: never started here): 'AMD EPYC; numpy 2.4.6; openblas 0.3.31.188.0
-    (Haswell); MPICH 5.0.2' (docs/usage.md, what a seed fixes)."""
+    where mpi4py has started it (this never starts it): 'AMD EPYC; numpy 2.4.6; openblas
+    0.3.31.188.0 (Haswell); MPICH 5.0.2' (docs/usage.md, what a seed fixes)."""
     cpu = platform.machine()
     try:
         with open("/proc/cpuinfo") as f:
