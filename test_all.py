@@ -292,7 +292,6 @@ def textbook_adam(theta, grads, lr, beta1=0.9, beta2=0.999, epsilon=1e-8):
     return adam.theta
 
 
-
 def run_mpi_case(n_ranks, case, timeout=180):
     """`mpirun -np n_ranks python test_all.py case`: MPI_CASES[case] on every rank."""
     assert mpirun_exe(), "mpirun not found: pip install -r requirements.txt"
@@ -358,7 +357,6 @@ class RecordingPolicy:
         return np.zeros((len(o), self.dims["u"]), np.float32), np.zeros(len(o))
 
 
-
 # ---------------------------------------------------------------- train.py: runs, end to end
 
 
@@ -397,7 +395,6 @@ class TestTrain:
         # totals count both ranks: 2 epochs x 3 cycles x 2 envs x 2 ranks
         assert int(rows[-1]["total/episodes"]) == 24
         assert int(rows[-1]["total/timesteps"]) == 24 * 50
-
 
 
 # ---------------------------------------------------------------- rollout.py: RolloutWorker
@@ -742,7 +739,6 @@ class TestHer:
         message = str(raised.value)
         assert "\n" not in message and "'later'" in message
         assert all(name in message for name in HER_STRATEGIES + ("none",)), message
-
 
 
 # ---------------------------------------------------------------- replay.py: the replay buffer
