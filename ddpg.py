@@ -115,6 +115,12 @@ def bc_actor_loss_and_grad(ac, x_pi, u, q_u, n_demo, action_l2, prm_loss_weight,
 
 # ---------------------------------------------------------------- the agent
 
+def discount(gamma, T):
+    """gamma, or where none is given baselines' discount matched to the horizon, 1 - 1/T (0.98
+    for T = 50)."""
+    return 1. - 1. / T if gamma is None else gamma
+
+
 def target_range(r_range, gamma, clip_return):
     """[Q_min, Q_max] for the critic target y = clip(r + gamma * Q_targ, Q_min, Q_max): a return
     sum_t gamma^t r_t with every r_t in [r_min, r_max] lies in it (Fetch and Hand: baselines'
@@ -141,8 +147,7 @@ class DDPG:
     def __init__(self, cfg, task, rng, comm, Q_range=None):
         self.cfg, self.rng = cfg, rng
         self.dims, self.T, self.max_u = dict(task.dims), task.T, float(task.max_u)
-        # baselines: the discount matched to the horizon, gamma = 1 - 1/T (0.98 for T = 50)
-        self.gamma = cfg.gamma or 1. - 1. / self.T
+        self.gamma = discount(cfg.gamma, self.T)
         # A target outside [Q_min, Q_max] is an error of Q_targ and is clipped (target_range)
         self.Q_min, self.Q_max = (target_range(task.r_range, self.gamma, cfg.clip_return)
                                   if Q_range is None else map(float, Q_range))

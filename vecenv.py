@@ -272,7 +272,7 @@ class SubprocVecEnv(VecEnv):
 
     def __init__(self, env_fns, timeout=0):
         ctx = mp.get_context("spawn")
-        self.closed, self.timeout = False, timeout
+        self.closed, self.timeout = True, timeout  # nothing to close until all have started
         n = len(env_fns)
         self._pending = ["start"] * n
         self.remotes, work_remotes = zip(*[ctx.Pipe() for _ in range(n)], strict=True)
@@ -287,6 +287,7 @@ class SubprocVecEnv(VecEnv):
         with stop_signals_blocked():
             for p in self.ps:
                 p.start()
+        self.closed = False
         # Easy to miss: unless the rank closes its copy of each env process's end, a dead env
         # process never produces EOF on the rank's end and recv() blocks forever.
         for work_remote in work_remotes:
@@ -362,8 +363,9 @@ class SubprocVecEnv(VecEnv):
                         remote.recv()
                 except (EOFError, BrokenPipeError, OSError):
                     pass  # already dead: reaped below
+        deadline = time.monotonic() + 0.5  # all broken ones: half a second, then killed
         for p in self.ps:
-            p.join(timeout=5 if why is None else 0.5)
+            p.join(timeout=5 if why is None else max(0., deadline - time.monotonic()))
             if p.is_alive():
                 p.kill()
                 p.join()

@@ -11,18 +11,26 @@ for in each rank's losses and weights is nonfinite_names' here.
 
 Test: `python -m pytest -q tests/test_checkpoint.py`.
 """
+import dataclasses
+import hashlib
 import json
 import os
 
 import numpy as np
 
-from ddpg import POLICY_KEYS
+from ddpg import DDPG, POLICY_KEYS
+from harness.cli import RESUME_FLAGS
 from harness.errors import BadFileError, UsageError
-from harness.files import atomic_savez, load_npz, set_policy_from_file
+from harness.files import atomic_savez, load_npz, load_policy_arrays, set_policy_from_file
+from harness.logger import read_progress
 from harness.mpi_util import raise_if_any_rank_failed
+from mpi_adam import ONE_RANK
 
 CHECKPOINT_KEYS = POLICY_KEYS + ("epoch", "cycle", "n_ranks", "rng_json", "Q_adam/m",
                                  "log/train_success_history", "log/train_losses")
+# Arrays whose first dimension grows with the run; older checkpoints lack the optional ones.
+GROWING, OPTIONAL = ("buffer/", "log/"), ("run_config", "log/progress_sha256", "checksum")
+OWN_COUNTERS = ("n_episodes", "n_updates", "buffer/current_size")
 
 
 def checkpoint_path(logdir, rank, previous=False):
@@ -30,23 +38,53 @@ def checkpoint_path(logdir, rank, previous=False):
     return os.path.join(logdir, "checkpoint", f"rank{rank}{'.prev' if previous else ''}.npz")
 
 
-def save_checkpoint(logdir, epoch, cycle, best, policy, workers, comm, losses=()):
-    """Every rank writes its own complete state; (epoch, cycle) is where training resumes.
-    The checkpoint it replaces becomes rank<r>.prev.npz first: a rank stopped mid-save, the
-    others done, still has the position they all share (save_on_every_rank's allgather after
-    each save means no rank starts the next save before every rank has finished this one)."""
-    arrays = agent_arrays(policy)
+def save_checkpoint(logdir, epoch, cycle, best, policy, workers, comm, losses=(), progress=""):
+    """Every rank writes its own complete state; (epoch, cycle) is where training resumes;
+    progress: the sha256 of progress.csv as rank 0 last wrote it. The checkpoint it replaces
+    becomes rank<r>.prev.npz first: a rank stopped mid-save, the others done, still has the
+    position they all share (save_on_every_rank's allgather after each save means no rank
+    starts the next save before every rank has finished this one)."""
     # The epoch's logs so far (none at an epoch boundary, cycle 0): without them an epoch resumed
     # mid-way would log train/success_rate and the losses of its resumed cycles only.
     history = list(workers[0].success_history) if cycle > 0 else []
-    arrays["log/train_success_history"] = np.array(history, np.float64)
-    arrays["log/train_losses"] = np.array(losses, np.float64).reshape(-1, 2)  # (critic, actor)
-    arrays.update(epoch=np.array(epoch), cycle=np.array(cycle), best=np.array(best),
-                  n_ranks=np.array(comm.Get_size()),
-                  n_episodes=np.array([w.n_episodes for w in workers]))
+    arrays = checkpoint_arrays(policy, (epoch, cycle, best, comm.Get_size()),
+                               [w.n_episodes for w in workers], history, losses, progress)
     rank = comm.Get_rank()
     atomic_savez(checkpoint_path(logdir, rank), arrays,
                  keep_previous=checkpoint_path(logdir, rank, previous=True))
+
+
+def checkpoint_arrays(policy, position, n_episodes, history=(), losses=(), progress=""):
+    """Every array of a checkpoint, named here only: save_checkpoint writes them, and
+    check_checkpoint holds a file against those of an agent built from config.json."""
+    arrays = agent_arrays(policy)
+    arrays["log/train_success_history"] = np.array(history, np.float64)
+    arrays["log/train_losses"] = np.array(losses, np.float64).reshape(-1, 2)  # (critic, actor)
+    arrays["log/progress_sha256"] = np.array(progress)
+    arrays["run_config"] = np.array(json.dumps(run_settings(policy.cfg)))
+    epoch, cycle, best, n_ranks = position
+    arrays.update(epoch=np.array(epoch), cycle=np.array(cycle), best=np.array(best),
+                  n_ranks=np.array(n_ranks), n_episodes=np.array(n_episodes))
+    arrays["checksum"] = np.array(checksum(arrays))
+    return arrays
+
+
+def checksum(arrays):
+    """sha256 over every array but "checksum" (name, dtype, shape, bytes), so that a checkpoint
+    edited by hand, one array or one number, is refused rather than resumed."""
+    digest = hashlib.sha256()
+    for key in sorted(set(arrays) - {"checksum"}):
+        value = np.ascontiguousarray(arrays[key])
+        digest.update(f"{key} {value.dtype.str} {value.shape}".encode())
+        digest.update(value.reshape(-1).view(np.uint8))
+    return digest.hexdigest()
+
+
+def run_settings(cfg):
+    """The settings a checkpoint is bound to: all but how long the run goes on and where its
+    folder is (a run folder may be moved, and resumed there)."""
+    return {k: v for k, v in dataclasses.asdict(cfg).items()
+            if k not in RESUME_FLAGS and k != "logdir"}
 
 
 def agent_arrays(policy):
@@ -117,23 +155,86 @@ def common_position(run_dir, positions, comm):
     return (epoch, cycle), note
 
 
-def load_checkpoint(run_dir, positions, comm):
+def load_checkpoint(run_dir, positions, comm, template, cfg):
     """Collective: every rank loads its checkpoint of the newest (epoch, cycle) all ranks have
-    (positions: this rank's, checkpoint_positions'); returns its path, its arrays and
-    common_position's note, or every rank raises the first BadFileError's line."""
+    (positions: this rank's, checkpoint_positions'), checked against the run's configuration
+    (check_checkpoint; rank 0: progress.csv and the policies too). Returns its path, its
+    arrays, the rows of progress.csv the run keeps and common_position's note, or every rank
+    raises the first BadFileError's line."""
     position, note = common_position(run_dir, positions, comm)  # [MPI]
-    path, arrays, error = positions[position], None, None
+    path, arrays, rows, error = positions[position], None, [], None
     try:
         arrays = read_checkpoint(path)
+        check_checkpoint(arrays, path, template, cfg)
+        if comm.Get_rank() == 0:
+            digest = str(arrays.get("log/progress_sha256", ""))
+            rows = read_progress(os.path.join(run_dir, "progress.csv"), position[0], digest)
+            best = max([float(row["test/success_rate"]) for row in rows], default=-1.)
+            if float(arrays["best"]) != best:
+                raise BadFileError(f"{path}: its best test success rate {float(arrays['best'])} "
+                                   f"is not progress.csv's {best}; they are not one run")
+            for name in ("policy_best.npz", "policy_latest.npz") if position[0] > 0 else ():
+                load_policy_arrays(os.path.join(run_dir, name))  # written before the checkpoint
     except BadFileError as e:
         error = str(e)
     raise_if_any_rank_failed(comm, error)  # [MPI]
-    return path, arrays, note
+    return path, arrays, rows, note
 
 
 def read_checkpoint(path):
     """The arrays of one checkpoint file (local: no MPI calls), or BadFileError."""
     return load_npz(path, CHECKPOINT_KEYS, "checkpoint")
+
+
+def checkpoint_template(cfg, task):
+    """checkpoint_arrays of an agent built from the run's configuration: what each array of its
+    checkpoints must be (the agent's replay buffer is allocated, not touched: no memory)."""
+    agent = DDPG(cfg, task, np.random.default_rng(0), ONE_RANK)
+    return checkpoint_arrays(agent, (0, 0, -1., 1), [0, 0])
+
+
+def check_checkpoint(arrays, path, template, cfg):
+    """BadFileError unless the checkpoint holds every array `template` names, of its dtype and
+    shape (the first dimension of a growing one aside), its settings are the configuration's,
+    and its counters are what (epoch, cycle) makes them (local: no MPI calls)."""
+    for key, want in template.items():
+        got = arrays.get(key)
+        if got is None and key in OPTIONAL:
+            continue
+        if got is None:
+            raise BadFileError(f"{path}: no {key!r} array; it is damaged or not from this run")
+        same_shape = (got.shape[1:] == want.shape[1:] and got.ndim == want.ndim
+                      if key.startswith(GROWING) else got.shape == want.shape)
+        if got.dtype.kind != want.dtype.kind or not same_shape or (
+                got.dtype != want.dtype and want.dtype.kind != "U"):
+            raise BadFileError(f"{path}: its {key!r} array is {got.dtype} {got.shape}, where this "
+                               f"run's config.json makes it {want.dtype} {want.shape}")
+    if "checksum" in arrays and str(arrays["checksum"]) != checksum(arrays):
+        raise BadFileError(f"{path}: its arrays are not those saved (checksum differs): edited "
+                           f"or damaged; resume from an untouched copy")
+    for key in ("config_json", "run_config"):
+        if key in arrays:
+            saved, own = (json.loads(str(a[key])) for a in (arrays, template))
+            differ = [k for k in own if saved.get(k) != own[k]]
+            if differ:
+                raise BadFileError(f"{path} was saved with {differ[0]} {saved.get(differ[0])!r}, "
+                                   f"config.json says {own[differ[0]]!r}; they are not one run")
+    epoch, cycle = int(arrays["epoch"]), int(arrays["cycle"])
+    cycles, T = epoch * cfg.n_cycles + cycle, json.loads(str(template["config_json"]))["T"]
+    stored = min(cycles * cfg.num_env, cfg.buffer_size // T)
+    counters = {"n_episodes": [cycles * cfg.num_env, epoch * cfg.n_test_rollouts * cfg.num_env],
+                "n_updates": cycles * cfg.n_batches, "buffer/current_size": stored,
+                **{key: stored for key in template if key.startswith("buffer/")
+                   and key != "buffer/current_size"}}
+    for key, value in counters.items():
+        got = arrays[key].tolist() if key in OWN_COUNTERS else len(arrays[key])
+        if got != value or not (epoch >= 0 and 0 <= cycle <= cfg.n_cycles):
+            raise BadFileError(f"{path}: its {key} is {got}, not {value} as epoch {epoch}, "
+                               f"cycle {cycle} of this run's config.json make it")
+    try:
+        np.random.default_rng().bit_generator.state = json.loads(str(arrays["rng_json"]))
+    except (ValueError, TypeError, KeyError) as e:
+        raise BadFileError(f"{path}: its random generator's state is damaged ({e})") from None
 
 
 # ---------------------------------------------------------------- what a stop looks for

@@ -8,23 +8,26 @@ UsageError line; rank 0 builds the configuration and every rank takes it (shared
 Test: `python -m pytest -q tests/test_cli.py`.
 """
 import argparse
+import ast
+import contextlib
 import dataclasses
 import inspect
+import io
 import json
+import math
 import os
-import re
 import sys
+import textwrap
 import time
+import tokenize
+import types
+import typing
 
 import numpy as np
 
 from config import ENV_OVERRIDES, Config
 from harness.errors import UsageError
-from harness.goal_env import VEC_ENVS
-
-# Fixed values of str fields, offered as the flag's choices (argparse rejects the rest).
-CHOICES = {"replay_strategy": ("future", "final", "episode", "random", "none"),
-           "vec_env": tuple(VEC_ENVS)}
+from replay import episode_shapes
 
 
 def make_config(args):
@@ -46,60 +49,161 @@ def given_config_args(args):
     return {k: v for k, v in vars(args).items() if v is not None and k in names}
 
 
-# The ranges that argparse's types cannot express: {what a value must be: the fields}
-RANGES = {"at least 1": ("num_env", "n_cycles", "n_batches", "batch_size", "buffer_size",
-                         "hidden", "layers"),
-          "0 or more": ("env_timeout", "mpi_timeout", "n_epochs", "n_test_rollouts", "replay_k",
-                        "policy_save_interval", "sync_check_interval", "Q_lr", "pi_lr",
-                        "action_l2", "noise_eps", "prm_loss_weight", "aux_loss_weight"),
-          "above 0": ("clip_obs", "norm_eps", "norm_clip"),
-          "between 0 and 1": ("polyak", "random_eps")}
+# ---------------------------------------------------------------- every value's type and range
+
+def config_comments():
+    """{field: its trailing comment} from Config's source: the help text of each flag. ast
+    finds each field's line, tokenize the comment on it."""
+    source = textwrap.dedent(inspect.getsource(Config))
+    line_of = {node.end_lineno: node.target.id for node in ast.parse(source).body[0].body
+               if isinstance(node, ast.AnnAssign)}
+    return {line_of[tok.start[0]]: tok.string.lstrip("#").strip()
+            for tok in tokenize.generate_tokens(io.StringIO(source).readline)
+            if tok.type == tokenize.COMMENT and tok.start[0] in line_of}
+
+
+def value_rule(comment):
+    """(test, words) of the values a field's comment opens with (>=1, >0, [0,1), {a, b}), or
+    None where it opens with none. The tests are written so that NaN fails each of them."""
+    head = comment.split(" ", 1)[0]
+    if comment.startswith("{"):
+        choices = tuple(c.strip() for c in comment[1:comment.index("}")].split(","))
+        return (lambda v: v in choices), f"one of {', '.join(choices)}"
+    if head.startswith(">="):
+        return (lambda v: v >= float(head[2:])), f"at least {head[2:]}"
+    if head.startswith(">"):
+        return (lambda v: v > float(head[1:])), f"above {head[1:]}"
+    if head[:1] in "[(":
+        lo, hi = (float(end) for end in head[1:-1].split(","))
+        low_ok = (lambda v: v >= lo) if head[0] == "[" else (lambda v: v > lo)
+        high_ok = (lambda v: v <= hi) if head[-1] == "]" else (lambda v: v < hi)
+        return (lambda v: low_ok(v) and high_ok(v)), f"in {head}"
+    return None
+
+
+def field_kind(f):
+    """(type, whether None is a value) of a Config field: float | None -> (float, True)."""
+    if isinstance(f.type, types.UnionType):
+        kinds = [k for k in typing.get_args(f.type) if k is not type(None)]
+        return kinds[0], len(kinds) < len(typing.get_args(f.type))
+    return f.type, False
+
+
+def checked_value(f, value, rule):
+    """The value as the field's type holds it (an int for a float field: its float; a list for
+    a pair: its tuple), or UsageError naming the flag, what it takes and the value."""
+    kind, may_be_none = field_kind(f)
+    if value is None and may_be_none:
+        return None
+    if typing.get_origin(kind) is tuple and isinstance(value, (list, tuple)):
+        value = parse_range(",".join(map(str, value)))
+    elif kind is float and is_number(value) and finite(value):
+        value = float(value)
+    elif kind is float or typing.get_origin(kind) is tuple or not (
+            isinstance(value, kind) if kind is not int else is_number(value, int)):
+        what = {float: "a finite number", int: "an integer", bool: "0 or 1 (false or true)",
+                str: "a string"}.get(kind, "two numbers R_MIN,R_MAX")
+        raise UsageError(f"--{f.name} takes {what}, got {value!r}")
+    if kind is str and not value:
+        raise UsageError(f"--{f.name} takes a non-empty string, got ''")
+    if rule is not None and not rule[0](value):
+        raise UsageError(f"--{f.name} must be {rule[1]}, got {value!r}")
+    return value
+
+
+def is_number(value, kind=(int, float)):
+    return isinstance(value, kind) and not isinstance(value, bool)
+
+
+def finite(value):
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an int too large for a float
+        return False
 
 
 def validate_config(cfg):
-    """A one-line UsageError for the first value out of its range, or flags that do not go
-    together; the files the flags name are checked in harness/run.py (Run.read_inputs)."""
-    for must_be, names in RANGES.items():
-        for name in names:
-            value = getattr(cfg, name)
-            # written so that NaN fails every check
-            within = {"at least 1": value >= 1, "0 or more": value >= 0, "above 0": value > 0,
-                      "between 0 and 1": 0 <= value <= 1}
-            if not within[must_be]:
-                raise UsageError(f"--{name} must be {must_be}, got {value}")
-    if not 0 <= cfg.gamma < 1:  # gamma = 1 would make the target's bounds r / (1 - gamma) infinite
-        raise UsageError(f"--gamma must be at least 0 and below 1 (0: 1 - 1/T), got {cfg.gamma}")
-    parse_reward_range(cfg.reward_range)
+    """The Config with every value checked against its field's type and range (config.py's
+    comments), and the flags that must go together; the first problem is one UsageError line.
+    What needs the task too (a buffer that holds an episode, the memory a run needs) is
+    check_fits's; the files the flags name are checked in harness/run.py (Run.read_inputs)."""
+    comments = config_comments()
+    cfg = dataclasses.replace(cfg, **{
+        f.name: checked_value(f, getattr(cfg, f.name), value_rule(comments[f.name]))
+        for f in dataclasses.fields(Config)})
     make = "make one with: python -m experiment.demos --env FetchPickAndPlace-v4 --out demos.npz"
     if cfg.bc_loss and not cfg.demo_file:
         raise UsageError(f"--bc_loss 1 clones demonstrations: give --demo_file PATH ({make})")
     if cfg.q_filter and not cfg.bc_loss:
         raise UsageError("--q_filter 1 filters the cloning loss of --bc_loss 1: give --bc_loss 1 "
                          "too, or drop --q_filter")
-    if not cfg.demo_file:
-        return
-    for name in ("num_demo", "demo_batch_size"):
-        if getattr(cfg, name) < 1:
-            raise UsageError(f"--{name} must be at least 1 with --demo_file, "
-                             f"got {getattr(cfg, name)}")
-    if cfg.demo_batch_size >= cfg.batch_size:
+    if cfg.demo_file and cfg.demo_batch_size >= cfg.batch_size:
         raise UsageError(f"--demo_batch_size {cfg.demo_batch_size} must be below --batch_size "
                          f"{cfg.batch_size} (the rest of each batch is the rank's own data): "
                          f"lower --demo_batch_size or raise --batch_size")
+    return cfg
 
 
-def parse_reward_range(text):
-    """'R_MIN,R_MAX' -> (r_min, r_max), either end may be -inf or inf; '' -> None (measure)."""
-    if not text:
-        return None
+def parse_range(text):
+    """'R_MIN,R_MAX' -> (r_min, r_max) with r_min below r_max, either end may be -inf or inf."""
     try:
         r_min, r_max = (float(v) for v in text.split(","))
     except ValueError:
         r_min = r_max = np.nan
     if not r_min < r_max:  # written so that NaN fails too
         raise UsageError(f"--reward_range {text}: give two numbers R_MIN,R_MAX with R_MIN below "
-                         "R_MAX, e.g. --reward_range -1,0")
+                         "R_MAX, e.g. --reward_range=-1,0 (with '=': it starts with '-')")
     return r_min, r_max
+
+
+# ---------------------------------------------------------------- what the task asks of a run
+
+# Resident memory of one process beside its arrays: Python, NumPy, MuJoCo and one env (113 MB
+# for FetchPush-v4, 136 MB for HandManipulateBlockRotateZ-v1, measured here), rounded up.
+PROCESS_MB = 150
+
+
+def check_fits(cfg, task, ranks_here):
+    """UsageError if the run cannot hold an episode or what it needs (the replay and demo
+    buffers, one batch through the networks, the env processes) is more than this host's memory
+    for `ranks_here` ranks on it; a warning line near it. An estimate, named in the line."""
+    if cfg.buffer_size < cfg.num_env * task.T:
+        raise UsageError(f"--buffer_size {cfg.buffer_size} holds no {cfg.num_env} episode(s) of "
+                         f"{cfg.env}'s T = {task.T} steps (one rollout): give at least "
+                         f"{cfg.num_env * task.T}")
+    episode = sum(steps * dim for steps, dim in episode_shapes(task.dims, task.T).values())
+    buffer = 4 * episode * (cfg.buffer_size // task.T + (cfg.num_demo if cfg.demo_file else 0))
+    d = task.dims
+    params = (d["o"] + 2 * d["g"] + d["u"] + cfg.layers * cfg.hidden) * cfg.hidden * 2
+    # float32: the buffers; per update the batch's arrays (o, o_2, g, ag, ag_2, u, r) and each
+    # layer's activations and gradients, actor and critic, main and target; weights 6 times
+    batch = 4 * cfg.batch_size * (2 * d["o"] + 3 * d["g"] + d["u"] + 16 * cfg.layers * cfg.hidden)
+    processes = PROCESS_MB * 2**20 * (1 + (cfg.num_env if cfg.num_env > 1 else 0))
+    need = ranks_here * (buffer + batch + 24 * params + processes)
+    have = available_memory()
+    if have is None or need < 0.8 * have:
+        return
+    line = (f"the run needs about {need / 2**30:.1f} GiB on this host ({ranks_here} rank(s) x "
+            f"{buffer / 2**30:.2f} GiB of replay buffer, {batch / 2**30:.2f} GiB for one batch, "
+            f"{processes / 2**30:.2f} GiB of processes), against {have / 2**30:.1f} GiB free")
+    if need > have:
+        raise UsageError(f"{line}: lower --buffer_size, --batch_size or --num_env, or run fewer "
+                         f"ranks on this host")
+    print(f"warning: {line}; it may run out of memory", file=sys.stderr, flush=True)
+
+
+def available_memory():
+    """Bytes this process may still take: Linux's MemAvailable, or less under a cgroup limit;
+    None where neither can be read."""
+    sizes = []
+    with contextlib.suppress(OSError, ValueError, StopIteration):
+        with open("/proc/meminfo") as f:
+            line = next(line for line in f if line.startswith("MemAvailable:"))
+            sizes.append(1024 * int(line.split()[1]))
+    with contextlib.suppress(OSError, ValueError):
+        with open("/sys/fs/cgroup/memory.max") as f, open("/sys/fs/cgroup/memory.current") as g:
+            sizes.append(int(f.read()) - int(g.read()))
+    return min(sizes) if sizes else None
 
 
 # ---------------------------------------------------------------- command line
@@ -110,30 +214,40 @@ class ArgumentParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
-def config_comments():
-    """{field: its trailing comment} from Config's source: the help text of each flag."""
-    source = inspect.getsource(Config)
-    return dict(re.findall(r"^    (\w+): [\w.]+ = [^#\n]*#\s*(.*)$", source, re.M))
-
-
 def config_flags(p, names=None):
     """Add --<field> for every Config field (or for those in `names`). Every default is None,
     so that make_config can tell a flag given from one left out (the env's overrides apply to
-    those). bool fields take 0 or 1, as baselines' --clip_return; str fields in CHOICES those."""
+    those). bool fields take 0 or 1, as baselines' --clip_return; a comment's {a, b} are the
+    choices; a field typed X | None says its default in its comment."""
     comments = config_comments()
     for f in dataclasses.fields(Config):
         if names is not None and f.name not in names:
             continue
-        default = int(f.default) if f.type is bool else f.default
+        kind, _ = field_kind(f)
+        default = int(f.default) if kind is bool else f.default
+        default = "" if default is None else f" (default {default!r})"
         # argparse %-formats help texts: a literal % must be doubled
-        help_text = f"{comments[f.name]} (default {default!r})".replace("%", "%%")
-        if f.type is bool:
-            kind = dict(type=zero_or_one, metavar="{0,1}")
-        elif f.name in CHOICES:
-            kind = dict(choices=CHOICES[f.name])
+        help_text = f"{comments[f.name]}{default}".replace("%", "%%")
+        if kind is bool:
+            flag = dict(type=zero_or_one, metavar="{0,1}")
+        elif comments[f.name].startswith("{"):
+            choices = comments[f.name][1:comments[f.name].index("}")]
+            flag = dict(choices=[c.strip() for c in choices.split(",")])
+        elif typing.get_origin(kind) is tuple:
+            flag = dict(type=argparse_type(parse_range), metavar="R_MIN,R_MAX")
         else:
-            kind = dict(type=f.type)
-        p.add_argument(f"--{f.name}", default=None, help=help_text, **kind)
+            flag = dict(type=kind)
+        p.add_argument(f"--{f.name}", default=None, help=help_text, **flag)
+
+
+def argparse_type(parse):
+    """`parse` for argparse: its UsageError as argparse's one-line error."""
+    def convert(text):
+        try:
+            return parse(text)
+        except UsageError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+    return convert
 
 
 def zero_or_one(text):
@@ -145,24 +259,48 @@ def zero_or_one(text):
 def config_for(args):
     """The saved configuration on --resume, else a new one (its log dir named by default)."""
     if args.resume:
-        path = os.path.join(args.resume, "config.json")
-        try:
-            with open(path) as f:
-                saved = json.load(f)
-            saved.pop("n_ranks", None)  # what ran it, not a setting: this launch's decides
-            cfg = Config(**saved)
-        except FileNotFoundError:
-            raise UsageError(f"--resume {args.resume}: no config.json there; "
-                             "give the run directory that train.py wrote") from None
-        except (ValueError, TypeError) as e:
-            raise UsageError(f"{path}: not a config written by train.py ({e})") from None
+        cfg = saved_config(args.resume)
         return dataclasses.replace(cfg, logdir=args.resume, **given_config_args(args))
     cfg = make_config(args)
-    if not cfg.logdir:
+    if cfg.logdir is None:
         stamp = time.strftime("%Y%m%d-%H%M%S")
         logdir = os.path.join("runs", f"{cfg.env}-seed{cfg.seed}-{stamp}")
         cfg = dataclasses.replace(cfg, logdir=logdir)
     return cfg
+
+
+# What config.json holds beside the Config: what ran it (mpirun's -np) and the task's T, which
+# also tells a file written before the fields typed X | None, whose defaults were 0. and ''.
+RUN_FACTS = ("n_ranks", "T")
+OLD_DEFAULTS = {"gamma": 0., "reward_range": "", "demo_file": "", "logdir": ""}
+
+
+def saved_config(run_dir):
+    """The Config of a run folder's config.json, every value checked as a flag's is; any
+    problem one UsageError naming the file."""
+    path = os.path.join(run_dir, "config.json")
+    try:
+        with open(path) as f:
+            saved = json.load(f)
+    except FileNotFoundError:
+        raise UsageError(f"--resume {run_dir}: no config.json there, so not a run folder; give "
+                         "the folder a run of train.py wrote") from None
+    except (OSError, ValueError) as e:
+        raise UsageError(f"{path}: cannot read it ({e}); not as train.py wrote it") from None
+    fields = {f.name for f in dataclasses.fields(Config)}
+    keys = set(saved) - set(RUN_FACTS) if isinstance(saved, dict) else set()
+    if keys != fields:
+        raise UsageError(f"{path}: not as train.py wrote it (fields {sorted(keys ^ fields)} "
+                         "missing or unknown)")
+    if "T" not in saved:
+        for name, old in OLD_DEFAULTS.items():
+            saved[name] = None if saved[name] == old else saved[name]
+        if isinstance(saved["reward_range"], str):
+            saved["reward_range"] = saved["reward_range"].split(",")
+    try:
+        return validate_config(Config(**{name: saved[name] for name in fields}))
+    except UsageError as e:
+        raise UsageError(f"{path}: {str(e).lstrip('-')}; not as train.py wrote it") from None
 
 
 def shared_config(args, comm):
@@ -173,9 +311,7 @@ def shared_config(args, comm):
     cfg, error = None, None
     if comm.Get_rank() == 0:
         try:
-            cfg = config_for(args)
-            validate_config(cfg)
-            cfg = dataclasses.asdict(cfg)
+            cfg = dataclasses.asdict(validate_config(config_for(args)))
         except UsageError as e:
             error = str(e)
     cfg, error = comm.bcast((cfg, error), root=0)  # [MPI]

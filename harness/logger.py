@@ -12,6 +12,7 @@ short lines an epoch take its place.
 Test: `python -m pytest -q tests/test_logger.py`.
 """
 import csv
+import hashlib
 import io
 import os
 import platform
@@ -22,18 +23,20 @@ import time
 import numpy as np
 from threadpoolctl import threadpool_info
 
+from harness.errors import BadFileError
 from harness.files import atomic_write_text
 from harness.launch import launched, library_name
 
 
 class EpochLogger:
-    def __init__(self, logdir, enabled, start_epoch=0):
+    """progress.csv: rows, the earlier epochs' first on --resume (read_progress), each epoch's
+    appended; `digest`, the sha256 of the file as last written, goes into each checkpoint."""
+
+    def __init__(self, logdir, enabled, rows=()):
         self.enabled = enabled
         self.path = os.path.join(logdir, "progress.csv")
-        self.rows = []
-        if enabled and start_epoch > 0 and os.path.exists(self.path):
-            with open(self.path, newline="") as f:  # a resumed run keeps its earlier epochs
-                self.rows = [r for r in csv.DictReader(f) if int(r["epoch"]) < start_epoch]
+        self.rows = list(rows)
+        self.digest = ""
 
     def dump(self, row):
         """Print the row as a table and rewrite progress.csv with it appended."""
@@ -49,6 +52,38 @@ class EpochLogger:
         writer.writeheader()
         writer.writerows(self.rows)
         atomic_write_text(self.path, text.getvalue())
+        self.digest = hashlib.sha256(text.getvalue().encode()).hexdigest()
+
+
+def read_progress(path, n_epochs, digest):
+    """The rows of epochs 0 to n_epochs - 1 of a run's progress.csv, which a resumed run keeps
+    (a later row, logged before its checkpoint was saved, is logged again), or BadFileError:
+    rows missing, cut, not numbers, epochs out of order, or (digest: the checkpoint's sha256
+    of the file as it then was; '' in older checkpoints) not the rows the run wrote."""
+    if n_epochs == 0:
+        return []
+    try:
+        with open(path, newline="") as f:
+            lines = f.read().splitlines(keepends=True)[:1 + n_epochs]
+    except (OSError, UnicodeDecodeError) as e:
+        raise BadFileError(f"{path}: cannot read it ({getattr(e, 'strerror', None) or e}); the "
+                           f"checkpoint is at epoch {n_epochs}, and the file holds its rows"
+                           ) from None
+    kept = "".join(lines)
+    rows = list(csv.DictReader(io.StringIO(kept)))
+    for epoch, row in enumerate(rows):
+        try:
+            numbers = [float(v) for v in row.values()]
+        except (TypeError, ValueError):  # None: fields missing
+            numbers = None
+        if numbers is None or None in row or row.get("epoch") != str(epoch):
+            break
+    else:
+        if len(rows) == n_epochs and (
+                not digest or hashlib.sha256(kept.encode()).hexdigest() == digest):
+            return rows
+    raise BadFileError(f"{path}: its rows are not the {n_epochs} epoch(s) the checkpoint has "
+                       f"done (missing, cut, edited or not numbers); put back the run's own file")
 
 
 class RunLog:

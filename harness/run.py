@@ -22,20 +22,23 @@ import contextlib
 import dataclasses
 import json
 import os
+import socket
 import time
 
 from tqdm import tqdm
 
 from config import Config
+from ddpg import discount
 from harness.checkpoint import (
     checkpoint_positions,
+    checkpoint_template,
     load_checkpoint,
     nonfinite_names,
     restore_agent,
     restore_epoch_so_far,
     save_checkpoint,
 )
-from harness.cli import parse_reward_range, shared_config
+from harness.cli import check_fits, shared_config
 from harness.errors import BadFileError, Interrupted, NonFiniteError, UsageError
 from harness.files import atomic_write_text, load_demos, load_policy_arrays, save_policy
 from harness.goal_env import build_venv, check_policy_fits, describe_env
@@ -101,8 +104,12 @@ class Run:
         self.rank0 = comm.Get_rank() == 0
         self.log = self.lock = self.venv = self.bar = None
         self.read_inputs(args)  # [MPI] every rank agrees that they are good
+        cfg = self.cfg  # with the values in force (read_inputs)
         self.lock = hold_run_folder(cfg.logdir, comm)  # [MPI] before anything is written there
-        make_logdir(cfg, comm)  # [MPI]
+        self.venv = build_venv(cfg)
+        # From here a stop signal waits for the end of a cycle, saving (watchdog.py)
+        watchdog.starting = False
+        make_logdir(cfg, comm, self.task.T)  # [MPI]
         resumed_at = None if self.checkpoint is None else (int(self.checkpoint["epoch"]),
                                                            int(self.checkpoint["cycle"]))
         self.log = RunLog(cfg.logdir, enabled=self.rank0, argv=["train.py", *args.argv],
@@ -112,33 +119,43 @@ class Run:
             if self.resume_note:
                 print(self.resume_note, flush=True)
             print_setup(cfg, self.task, comm.Get_size(), job)
-        self.venv = build_venv(cfg)
         self.screen = self.log.screen
         self.draw_bar = self.rank0 and self.log.screen_is_terminal
 
     def read_inputs(self, args):
         """Collective: every rank checks its input and reads its files (the task, --load_path,
-        --demo_file, --resume's checkpoint), and all agree that they are good, or all raise the
-        first error."""
+        --demo_file, --resume's checkpoint and progress.csv), and all agree that they are good,
+        or all raise the first error, before anything is written or started. The fields left
+        None take the values in force: the discount, the task's measured reward range."""
         cfg, rank, n_ranks = self.cfg, self.comm.Get_rank(), self.comm.Get_size()
         self.init_policy = self.demos = self.checkpoint = self.resume_note = None
         self.load_path, checkpoints, error = args.load_path, None, None
+        hosts = self.comm.allgather(socket.gethostname())  # [MPI] the ranks on each host
         try:
-            self.task = describe_env(cfg.env, parse_reward_range(cfg.reward_range))
+            self.task = task = describe_env(cfg.env, cfg.reward_range)
+            self.cfg = cfg = dataclasses.replace(cfg, gamma=discount(cfg.gamma, task.T),
+                                                 reward_range=task.r_range)
+            check_fits(cfg, task, hosts.count(hosts[rank]))
             if args.resume:  # which of them is loaded, every rank decides together below
                 checkpoints = checkpoint_positions(args.resume, rank, n_ranks)
+            else:
+                refuse_a_run_folder(cfg.logdir)
             if args.load_path:
                 self.init_policy, policy_config = load_policy_arrays(args.load_path)
-                check_policy_fits(policy_config, args.load_path, cfg.env, self.task.dims)
+                check_policy_fits(policy_config, args.load_path, cfg.env, task.dims)
             if cfg.demo_file:  # every rank reads the whole file, as in baselines
-                self.demos = load_demos(cfg.demo_file, cfg.env, self.task.dims, self.task.T,
-                                        cfg.num_demo)
+                self.demos = load_demos(cfg.demo_file, cfg.env, task.dims, task.T, cfg.num_demo)
         except (UsageError, BadFileError) as e:
             error = str(e)
         raise_if_any_rank_failed(self.comm, error)  # [MPI]
         if args.resume:
-            self.checkpoint_path, self.checkpoint, self.resume_note = load_checkpoint(  # [MPI]
-                args.resume, checkpoints, self.comm)
+            self.checkpoint_path, self.checkpoint, self.progress, self.resume_note = \
+                load_checkpoint(args.resume, checkpoints, self.comm,  # [MPI]
+                                checkpoint_template(cfg, task), cfg)
+            done = int(self.checkpoint["epoch"])
+            if cfg.n_epochs <= done:  # every rank: they share the checkpoint's position
+                raise UsageError(f"{args.resume} has done {done} epoch(s) and --n_epochs is "
+                                 f"{cfg.n_epochs}: give --n_epochs {done + 1} or more to go on")
 
     # -------------------------------------------------------------- what train() calls
 
@@ -154,7 +171,8 @@ class Run:
                 worker.n_episodes = int(n_episodes)
             losses = restore_epoch_so_far(ckpt, workers[0])
             start = Start(int(ckpt["epoch"]), int(ckpt["cycle"]), float(ckpt["best"]), losses)
-        self.logger = EpochLogger(self.cfg.logdir, enabled=self.rank0, start_epoch=start.epoch)
+        self.logger = EpochLogger(self.cfg.logdir, enabled=self.rank0,
+                                  rows=self.progress if ckpt is not None else ())
         return start
 
     def save_start(self, start):
@@ -163,7 +181,7 @@ class Run:
         epoch's bar begins here."""
         if self.checkpoint is None:
             save_on_every_rank(self.comm, save_checkpoint, self.cfg.logdir, 0, 0, -1.,  # [MPI]
-                               self.policy, self.workers, self.comm)
+                               self.policy, self.workers, self.comm, (), self.logger.digest)
         if start.epoch < self.cfg.n_epochs:
             self.begin_epoch(start.epoch, start.cycle)
 
@@ -202,7 +220,7 @@ class Run:
     def save_interrupted(self, epoch, cycle, losses, best_success_rate):
         """This rank's checkpoint after `cycle`, then (rank 0) policy_latest.npz."""
         save_checkpoint(self.cfg.logdir, epoch, cycle + 1, best_success_rate, self.policy,
-                        self.workers, self.comm, losses)
+                        self.workers, self.comm, losses, self.logger.digest)
         if self.rank0:
             save_policy(self.policy, os.path.join(self.cfg.logdir, "policy_latest.npz"))
 
@@ -240,7 +258,7 @@ class Run:
             if interval > 0 and epoch % interval == 0:
                 save_policy(self.policy, os.path.join(logdir, f"policy_{epoch}.npz"))
         save_checkpoint(logdir, epoch + 1, 0, best_success_rate, self.policy, self.workers,
-                        self.comm)
+                        self.comm, progress=self.logger.digest)
 
     def close_bar(self):
         """Take the progress bar off the screen (also when a cycle raised)."""
@@ -260,7 +278,24 @@ class Run:
             self.lock.release()
 
 
-def make_logdir(cfg, comm):
+# What a run writes in its folder (a run.lock alone is no run: a start stopped before writing)
+RUN_FILES = ("progress.csv", "config.json", "log.txt", "checkpoint", "trace")
+
+
+def refuse_a_run_folder(logdir):
+    """UsageError if logdir holds a run's files: a fresh start never writes over a run."""
+    try:
+        found = sorted(name for name in os.listdir(logdir) if name in RUN_FILES
+                       or name.startswith("policy") and name.endswith(".npz"))
+    except OSError:  # no folder yet, or none can be made there: hold_run_folder says which
+        return
+    if found:
+        raise UsageError(f"{logdir} holds a run already ({', '.join(found[:4])}); continue it "
+                         f"with --resume {logdir} (with --n_epochs to go past its last "
+                         f"epoch), or give a fresh --logdir: nothing in it was changed")
+
+
+def make_logdir(cfg, comm, T):
     """Collective: each rank creates the folder it writes to (`checkpoint/`),
     so ranks on machines without a shared file system save into the same path on their own
     disk; rank 0 writes config.json. Every rank learns if any of them could not."""
@@ -271,14 +306,15 @@ def make_logdir(cfg, comm):
         error = (f"cannot write to log dir {cfg.logdir!r} on rank {comm.Get_rank()} "
                  f"({e.strerror}); pass a --logdir that every rank can write")
     raise_if_any_rank_failed(comm, error)  # [MPI]
-    save_on_every_rank(comm, write_config, cfg, comm.Get_rank(), comm.Get_size())  # [MPI]
+    save_on_every_rank(comm, write_config, cfg, comm.Get_rank(), comm.Get_size(), T)  # [MPI]
 
 
-def write_config(cfg, rank, n_ranks):
-    """config.json: the Config, and the number of ranks that ran it (not a flag: mpirun's -np)."""
+def write_config(cfg, rank, n_ranks, T):
+    """config.json: the Config with the values in force, the number of ranks that ran it (not
+    a flag: mpirun's -np) and the task's T (cli.RUN_FACTS)."""
     if rank == 0:
-        atomic_write_text(os.path.join(cfg.logdir, "config.json"),
-                          json.dumps({**dataclasses.asdict(cfg), "n_ranks": n_ranks}, indent=1))
+        atomic_write_text(os.path.join(cfg.logdir, "config.json"), json.dumps(
+            {**dataclasses.asdict(cfg), "n_ranks": n_ranks, "T": T}, indent=1))
 
 
 def print_setup(cfg, task, n_ranks, job):

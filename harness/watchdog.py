@@ -12,8 +12,11 @@ rank, the watchdog, does what the main thread cannot while it waits:
     (Ctrl-Z) does not count. As Horovod's stall inspector warns and then shuts a job down, and
     PyTorch's process groups time a collective out (there: 60 s to warn; 10 or 30 minutes).
   * it takes SIGINT, SIGTERM and SIGUSR1 (set_wakeup_fd hands it each signal the moment it
-    arrives): the first asks the loop to stop safely at the end of the cycle (`requested`,
-    read once per cycle by run.Run.end_cycle), the second ends the
+    arrives). While the run starts (`starting`: until its env processes have started and before
+    its folder is written) one ends it at once, exit code 130 (a job of one rank through its
+    main thread, which finalises MPI). After that the first asks the loop to stop safely at
+    the end of the cycle (`requested`, read once per cycle by run.Run.end_cycle), the second
+    ends the
     rank at once, exit code 130, its env processes killed, also while the main thread waits in MPI.
 
 Test: `python -m pytest -q tests/test_watchdog.py`.
@@ -25,6 +28,8 @@ import signal
 import sys
 import threading
 import time
+
+from harness.errors import Interrupted
 
 TICK_S = 0.5  # how often the watchdog looks at the clock
 WARN_FRACTION = 0.25  # the warning comes after this fraction of --mpi_timeout
@@ -40,6 +45,7 @@ class Watchdog:
     def __init__(self, limit_s, prog="train.py"):
         self.limit_s, self.prog = limit_s, prog
         self.requested = False  # a first stop signal asked to stop after this cycle
+        self.starting = True  # nothing written yet: a stop signal ends the start-up at once
         self.logdir = None  # named in the second signal's line, once known
         self.comm = None  # the communicator MPI_Abort ends the job through (not observed)
         self._call = None  # [frame of the caller, call name, seconds waited, warned]
@@ -52,7 +58,7 @@ class Watchdog:
         os.set_blocking(self._write_fd, False)
         self._old_wakeup_fd = signal.set_wakeup_fd(self._write_fd, warn_on_full_buffer=False)
         # The Python-level handler does nothing: the watchdog thread acts on every signal.
-        self._old_handlers = {sig: signal.signal(sig, _do_nothing) for sig in SIGNALS}
+        self._old_handlers = {sig: signal.signal(sig, self._in_main_thread) for sig in SIGNALS}
         self._closing = False
         self._thread = threading.Thread(target=self._watch, name="watchdog", daemon=True)
         self._thread.start()
@@ -81,6 +87,21 @@ class Watchdog:
     def left(self):
         with self._lock:
             self._call = None
+
+    def _in_main_thread(self, signum, frame):
+        """The Python-level handler. A job of one rank that is starting stops here, in its main
+        thread, so that it leaves as any error does (its MPI finalised: no segment left in
+        /dev/shm); everything else is the watchdog thread's, which set_wakeup_fd has woken."""
+        if not (self.starting and self.one_rank()):
+            return
+        if signum in signal.pthread_sigmask(signal.SIG_BLOCK, []):
+            # env processes are being started (vecenv.stop_signals_blocked): once they are
+            signal.pthread_kill(threading.get_ident(), signum)
+            return
+        raise Interrupted(starting_line(signum))
+
+    def one_rank(self):
+        return self.comm is None or self.comm.Get_size() == 1
 
     # -------------------------------------------------- the watchdog thread
 
@@ -129,6 +150,11 @@ class Watchdog:
     def _on_signal(self, signum):
         if signum not in SIGNALS:
             return
+        if self.starting and self.one_rank():
+            return  # the main thread raises it (_in_main_thread)
+        if self.starting:  # no file written yet; env processes die with their rank (prctl)
+            self._say(starting_line(signum), announce_only=True)
+            os._exit(130)
         if not self.requested:
             self.requested = True
             return
@@ -149,8 +175,8 @@ class Watchdog:
         print(f"{self.prog}{where}: {text}", file=sys.stderr, flush=True)
 
 
-def _do_nothing(signum, frame):
-    pass
+def starting_line(signum):
+    return f"{signal.Signals(signum).name} while starting: stopped before anything was written"
 
 
 def kill_env_processes():

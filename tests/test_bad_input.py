@@ -1,0 +1,339 @@
+"""A user's own input, tried in tables: every Config field's edges, and every way a run folder
+can be damaged before `--resume`.
+
+No baselines counterpart: baselines checks no value and cannot resume. What is held here
+(docs/faults.md, "Bad input"): each case ends in one line on stderr and exit code 2, or runs
+correctly; a refused case makes no run folder, starts no env process and changes no byte of an
+existing run (sha256 of every file before and after). The tables are made from the code
+(config.py's fields and their declared ranges, the arrays a checkpoint holds), not one test per
+bug: a field or an array added later is tried too.
+
+Run: `python -m pytest -q tests/test_bad_input.py` (the damage table is slow: about 2 min).
+"""
+import contextlib
+import dataclasses
+import hashlib
+import io
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from config import Config
+from harness import cli
+from harness.errors import UsageError
+from tests.helpers import ROOT, arrays_of, main_exit_code, train_cmd
+
+# a finished run small enough to copy a hundred times: 2 epochs of 2 cycles, 4 episodes stored
+SMALL_RUN = ["--n_epochs", "2", "--n_cycles", "2", "--n_batches", "2", "--n_test_rollouts",
+             "1", "--buffer_size", "1000"]
+
+
+def refusal(argv):
+    """The one line that cli's checks (argparse's, exit code 2, then validate_config's) give
+    argv, or None."""
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err):
+            args = cli.parse_train_args(argv)
+        cli.validate_config(cli.make_config(args))
+    except SystemExit as e:
+        assert e.code == 2 and len(err.getvalue().splitlines()) == 1, err.getvalue()
+        return err.getvalue()
+    except UsageError as e:
+        return str(e)
+    return None
+
+
+def bad_values(f):
+    """Values of the wrong type and out of the range config.py declares for field f, as typed
+    on the command line, and the edge values it takes."""
+    comment = cli.config_comments()[f.name]
+    kind, _ = cli.field_kind(f)
+    if kind is bool:
+        return ["2", "-1", "yes", ""], ["0", "1"]
+    if comment.startswith("{"):
+        choices = comment[1:comment.index("}")].split(",")
+        return ["nope", "", "FUTURE"], [c.strip() for c in choices]
+    if kind is str:
+        return [""], ["x"]
+    if kind is not int and kind is not float:  # the reward range
+        return ["1,1", "0,nan", "a,b", "1", "", "2,1"], ["-1,0", "-inf,0", "0,inf"]
+    head = comment.split(" ", 1)[0]
+    bad = ["abc", "", "1e999" if kind is float else "1.5", "nan" if kind is float else "0x1"]
+    if kind is float:
+        bad += ["inf", "-inf"]
+    if head.startswith(">="):
+        lo = float(head[2:])
+        return bad + [repr(kind(lo) - 1), repr(-10**9)], [repr(kind(lo)), repr(kind(lo) + 1)]
+    if head.startswith(">"):
+        return bad + ["0", "-1e-9"], ["1e-9", "1"]
+    lo, hi = (float(end) for end in head[1:-1].split(","))
+    edges = ([repr(lo)] if head[0] == "[" else []) + ([repr(hi)] if head[-1] == "]" else [])
+    return bad + [repr(lo - 0.5), repr(hi + 0.5), repr(hi) if head[-1] == ")" else "2"], edges
+
+
+class TestEveryField:
+    def test_every_field_refuses_values_off_its_type_or_range_and_takes_its_edges(self):
+        """config.py's fields, each through its own table of values (bad_values): a bad one is
+        one line naming the flag (argparse's exit 2, or validate_config's UsageError); an edge
+        value is taken, and is what the Config holds."""
+        tried = 0
+        for f in dataclasses.fields(Config):
+            bad, edges = bad_values(f)
+            demo = f.name in ("num_demo", "demo_batch_size", "bc_loss", "q_filter")
+            extra = ["--demo_file", "d.npz"] if demo else []
+            for text in bad:
+                line = refusal([f"--{f.name}={text}", *extra])
+                assert line is not None, (f.name, text)
+                tried += 1
+            for text in edges:
+                argv = [f"--{f.name}={text}", *extra]
+                assert refusal(argv) is None, (f.name, text, refusal(argv))
+        assert tried > 150
+
+    def test_the_named_flag_and_fix_are_in_the_line(self, capsys):
+        for argv, phrase in [(["--n_epochs", "0"], "--n_epochs must be at least 1, got 0"),
+                             (["--gamma", "1"], "--gamma must be in [0,1), got 1.0"),
+                             (["--gamma", "nan"], "--gamma takes a finite number"),
+                             (["--n_test_rollouts", "0"], "--n_test_rollouts must be at least 1"),
+                             (["--polyak", "1.5"], "--polyak must be in [0,1], got 1.5"),
+                             (["--seed", "-1"], "--seed must be at least 0"),
+                             (["--reward_range", "0,0"], "R_MIN below R_MAX"),
+                             (["--demo_file", "d.npz", "--demo_batch_size", "256"],
+                              "lower --demo_batch_size or raise --batch_size")]:
+            assert phrase in refusal(argv), (argv, refusal(argv))
+
+    def test_config_json_values_are_checked_as_flags_are(self, tmp_path):
+        """A config.json edited to a value of the wrong type or range, a field dropped or added:
+        one line naming the file and the field."""
+        good = {**dataclasses.asdict(Config()), "gamma": 0.98, "reward_range": [-1., 0.],
+                "logdir": str(tmp_path), "n_ranks": 1, "T": 50}
+        for edit, phrase in [({"n_cycles": "10"}, "n_cycles takes an integer"),
+                             ({"n_cycles": 10.0}, "n_cycles takes an integer"),
+                             ({"n_cycles": 0}, "n_cycles must be at least 1"),
+                             ({"clip_return": 1}, "clip_return takes 0 or 1"),
+                             ({"reward_range": [0, 0]}, "R_MIN below R_MAX"),
+                             ({"polyak": None}, "polyak takes a finite number"),
+                             ({"hidden": True}, "hidden takes an integer"),
+                             ({"bogus": 1}, "['bogus']")]:
+            (tmp_path / "config.json").write_text(json.dumps({**good, **edit}))
+            with pytest.raises(UsageError, match=None) as e:
+                cli.saved_config(str(tmp_path))
+            assert "config.json" in str(e.value) and phrase in str(e.value), str(e.value)
+        del good["seed"]
+        (tmp_path / "config.json").write_text(json.dumps(good))
+        with pytest.raises(UsageError, match=r"\['seed'\] missing or unknown"):
+            cli.saved_config(str(tmp_path))
+
+    def test_help_shows_no_sentinel_and_a_field_that_may_be_none_says_its_default(self):
+        helps = {a.dest: a.help for a in cli.train_parser()._actions}
+        assert "1 - 1/T" in helps["gamma"] and "default 0" not in helps["gamma"]
+        assert "measured" in helps["reward_range"] and "''" not in helps["reward_range"]
+        assert not any("(default None)" in h or "(default '')" in h for h in helps.values()
+                       if h)
+
+
+def tree_hashes(folder):
+    """{path relative to folder: sha256} of every file below it."""
+    hashes = {}
+    for root, _, files in os.walk(folder):
+        for name in files:
+            path = os.path.join(root, name)
+            with open(path, "rb") as f:
+                hashes[os.path.relpath(path, folder)] = hashlib.sha256(f.read()).hexdigest()
+    return hashes
+
+
+def assert_refused_or_runs(argv, capsys, folder, case):
+    """train.main(argv): exit 2 with one line and no byte of folder changed, or exit 0."""
+    before = tree_hashes(folder)
+    rc = main_exit_code(argv)
+    err = capsys.readouterr().err
+    assert rc in (0, 2) and "Traceback" not in err, (case, rc, err[-2000:])
+    if rc == 2:
+        assert len(err.strip().splitlines()) == 1, (case, err)
+        assert tree_hashes(folder) == before, case
+    return rc, err
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    logdir = str(tmp_path_factory.mktemp("finished") / "run")
+    assert main_exit_code([*SMALL_RUN, "--logdir", logdir]) == 0
+    return logdir
+
+
+# Damage a resumed run may take: files it does not read (log.txt is appended to, a numbered
+# policy is not read), a newest checkpoint gone (the previous one, a whole epoch, is taken), a
+# flag a resume may change, the facts config.json notes (written anew), the optional arrays.
+MAY_RUN = ("log.txt", "policy_0.npz", "checkpoint/rank0.prev.npz", "checkpoint/rank0.npz removed",
+           "config.json n_epochs", "config.json mpi_timeout", "config.json logdir",
+           "config.json n_ranks", "config.json T", "checksum dropped", "run_config dropped",
+           "log/progress_sha256 dropped")
+
+
+def damaged_copies(run, root):
+    """(name, folder) of copies of the finished run, each damaged one way: every file removed,
+    emptied, cut in the middle, with bytes appended; every checkpoint array dropped or edited;
+    every config.json field and a progress.csv figure edited to another valid-looking value."""
+    def copy(name, damage):
+        folder = os.path.join(root, name.replace("/", "_"))
+        shutil.copytree(run, folder)
+        damage(folder)
+        return name, folder
+
+    def edit_npz(rel, edit):
+        def damage(folder):
+            path = os.path.join(folder, rel)
+            arrays = arrays_of(path)
+            edit(arrays)
+            with open(path, "wb") as f:
+                np.savez(f, **arrays)
+        return damage
+
+    files = sorted(rel for rel in tree_hashes(run) if rel != "run.lock")
+    for rel in files:
+        yield copy(f"{rel} removed", lambda d, rel=rel: os.remove(os.path.join(d, rel)))
+        yield copy(f"{rel} emptied", lambda d, rel=rel: open(os.path.join(d, rel), "w").close())
+        yield copy(f"{rel} cut", lambda d, rel=rel: os.truncate(
+            os.path.join(d, rel), os.path.getsize(os.path.join(d, rel)) // 2))
+        yield copy(f"{rel} appended", lambda d, rel=rel: open(os.path.join(d, rel), "ab").write(
+            b"2,0.5,junk\n"))
+    checkpoint = "checkpoint/rank0.npz"
+    for key, value in arrays_of(os.path.join(run, checkpoint)).items():
+        yield copy(f"{key} dropped", edit_npz(checkpoint, lambda a, key=key: a.pop(key)))
+        if value.dtype.kind in "if" and value.size:
+            yield copy(f"{key} edited", edit_npz(checkpoint, lambda a, key=key: a.__setitem__(
+                key, a[key] + (1 if a[key].dtype.kind == "i" else 0.5))))
+    for key, field in (("config_json", "hidden"), ("run_config", "n_cycles")):
+        yield copy(f"{key} {field} edited", edit_npz(checkpoint, lambda a, key=key, field=field:
+                   a.__setitem__(key, np.array(json.dumps({**json.loads(str(a[key])),
+                                                            field: 7})))))
+    with open(os.path.join(run, "config.json")) as f:
+        config = json.load(f)
+    for key, value in config.items():
+        other = {bool: lambda v: not v, int: lambda v: v + 1, float: lambda v: v / 2,
+                 str: lambda v: v + "x", list: lambda v: [v[0] - 1, v[1]],
+                 type(None): lambda v: "d.npz"}[type(value)](value)
+
+        def edit_config(folder, key=key, other=other):
+            with open(os.path.join(folder, "config.json"), "w") as f:
+                json.dump({**config, key: other}, f)
+        yield copy(f"config.json {key} edited", edit_config)
+
+    def edit_progress(folder):
+        path = os.path.join(folder, "progress.csv")
+        with open(path, newline="") as f:
+            lines = f.read().split("\r\n")
+        lines[1] = lines[1].replace(",", ",1", 1)  # epoch 0's test/success_rate
+        with open(path, "w", newline="") as f:
+            f.write("\r\n".join(lines))
+    yield copy("progress.csv figure edited", edit_progress)
+
+
+@pytest.mark.slow
+class TestRunFolder:
+    def test_a_fresh_start_into_a_finished_run_is_refused_and_changes_nothing(
+            self, finished_run, capsys):
+        """The same command again, or another (issue case: --seed 5, one epoch), without
+        --resume: refused in one line naming --resume and a fresh --logdir."""
+        for argv in (SMALL_RUN, ["--n_epochs", "1", "--seed", "5"]):
+            rc, err = assert_refused_or_runs([*argv, "--logdir", finished_run], capsys,
+                                             finished_run, "fresh start")
+            assert rc == 2 and f"--resume {finished_run}" in err and "--logdir" in err
+
+    def test_a_resume_that_would_train_nothing_says_so(self, finished_run, capsys):
+        for argv in (["--resume", finished_run], ["--resume", finished_run, "--n_epochs", "1"]):
+            rc, err = assert_refused_or_runs(argv, capsys, finished_run, "nothing to train")
+            assert rc == 2 and "has done 2 epoch(s)" in err and "--n_epochs 3" in err
+
+    def test_every_damage_to_a_run_folder_is_refused_or_resumed(self, finished_run, capsys,
+                                                                 tmp_path):
+        """A run that resumes trains its third epoch; one refused changes no byte. Damage that
+        would make the continued run another run (its settings, counters, rows) is refused."""
+        outcomes = {}
+        for name, folder in damaged_copies(finished_run, str(tmp_path)):
+            rc, err = assert_refused_or_runs(["--resume", folder, "--n_epochs", "3"], capsys,
+                                             folder, name)
+            outcomes[name] = rc
+            shutil.rmtree(folder)
+        must_refuse = [name for name in outcomes if not name.startswith(MAY_RUN)
+                       and not name.endswith(" appended")]
+        accepted = sorted(name for name in must_refuse if outcomes[name] != 2)
+        assert not accepted, accepted
+        assert len(outcomes) > 80 and sum(rc == 0 for rc in outcomes.values()) > 5
+
+
+@pytest.mark.slow
+class TestBeforeAnythingIsMade:
+    def test_what_no_task_or_machine_holds_is_refused_before_a_folder_or_process(
+            self, tmp_path, capsys):
+        for argv, phrase in [(["--buffer_size", "1"], "--buffer_size 1 holds no 1 episode(s)"),
+                             (["--num_env", "3", "--buffer_size", "100"], "give at least 150"),
+                             (["--batch_size", "100000000"], "--batch_size"),
+                             (["--hidden", "100000"], "GiB"),
+                             (["--buffer_size", str(10**12)], "GiB of replay buffer")]:
+            logdir = str(tmp_path / "run")
+            t_start = time.time()
+            rc = main_exit_code([*argv, "--logdir", logdir])
+            err = capsys.readouterr().err
+            assert rc == 2 and phrase in err and len(err.strip().splitlines()) == 1, (argv, err)
+            assert not os.path.exists(logdir) and time.time() - t_start < 30, argv
+
+    def test_a_stop_while_env_processes_start_ends_at_once_and_writes_nothing(self, tmp_path):
+        """SIGINT to a rank starting 8 env processes: it ends within seconds, exit 130, one
+        line, no env process left, no file of a run written."""
+        logdir = str(tmp_path / "run")
+        proc = subprocess.Popen(train_cmd("--num_env", "8", "--logdir", logdir), cwd=ROOT,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True)
+        deadline = time.time() + 60
+        while time.time() < deadline and not children_of(proc.pid):
+            time.sleep(0.05)
+        children = children_of(proc.pid)
+        assert children, "no env process started"
+        proc.send_signal(signal.SIGINT)
+        t_stop = time.time()
+        out, err = proc.communicate(timeout=30)
+        assert time.time() - t_stop < 5 and proc.returncode == 130, (out, err)
+        assert err.strip() == "train.py: SIGINT while starting: stopped before anything was " \
+                              "written", err
+        assert not os.path.exists(logdir) or os.listdir(logdir) == ["run.lock"]
+        time.sleep(0.5)
+        assert not [pid for pid in children if os.path.exists(f"/proc/{pid}")
+                    and "Z" not in open(f"/proc/{pid}/stat").read().split()[2]]
+
+
+def children_of(pid):
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(c) for c in f.read().split()]
+    except OSError:
+        return []
+
+
+def test_runs_from_before_the_fields_typed_none_resume(tmp_path, capsys):
+    """A run folder whose config.json names gamma's and the reward range's defaults by 0. and
+    '' (before they were typed X | None, and without 'T') resumes; the new config.json holds
+    the values in force."""
+    logdir = str(tmp_path / "run")
+    assert main_exit_code([*SMALL_RUN, "--n_epochs", "1", "--logdir", logdir]) == 0
+    path = os.path.join(logdir, "config.json")
+    with open(path) as f:
+        config = json.load(f)
+    assert (config["gamma"], config["reward_range"], config["T"]) == (0.98, [-1., 0.], 50)
+    del config["T"]
+    config.update(gamma=0., reward_range="", demo_file="")
+    with open(path, "w") as f:
+        json.dump(config, f)
+    assert main_exit_code(["--resume", logdir, "--n_epochs", "2"]) == 0, capsys.readouterr()
+    with open(path) as f:
+        assert json.load(f)["gamma"] == 0.98
+    assert sys.modules["train"]
