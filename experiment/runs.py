@@ -71,8 +71,10 @@ def run_variant(cfg):
     parts = []
     if cfg.get("demo_file"):
         parts.append(f"{cfg['num_demo']} demos")
-    if cfg.get("gamma"):
-        parts.append(f"gamma {cfg['gamma']}")
+    # config.json holds the discount in force beside T; one without T holds 0 for 1 - 1/T
+    gamma, T = cfg.get("gamma"), cfg.get("T")
+    if gamma and (T is None or gamma != 1. - 1. / T):
+        parts.append(f"gamma {gamma}")
     strategy, replay_k = cfg.get("replay_strategy", "future"), cfg.get("replay_k", 4)
     if strategy == "none":
         parts.append("none")  # no relabelling: replay_k plays no part

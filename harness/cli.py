@@ -62,12 +62,18 @@ def config_comments():
             if tok.type == tokenize.COMMENT and tok.start[0] in line_of}
 
 
+def choices_of(comment):
+    """The values a comment's opening {a, b} names, or None."""
+    if comment.startswith("{"):
+        return tuple(c.strip() for c in comment[1:comment.index("}")].split(","))
+    return None
+
+
 def value_rule(comment):
     """(test, words) of the values a field's comment opens with (>=1, >0, [0,1), {a, b}), or
     None where it opens with none. The tests are written so that NaN fails each of them."""
-    head = comment.split(" ", 1)[0]
-    if comment.startswith("{"):
-        choices = tuple(c.strip() for c in comment[1:comment.index("}")].split(","))
+    head, choices = comment.split(" ", 1)[0], choices_of(comment)
+    if choices:
         return (lambda v: v in choices), f"one of {', '.join(choices)}"
     if head.startswith(">="):
         return (lambda v: v >= float(head[2:])), f"at least {head[2:]}"
@@ -79,6 +85,11 @@ def value_rule(comment):
         high_ok = (lambda v: v <= hi) if head[-1] == "]" else (lambda v: v < hi)
         return (lambda v: low_ok(v) and high_ok(v)), f"in {head}"
     return None
+
+
+# {field: its choices} (vec_env, replay_strategy): argparse offers them
+CHOICES = {name: choices_of(comment) for name, comment in config_comments().items()
+           if choices_of(comment)}
 
 
 def field_kind(f):
@@ -230,9 +241,8 @@ def config_flags(p, names=None):
         help_text = f"{comments[f.name]}{default}".replace("%", "%%")
         if kind is bool:
             flag = dict(type=zero_or_one, metavar="{0,1}")
-        elif comments[f.name].startswith("{"):
-            choices = comments[f.name][1:comments[f.name].index("}")]
-            flag = dict(choices=[c.strip() for c in choices.split(",")])
+        elif f.name in CHOICES:
+            flag = dict(choices=CHOICES[f.name])
         elif typing.get_origin(kind) is tuple:
             flag = dict(type=argparse_type(parse_range), metavar="R_MIN,R_MAX")
         else:

@@ -42,17 +42,23 @@ class TestConfig:
             assert action.option_strings == [f"--{f.name}"] and action.default is None
             assert action.help.startswith(comments[f.name]) and len(comments[f.name]) > 10
             # a value other than the default, of the field's type, through the command line
-            if f.type is bool:
+            kind, _ = cli.field_kind(f)
+            if kind is bool:
                 value, text = not f.default, str(int(not f.default))
-            elif f.name in cli.CHOICES:
-                value = next(c for c in cli.CHOICES[f.name] if c != f.default)
+            elif action.choices:
+                value = next(c for c in action.choices if c != f.default)
                 text = value
-            elif f.type is str:
+            elif kind is str:
                 value = text = f"x{f.name}"
-            else:
-                value = f.type(f.default) + f.type(3)
+            elif kind is float and f.default is None:  # gamma
+                value, text = 0.5, "0.5"
+            elif kind in (int, float):
+                value = kind(f.default) + kind(3)
                 text = repr(value)
-            argv += [f"--{f.name}", text]
+            else:  # the reward range
+                value, text = (-2., 3.), "-2,3"
+            argv += [f"--{f.name}={text}"]  # with '=': the reward range starts with '-'
+
             expected[f.name] = value
         cfg = cli.make_config(cli.parse_train_args(argv))
         assert dataclasses.asdict(cfg) == expected
@@ -65,10 +71,10 @@ class TestConfig:
                  (["--env", "CartPole-v1"], "dict observation"),
                  (["--num_env", "0"], "--num_env must be at least 1"),
                  (["--num_env", "-2"], "--num_env must be at least 1"),
-                 (["--n_epochs", "-1"], "--n_epochs must be 0 or more"),
+                 (["--n_epochs", "-1"], "--n_epochs must be at least 1"),
                  (["--batch_size", "-5"], "--batch_size must be at least 1"),
                  (["--n_batches", "0"], "--n_batches must be at least 1"),
-                 (["--replay_k", "-1"], "--replay_k must be 0 or more"),
+                 (["--replay_k", "-1"], "--replay_k must be at least 0"),
                  (["--vec_env", "fast"], "--vec_env"),
                  (["--logdir", str(a_file / "sub")], "cannot write to log dir")]
         for argv, phrase in cases:
@@ -82,7 +88,7 @@ class TestConfig:
                         success_key="is_success", r_range=(0., 1.))
         default = DDPG(Config(hidden=8, buffer_size=3000), task, np.random.default_rng(0),
                        ONE_RANK)
-        assert default.gamma == 1. - 1. / 300  # --gamma 0, the default: baselines' rule
+        assert default.gamma == 1. - 1. / 300  # no --gamma, the default: baselines' rule
         given = DDPG(Config(hidden=8, buffer_size=3000, gamma=0.98), task,
                      np.random.default_rng(0), ONE_RANK)
         assert given.gamma == 0.98

@@ -82,7 +82,7 @@ COLLECTIVE_RECEIVERS = {
                       "buf": False},
     "update": {"self.Q_adam": True, "self.pi_adam": True, "policy.Q_adam": True, "adam": True,
                "self.o_stats": False, "self.g_stats": False, "self.bar": False,
-               "arrays": False, "in_use": False, "unique": False},
+               "arrays": False, "in_use": False, "unique": False, "digest": False},
 }
 
 

@@ -134,11 +134,11 @@ class TestFiles:
                  (["--bc_loss", "1"], ["--bc_loss 1 clones demonstrations: give --demo_file"]),
                  (["--demo_file", good, "--num_demo", "3", "--bc_loss", "0", "--q_filter", "1"],
                   ["--q_filter 1 filters the cloning loss of --bc_loss 1"]),
-                 (["--random_eps", "2"], ["--random_eps must be between 0 and 1"]),
-                 (["--gamma", "1"], ["--gamma must be at least 0 and below 1"]),
-                 (["--gamma", "-0.5"], ["--gamma must be at least 0 and below 1"]),
+                 (["--random_eps", "2"], ["--random_eps must be in [0,1]"]),
+                 (["--gamma", "1"], ["--gamma must be in [0,1)"]),
+                 (["--gamma", "-0.5"], ["--gamma must be in [0,1)"]),
                  (["--norm_eps", "0"], ["--norm_eps must be above 0"]),
-                 (["--Q_lr", "nan"], ["--Q_lr must be 0 or more"])]
+                 (["--Q_lr", "nan"], ["--Q_lr takes a finite number"])]
         for argv, phrases in cases:
             assert_main_refuses(argv + ["--logdir", str(tmp_path / "never_made")], capsys,
                                 *phrases)

@@ -209,4 +209,4 @@ class TestWatchdog:
                                    "(never.py) waited 4 s for the other ranks"), out
 
     def test_mpi_timeout_is_a_flag_with_a_range(self, capsys):
-        assert_main_refuses(["--mpi_timeout", "-1"], capsys, "--mpi_timeout must be 0 or more")
+        assert_main_refuses(["--mpi_timeout", "-1"], capsys, "--mpi_timeout must be at least 0")
