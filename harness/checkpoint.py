@@ -189,7 +189,7 @@ def read_checkpoint(path):
 def checkpoint_template(cfg, task):
     """checkpoint_arrays of an agent built from the run's configuration: what each array of its
     checkpoints must be (the agent's replay buffer is allocated, not touched: no memory)."""
-    agent = DDPG(cfg, task, np.random.default_rng(0), ONE_RANK)
+    agent = DDPG(cfg, task, np.random.default_rng(0), ONE_RANK)  # [MPI] one rank here
     return checkpoint_arrays(agent, (0, 0, -1., 1), [0, 0])
 
 
