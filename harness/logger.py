@@ -146,10 +146,8 @@ def machine():
     """What decides a run's last digits, where a seed and a commit do not: the CPU model,
     Python, NumPy with its SIMD loops (the baseline it was built for, the ones dispatched at run
     time: none under NPY_DISABLE_CPU_FEATURES), the BLAS with its kernels, MuJoCo,
-    gymnasium-robotics, and the MPI where mpi4py has started it (this never starts it): 'AMD
-    EPYC; Python 3.11.7; numpy 2.4.6 (SIMD X86_V2, dispatched X86_V3 X86_V4 AVX512_ICL); openblas
-    0.3.31.188.0 (Haswell); mujoco 3.11.0; gymnasium-robotics 1.4.2; MPICH 5.0.2' (docs/usage.md,
-    what a seed reproduces)."""
+    gymnasium-robotics, and the MPI where mpi4py has started it (this never starts it); an
+    example is in docs/usage.md, what a seed reproduces."""
     from numpy._core._multiarray_umath import __cpu_baseline__, __cpu_dispatch__, __cpu_features__
     cpu = platform.machine()
     try:
