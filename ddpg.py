@@ -20,8 +20,9 @@ demo_batch_size rows of every batch come from a demo buffer, and with bc_loss th
 
 The losses are pure functions that fill the networks' gradients; the DDPG class holds one
 rank's state (networks, targets, normalisers, replay buffer, Adams) and does the bookkeeping.
-Gradients go to MpiAdam (mpi_adam.py), the only place they are combined across MPI ranks; the
-normalisers (normalizer.py) are the only other state built from all ranks' data. The methods
+Gradients go to MpiAdam (mpi_adam.py), the only place they are combined across MPI ranks; of
+the agent's state the normalisers (normalizer.py) alone are built from all ranks' data too (so
+is train.py's best test success rate, which picks policy_best.npz). The methods
 that reach other ranks say "Collective" (every rank must call them in the same order), and
 each line that calls one carries the comment tag `[MPI]`. A policy, what a policy file holds,
 is made and read back here alone: policy_arrays(), and DDPG.from_policy() to rebuild one.
@@ -42,7 +43,7 @@ import numpy as np
 from actor_critic import ActorCritic
 from config import Config
 from her import make_sample_her_transitions
-from mpi_adam import MpiAdam
+from mpi_adam import MpiAdam, check_same_bits
 from normalizer import Normalizer
 from replay import ReplayBuffer, with_next_steps
 
@@ -264,7 +265,7 @@ class DDPG:
         """One minibatch update of critic and actor. Returns (critic_loss, actor_loss).
 
         Collective: two Allreduces every call (MpiAdam.update, critic then actor), and every
-        sync_check_interval-th call (100) check_synced's four calls after them."""
+        sync_check_interval-th call (100) check_synced's eight calls after them."""
         cfg = self.cfg
         if cfg.bc_loss and self.demo_buffer is None:
             raise RuntimeError("bc_loss clones demonstrations: call init_demo_buffer() first")
@@ -299,15 +300,17 @@ class DDPG:
             targ.theta += (1 - polyak) * main.theta
 
     def check_synced(self):
-        """Raise on every rank unless all ranks hold identical actor and critic parameters.
-        Only these are compared: targets and normalisers are computed from values identical
-        on all ranks (Polyak on these weights; the Allreduced normaliser sums), in one order,
-        so they cannot diverge unless the code is changed to break that. Nor are the Adam
-        moments: they are computed from the Allreduced gradient, identical on every rank, as
-        the weights are, so weights that agree are the check of both. Collective: per network
-        one Bcast and one Allreduce (MpiAdam.check_synced)."""
+        """Raise on every rank unless all ranks hold identical actor and critic parameters and
+        normaliser sums, bit for bit. The sums come from an Allreduce, whose bits the MPI standard
+        does not promise alike on every rank, and a rank that normalised otherwise would still
+        get the same summed gradient, so the weights alone cannot show it. Not compared: targets
+        (Polyak on these weights) and Adam moments (from the Allreduced gradient, as the weights
+        are). Collective: per network and per normaliser one Bcast and one Allreduce."""
         self.Q_adam.check_synced()  # [MPI]
         self.pi_adam.check_synced()  # [MPI]
+        for name, norm in (("o_stats", self.o_stats), ("g_stats", self.g_stats)):
+            sums = np.concatenate(list(norm.state().values()))
+            check_same_bits(self.Q_adam.comm, sums, f"the {name} normaliser's sums")  # [MPI]
 
     def logs(self):
         return {"stats_o/mean": float(np.mean(self.o_stats.mean)),

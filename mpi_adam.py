@@ -13,8 +13,8 @@ baselines uses.
 "Bitwise equal" rests on two assumptions: Allreduce hands every rank the same bits of the sum
 (the MPI standard recommends it; the runs here, 2 to 19 ranks with MPICH, and the tests' 2-
 and 3-rank jobs under Open MPI 5 found it so), and every rank runs the same binaries (NumPy,
-BLAS), so the same inputs give the same outputs. If either fails, for example on a cluster
-with mixed NumPy builds, check_synced() says so instead of letting ranks drift.
+BLAS). check_same_bits holds both, here on the weights and in DDPG.check_synced on the
+normalisers' sums too (which the weights cannot show), so ranks that part stop, never drift.
 
 Deviations from baselines (8, 28 and 33 in docs/deviations.md): check_synced's verdict
 reaches every rank; grad_clip and mpi_rank_weight are not ported; the communicator has no
@@ -123,24 +123,28 @@ class MpiAdam:
         self.setfromflat(theta)
 
     def check_synced(self):
-        """Raise on every rank unless all ranks hold bitwise identical parameters (those of
-        this optimiser only: not its moments m, v). Collective: one Bcast, one Allreduce.
+        """check_same_bits of this optimiser's parameters (not its moments m, v). Collective."""
+        check_same_bits(self.comm, self.getflat(), f"parameters after {self.t} updates")  # [MPI]
 
-        Every rank learns the verdict (an Allreduce of the mismatch flag), so all of them raise
-        together instead of one raising while the others wait in the next collective call
-        (baselines asserts on the non-root ranks only).
-        """
-        theta_local = self.getflat()
-        theta_root = theta_local.copy()
-        self.comm.Bcast(theta_root, root=0)  # [MPI]
-        # Compare bytes, not values: NaN != NaN, and "in sync" means bitwise identical.
-        mismatch = np.array([0 if theta_local.tobytes() == theta_root.tobytes() else 1],
-                            dtype=np.int64)
-        n_mismatched = np.zeros_like(mismatch)
-        self.comm.Allreduce(mismatch, n_mismatched)  # [MPI]
-        if n_mismatched[0]:
-            raise RuntimeError(f"MpiAdam.check_synced: {n_mismatched[0]} rank(s) hold parameters "
-                               f"different from rank 0 after {self.t} updates; ranks diverged")
+
+class RanksDiverged(RuntimeError):
+    """Ranks hold different bits of what must be equal on all (check_same_bits)."""
+
+
+def check_same_bits(comm, local, what):
+    """Raise RanksDiverged on every rank unless array `local` holds the same bytes on every rank
+    as on rank 0. Collective: one Bcast, one Allreduce. Every rank learns the verdict (an
+    Allreduce of the mismatch flag), so all of them raise together instead of one raising while
+    the others wait in the next collective call (baselines asserts on the non-root ranks only)."""
+    root = local.copy()
+    comm.Bcast(root, root=0)  # [MPI]
+    # Compare bytes, not values: NaN != NaN, and "in sync" means bitwise identical.
+    mismatch = np.array([local.tobytes() != root.tobytes()], dtype=np.int64)
+    n_mismatched = np.zeros_like(mismatch)
+    comm.Allreduce(mismatch, n_mismatched)  # [MPI]
+    if n_mismatched[0]:
+        raise RanksDiverged(f"check_synced: {n_mismatched[0]} rank(s) hold {what} different from "
+                            f"rank 0; ranks diverged")
 
 
 class OneRankComm:

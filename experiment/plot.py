@@ -17,6 +17,7 @@ Test: `python -m pytest -q tests/test_plot_bench.py`.
 """
 import argparse
 import sys
+import textwrap
 
 from experiment import plot_tables
 from experiment.plot_tables import gap_table, results_table, runs_table, scaling_table, suite_table
@@ -42,14 +43,17 @@ def draw_curves(axes, x_keys, curves, env, marker=None, faint=False):
     if len(curves) > len(COLOURS):
         raise ValueError(f"{len(curves)} curves in one panel, {len(COLOURS)} colours")
     quiet = iter(COLOURS)
-    for label, runs in sorted(curves, key=lambda curve: scale(curve[1]) != HEADLINE):
+    curves = sorted(curves, key=lambda curve: scale(curve[1]) != HEADLINE)
+    for i, (label, runs) in enumerate(curves):
         epochs, med, lo, hi = median_and_band(runs)
         bold = scale(runs) == HEADLINE
         colour = "tab:red" if bold else next(quiet)
+        # marker "each": a marker of its own every fifth point, so curves that coincide show
+        mark, every = ("os^vD<>p*hX"[i % 11], 5) if marker == "each" else (marker, 1)
         for ax, x_key in zip(axes, x_keys, strict=True):
             x = epochs if x_key == "epoch" else median_and_band(runs, x_key)[1]
-            ax.plot(x, med, marker=marker, label=label, color=colour, lw=2.5 if bold else 1.2,
-                    zorder=3 if bold else 2)
+            ax.plot(x, med, marker=mark, markevery=every, ms=4, label=label, color=colour,
+                    lw=2.5 if bold else 1.2, zorder=3 if bold else 2)
             if len(runs) > 1:
                 ax.fill_between(x, lo, hi, alpha=0.2, color=colour)
             for k, run in enumerate(runs if faint and len(runs) > 1 else []):
@@ -128,14 +132,24 @@ def plot(run_dirs, out_path):
     grid = fig.add_gridspec(len(heights), cols, height_ratios=heights)
     for i, env in enumerate(envs):
         top, bottom = (fig.add_subplot(grid[3 * (i // cols) + r, i % cols]) for r in range(2))
-        curves = [(with_variant(f"{n} rank(s) x {e} env(s), {len(runs)} seed(s)", v), runs)
-                  for (g_env, n, e, v), runs in groups.items() if g_env == env]
-        draw_curves((top, bottom), ("epoch", "steps"), curves, env)
+        keys = [key for key in groups if key[0] == env]
+        # beside a run of another HER strategy, the default one is named too
+        other = any(w in v for *_, v in keys for w in ("future", "final", "episode", "none"))
+        curves = []
+        for key in keys:
+            n, e, variant = key[1], key[2], key[3] or "future k=4" * other
+            sep = ",\n" if len(variant) > 20 else ", "  # a long one on a line of its own
+            label = f"{n} rank(s) x {e} env(s), {len(groups[key])} seed(s)"
+            curves.append((label + sep + variant if variant else label, groups[key]))
+        draw_curves((top, bottom), ("epoch", "steps"), curves, env, marker="each")
         legend_below(bottom, (top, bottom)).set_in_layout(False)  # in the room kept for it
         top.set_title(env)
         bottom.set_xscale("log")  # 1 x 2 runs and 16 x 2 anchors: decades apart
         bottom.tick_params(axis="x", which="minor", labelbottom=False)  # they would overlap
-    fig.suptitle("DDPG + HER (NumPy):\nmedian and interquartile range over seeds", y=0.995)
+    title = ("DDPG + HER (NumPy): a curve of one seed is that run; of several, their median and "
+             "interquartile range (the legend gives each curve's seeds, and its settings where "
+             "they are not baselines' defaults)")
+    fig.suptitle(textwrap.fill(title, 100 if cols > 1 else 48), y=0.995)
     save_figure(fig, out_path)
 
 
@@ -145,8 +159,11 @@ def plot_scaling(run_dirs, env, out_path):
     fig, axes = pyplot().subplots(1, 3, figsize=(15, 5.2 + 0.16 * len(curves)))
     # every epoch marked: on the hours axis epochs are unevenly spaced
     draw_curves(axes, ("epoch", "steps", "hours"), curves, env, marker=".")
-    legend_below(axes[1], axes, title="ranks x envs per rank; median and interquartile range")
+    legend_below(axes[1], axes, title="ranks x envs per rank; of several seeds the median and "
+                 "interquartile range, of one seed that run")
     axes[1].set_xscale("log")  # 1 to 19 ranks: the step counts span more than a decade
+    axes[2].set_title("these hours mix oversubscribed runs,\nruns beside other work and "
+                      "other machines\n(docs/results.md): not a cost", fontsize=9)
     fig.suptitle(f"{env}: DDPG + HER (NumPy) with more MPI ranks")
     save_figure(fig, out_path)
 

@@ -66,8 +66,9 @@ def run_started(run_dir):
 
 def run_variant(cfg):
     """What sets a run apart from baselines' defaults for its env, joined by ", " ("" for none):
-    demonstrations, a --gamma of its own, a --replay_strategy other than future or a --replay_k
-    other than 4. A config.json of a version without these keys has the defaults."""
+    demonstrations, a --gamma of its own, another --batch_size, --n_cycles or --random_eps
+    (noise_eps goes with it in the runs here), a --replay_strategy other than future or a
+    --replay_k other than 4. A config.json of a version without these keys has the defaults."""
     parts = []
     if cfg.get("demo_file"):
         parts.append(f"{cfg['num_demo']} demos")
@@ -75,6 +76,11 @@ def run_variant(cfg):
     gamma, T = cfg.get("gamma"), cfg.get("T")
     if gamma and (T is None or gamma != 1. - 1. / T):
         parts.append(f"gamma {gamma}")
+    # the batch, cycles and exploration of the demonstrations' setup, with demos or without
+    n_cycles = 10 if cfg.get("env", "").startswith("FetchReach") else 50  # config.ENV_OVERRIDES
+    parts += [f"batch {cfg['batch_size']}"] * (cfg.get("batch_size", 256) != 256)
+    parts += [f"{cfg['n_cycles']} cycles"] * (cfg.get("n_cycles", n_cycles) != n_cycles)
+    parts += [f"eps {cfg['random_eps']}"] * (cfg.get("random_eps", 0.3) != 0.3)
     strategy, replay_k = cfg.get("replay_strategy", "future"), cfg.get("replay_k", 4)
     if strategy == "none":
         parts.append("none")  # no relabelling: replay_k plays no part

@@ -6,6 +6,7 @@ exception keeps its traceback.
 
 Test: `python -m pytest -q tests/test_files.py`.
 """
+from mpi_adam import RanksDiverged  # check_synced: ranks that hold other bits
 
 
 class UsageError(Exception):
@@ -30,4 +31,4 @@ class Interrupted(Exception):
 
 # {error: (exit code, prefix of its line)}: what exits_together does with each
 EXIT_CODES = {UsageError: (2, "error: "), BadFileError: (2, "error: "), SaveError: (1, "error: "),
-              NonFiniteError: (1, ""), Interrupted: (130, "")}
+              NonFiniteError: (1, ""), RanksDiverged: (1, "error: "), Interrupted: (130, "")}

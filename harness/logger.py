@@ -19,6 +19,7 @@ import platform
 import subprocess
 import sys
 import time
+from importlib.metadata import version
 
 import numpy as np
 from threadpoolctl import threadpool_info
@@ -177,9 +178,12 @@ def code_version(folder):
 
 
 def machine():
-    """The CPU model, the numeric libraries whose kernels decide a run's last digits, and the MPI
-    where mpi4py has started it (this never starts it): 'AMD EPYC; numpy 2.4.6; openblas
-    0.3.31.188.0 (Haswell); MPICH 5.0.2' (docs/usage.md, what a seed fixes)."""
+    """What decides a run's last digits, where a seed and a commit do not: the CPU model,
+    Python, NumPy with its SIMD loops (the baseline it was built for, the ones dispatched at run
+    time: none under NPY_DISABLE_CPU_FEATURES), the BLAS with its kernels, MuJoCo,
+    gymnasium-robotics, and the MPI where mpi4py has started it (this never starts it); an
+    example is in docs/usage.md, what a seed reproduces."""
+    from numpy._core._multiarray_umath import __cpu_baseline__, __cpu_dispatch__, __cpu_features__
     cpu = platform.machine()
     try:
         with open("/proc/cpuinfo") as f:
@@ -187,11 +191,14 @@ def machine():
                         if line.startswith("model name")), cpu)
     except OSError:
         pass
+    simd = " ".join(f for f in __cpu_dispatch__ if __cpu_features__.get(f)) or "none"
     blas = [f"{lib['internal_api']} {lib['version']} ({lib.get('architecture')})"
             for lib in threadpool_info() if lib["user_api"] == "blas"]
+    packages = [f"{name} {version(name)}" for name in ("mujoco", "gymnasium-robotics")]
     mpi = sys.modules.get("mpi4py.MPI")
     mpi = [library_name(mpi.Get_library_version())] if mpi else []
-    return "; ".join([cpu, f"numpy {np.__version__}", *blas, *mpi])
+    return "; ".join([cpu, f"Python {platform.python_version()}", f"numpy {np.__version__} (SIMD "
+                      f"{' '.join(__cpu_baseline__)}, dispatched {simd})", *blas, *packages, *mpi])
 
 
 def _fmt(v):

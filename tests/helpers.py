@@ -265,10 +265,10 @@ def table_rows(section):
 
 def mpi_table_rows():
     """{'file.py:function': (when, how often)} from docs/mpi.md's table of every cross-rank
-    call (a first cell `file.py: function`, or `folder/file.py: function`)."""
+    call (a first cell `file.py:function`, or `folder/file.py:function`)."""
     rows = {}
     for cells in table_rows(doc_section(*MPI_TABLE)):
-        match = re.match(r"`(?:[\w/]+/)?(\w+\.py): ([\w.]+)`", cells[0])
+        match = re.match(r"`(?:[\w/]+/)?(\w+\.py):([\w.]+)`", cells[0])
         if match and len(cells) >= 3:
             rows[f"{match[1]}:{match[2]}"] = (cells[1], cells[2])
     return rows

@@ -19,6 +19,7 @@ import re
 import statistics
 import subprocess
 
+import numpy as np
 import pytest
 
 from tests.helpers import FAULTS_TABLE, MPI_TABLE, ROOT, doc_section, table_rows
@@ -172,6 +173,18 @@ def git(*args, env=None):
     return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, env=env)
 
 
+# Figures docs/results.md's sentences quote, each a median of test success over epochs first to
+# last of one run, printed as the page prints every figure (Python's "{:.2f}" of the stored value):
+# (run folder in results/, first, last, the sentence's words with {} where the figure stands).
+QUOTED_MEDIANS = [
+    ("HandReach-v3-8x2-seed0", 12, 20, "(median {} over epochs 12-20,"),
+    ("HandReach-v3-8x2-seed0", 21, 29, "epochs 12-20, {} over 21-29)"),
+    ("HandManipulateBlockRotateZ-v1-8x2-seed0", 20, 29, "20 to 29 (median {})"),
+    ("FetchSlide-v4-8x2-seed0", 20, 39, "Seed 0 does: median {} over epochs 20-39"),
+    ("FetchSlide-v4-8x2-seed0", 40, 49, "epochs 20-39 and {} over 40-49, 0.62 after 50"),
+]
+
+
 class TestDocs:
     """README.md and docs/*.md."""
 
@@ -209,6 +222,18 @@ class TestDocs:
                 f"results/port-differences/control-{task}-8x2-seed[0-9] --runs --table`"
         assert plot.gap_table(every_run_of("FetchPush-v4")) in page, "docs/results.md's table " \
             "of the gap to the port differs from `python -m experiment.plot ... --gap --table`"
+
+    def test_the_medians_the_sentences_quote_are_the_csvs(self):
+        """The medians over epochs that docs/results.md's prose quotes (QUOTED_MEDIANS), computed
+        again from the committed progress.csv files; the page says which figures this holds."""
+        with open(os.path.join(ROOT, "docs", "results.md")) as f:
+            page = " ".join(f.read().split())
+        for run, first, last, words in QUOTED_MEDIANS:
+            with open(os.path.join(ROOT, "results", run, "progress.csv")) as f:
+                success = [float(row["test/success_rate"]) for row in csv.DictReader(f)]
+            figure = f"{np.median(success[first:last + 1]):.2f}"
+            assert words.format(figure) in page, f"{run}, epochs {first}-{last}: {figure}"
+        assert "0.73 over 21-29" in page  # 0.725, stored as 0.7250000000000001
 
     def test_the_headlines_name_their_runs_and_hold_their_tables_numbers(self):
         """Each Fetch task's headline in "The paper's suite" says over how many seeds (and
@@ -377,9 +402,8 @@ class TestDocs:
                 where = [s for s in scopes if s[0] <= number <= s[1]]
                 assert where, f"{name}:{number}: an [MPI] line outside any function"
                 function = min(where, key=lambda s: s[1] - s[0])[2]  # the innermost
-                rows = (f"`{os.path.basename(name)}: {function}`", f"`{name}: {function}`")
-                assert any(row in table for row in rows), f"docs/mpi.md's table of MPI calls " \
-                    f"has no row `{os.path.basename(name)}: {function}` ({name}:{number})"
+                assert f"`{name}:{function}`" in table, f"docs/mpi.md's table of MPI calls " \
+                    f"names no `{name}:{function}` ({name}:{number})"
 
     def test_every_call_of_a_collective_function_is_tagged(self):
         """docs/mpi.md promises that each line calling a function whose docstring says

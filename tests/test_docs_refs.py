@@ -5,6 +5,8 @@ No baselines counterpart. The docstrings of every Python file, README.md and doc
 at code by name (`rollout.RolloutWorker.generate_rollouts`, `DDPG.check_synced`,
 mpi_util.mpi_average) and at docs/deviations.md by number ("deviation 13", "(1, 2 and 12 in
 docs/deviations.md)"); a name that moved or a number that shifted would send a reader nowhere.
+The pages name code one way, `folder/file.py:Class.method` (`harness/mpi_util.py:mpi_average`),
+and `DDPG.train` always with "(one update)" after it, so it is not read as train.py's loop.
 So: every dotted name whose first part is one of the project's modules or classes resolves
 (import it, getattr each part; a class's attribute may also be one its methods set on self);
 every project path named (harness/files.py) exists or is a file of baselines'; every deviation
@@ -121,6 +123,35 @@ def unresolved(text, names):
     return bad
 
 
+# ---------------------------------------------------------------- one way of naming code
+
+# `folder/file.py:Class.method` (the pages' one form); a module's dotted name outside a command.
+FILE_NAME = re.compile(r"(?<![\w/.-])((?:\w+/)*\w+\.py):([A-Za-z_][\w.]*)")
+SPACED = re.compile(r"`(?:\w+/)*\w+\.py: [A-Za-z_][\w.]*`")
+
+
+def misnamed(text, names):
+    """What a page names otherwise than `folder/file.py:Class.method`: a file without its folder
+    or with a name it does not define, `file.py: name` with a space, `module.name` (outside a
+    `python -m` or `python -c` command), and `DDPG.train` without '(one update)' after it."""
+    bad = SPACED.findall(text)
+    for path, qualname in FILE_NAME.findall(text):
+        if not os.path.exists(os.path.join(ROOT, path)):
+            bad.append(f"{path}:{qualname} (no file {path})")
+        elif unresolved(path[:-3].replace("/", ".") + "." + qualname, names):
+            bad.append(f"{path}:{qualname} (not defined there)")
+    for match in DOTTED.finditer(text):
+        parts = match[1].split(".")
+        line = text[text.rfind("\n", 0, match.start()) + 1:match.start()]
+        if parts[-1] in FILE_ENDINGS or "python -c" in line or re.search(
+                r"-m\s+$", text[max(0, match.start() - 8):match.start()]):
+            continue
+        if any(inspect.ismodule(names.get(".".join(parts[:i]))) for i in range(1, len(parts))):
+            bad.append(match[1])
+    bad += [m[0] for m in re.finditer(r"DDPG\.train\b(?:\(\))?`(?! \(one update)", text)]
+    return bad
+
+
 # ---------------------------------------------------------------- deviations by number
 
 def deviation_entries():
@@ -155,17 +186,17 @@ TRAFFIC = re.compile(
 
 
 def per_cycle_calls():
-    """{'file.py: function': (calls per cycle, comm method)} of the rows of docs/mpi.md's table
+    """{'file.py:function': (calls per cycle, comm method)} of the rows of docs/mpi.md's table
     whose 'how often' says 'N per cycle'; and that table's check_synced row."""
     rows, check = {}, None
     for cells in table_rows(doc_section(*MPI_TABLE)):
-        site = re.match(r"`(?:[\w/]+/)?(\w+\.py: [\w.]+)`", cells[0])
+        site = re.match(r"`(?:[\w/]+/)?(\w+\.py:[\w.]+)`", cells[0])
         if not site or len(cells) < 4:
             continue
         count = re.search(r"(\d+) per cycle", cells[2])
         if count:
             rows[site[1]] = (int(count[1]), re.match(r"`(\w+)`", cells[3])[1])
-        if site[1] == "mpi_adam.py: MpiAdam.check_synced":
+        if site[1] == "mpi_adam.py:check_same_bits":
             check = cells[2]
     return rows, check
 
@@ -184,6 +215,19 @@ class TestDocsRefs:
         made_up = ("`train.no_such_loop` and DDPG.no_such_method, but `DDPG.T`, ddpg.DDPG.train, "
                    "np.zeros, config.py and `rollout.RolloutWorker.generate_rollouts` are fine")
         assert unresolved(made_up, names) == ["train.no_such_loop", "DDPG.no_such_method"]
+
+    def test_the_pages_name_code_one_way(self):
+        names = namespace()
+        bad = [f"{page}: {ref}" for page in pages()
+               for ref in misnamed(open(os.path.join(ROOT, page)).read(), names)]
+        assert not bad, "name code as `folder/file.py:Class.method`:\n" + "\n".join(bad)
+        # the check itself, on each form
+        made_up = ("`harness/mpi_util.py:mpi_average`, `ddpg.py:DDPG.train` (one update), "
+                   "`mpi_util.py:mpi_average`, `cli.py: shared_config`, run.Run.end_epoch, "
+                   "`ddpg.py:DDPG.no_such`, `DDPG.train`, python -m experiment.plot")
+        assert misnamed(made_up, names) == [
+            "`cli.py: shared_config`", "mpi_util.py:mpi_average (no file mpi_util.py)",
+            "ddpg.py:DDPG.no_such (not defined there)", "run.Run.end_epoch", "DDPG.train`"]
 
     def test_every_project_path_named_exists(self):
         pattern = re.compile(r"(?<![\w/.-])((?:harness|experiment|tests)/\w+\.py)\b")
@@ -221,11 +265,11 @@ class TestDocsRefs:
         gradients, sums, allgathers, every, cycles, check_calls = match.groups()
         rows, check = per_cycle_calls()
         allgather_rows = [site for site, (_, method) in rows.items() if method == "allgather"]
-        assert set(rows) == {"mpi_adam.py: MpiAdam.update",
-                             "normalizer.py: Normalizer.recompute_stats", *allgather_rows}, \
+        assert set(rows) == {"mpi_adam.py:MpiAdam.update",
+                             "normalizer.py:Normalizer.recompute_stats", *allgather_rows}, \
             f"calls per cycle the README's sentence does not count: {sorted(rows)}"
-        assert int(gradients) == rows["mpi_adam.py: MpiAdam.update"][0] == 2 * Config.n_batches
-        assert WORDS[sums] == rows["normalizer.py: Normalizer.recompute_stats"][0]
+        assert int(gradients) == rows["mpi_adam.py:MpiAdam.update"][0] == 2 * Config.n_batches
+        assert WORDS[sums] == rows["normalizer.py:Normalizer.recompute_stats"][0]
         assert WORDS[allgathers] == sum(rows[site][0] for site in allgather_rows)
         assert int(every) == Config.sync_check_interval
         assert float(cycles) == Config.sync_check_interval / Config.n_batches

@@ -9,6 +9,7 @@ Run: `python -m pytest -q tests/test_logger.py` (from the repository's root).
 """
 import io
 import os
+import platform
 import re
 import subprocess
 import sys
@@ -52,10 +53,13 @@ class TestLogger:
         print("after close")
         lines = (tmp_path / "log.txt").read_text().splitlines()
         assert lines[0].endswith(": train.py --x 1") and lines[1].startswith("# code: ")
-        # the CPU, numpy and the BLAS with its kernels, as threadpoolctl reports them
+        # the CPU, Python, numpy with its SIMD loops, the BLAS with its kernels (as threadpoolctl
+        # reports them), MuJoCo and gymnasium-robotics
         blas = threadpool_info()[0]
-        assert lines[2].startswith("# machine: ") and f"; numpy {np.__version__}; " in lines[2]
+        assert lines[2].startswith("# machine: ") and \
+            f"; Python {platform.python_version()}; numpy {np.__version__} (SIMD " in lines[2]
         assert f"{blas['internal_api']} {blas['version']} ({blas['architecture']})" in lines[2]
+        assert "; mujoco 3.11.0; gymnasium-robotics 1.4.2" in lines[2]  # requirements.txt's
         named = "; MPICH " in lines[2] or "; Open MPI " in lines[2]
         assert named == ("mpi4py.MPI" in sys.modules)  # the MPI, once started
         assert lines[3:] == ["# resumed from the checkpoint at epoch 3, cycle 7", "to stdout",
@@ -70,6 +74,19 @@ class TestLogger:
         assert "MPI" not in logger.machine() and "mpi4py.MPI" not in sys.modules
         monkeypatch.setitem(sys.modules, "mpi4py.MPI", MPI)
         assert logger.machine().endswith("; MPICH 5.0.2")
+
+    @pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"),
+                        reason="OPENBLAS_CORETYPE=Prescott is an x86-64 core type")
+    def test_machine_names_numpys_simd_loops_and_the_blas_kernels_forced_or_not(self):
+        """Forced as tests/test_pinned.py forces them (docs/usage.md), the line says so: no SIMD
+        loop dispatched, and OpenBLAS's SSE3 core type, which it names Katmai."""
+        from tests.test_pinned import pinned_environ
+        code = "from harness import logger; print(logger.machine())"
+        forced, free = (subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, text=True,
+                                       capture_output=True, check=True).stdout.strip()
+                        for env in (pinned_environ(), None))
+        assert ", dispatched none); openblas " in forced and " (Katmai); " in forced, forced
+        assert forced.split("; ")[:2] == free.split("; ")[:2], (forced, free)  # CPU, Python
 
     @pytest.mark.slow
     def test_output_is_terminal_sees_through_mpirun(self):

@@ -27,6 +27,7 @@ from mpi_adam import ONE_RANK
 from tests.helpers import (
     ROOT,
     TINY_RUN,
+    assert_one_line_error,
     hang_guard,
     mpi_family,
     mpirun_args,
@@ -100,6 +101,34 @@ def running_job_keeps_its_segment(tmp_path, orphans):
     assert not running & shm_entries()  # a job that finalises removes its own segment
 
 
+SUM_WITH_OTHER_BITS_ON_RANK_1 = """
+import os, sys
+if os.environ.get("PMI_RANK", os.environ.get("OMPI_COMM_WORLD_RANK")) == "1":
+    sys.path.insert(0, %r)
+    import numpy as np
+    import normalizer
+
+    class OtherBits:
+        def __init__(self, comm):
+            self.comm = comm
+
+        def Allreduce(self, sendbuf, recvbuf):
+            self.comm.Allreduce(sendbuf, recvbuf)  # [MPI] test only
+            recvbuf[0] = np.nextafter(recvbuf[0], np.inf)  # the sum's last bit, on rank 1 only
+
+    recompute_stats = normalizer.Normalizer.recompute_stats
+
+    def recompute_with_other_bits(self):
+        comm, self.comm = self.comm, OtherBits(self.comm)
+        try:
+            recompute_stats(self)
+        finally:
+            self.comm = comm
+
+    normalizer.Normalizer.recompute_stats = recompute_with_other_bits
+"""
+
+
 class TestMpiUtil:
     """harness/mpi_util.py: MPI jobs, /dev/shm."""
 
@@ -124,6 +153,22 @@ class TestMpiUtil:
             assert rc != 0, out[-3000:]
             assert out.count("injected env failure on rank 1") == 1 and \
                 out.count("Traceback") == 1, out[-3000:]
+
+    @pytest.mark.slow
+    def test_a_normaliser_sum_with_other_bits_on_one_rank_stops_every_rank(self, tmp_path,
+                                                                             monkeypatch):
+        """The MPI standard does not promise every rank the same bits of an Allreduce's sum. Here
+        rank 1's normaliser Allreduces come back one bit higher in their first element (a
+        sitecustomize.py on PYTHONPATH patches it in that rank only): the weights stay equal
+        (every rank still gets the same summed gradient), so only DDPG.check_synced's look at
+        the normalisers' sums can see it, and after the epoch every rank stops with one line."""
+        (tmp_path / "sitecustomize.py").write_text(SUM_WITH_OTHER_BITS_ON_RANK_1 % ROOT)
+        monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+        rc, out = run_cmd(train_cmd("--n_epochs", "1", "--n_cycles", "2", "--n_batches", "2",
+                                    "--n_test_rollouts", "1", "--logdir", str(tmp_path / "run"),
+                                    n_ranks=2), timeout=180)
+        assert_one_line_error(rc, out, 1, "train.py: error: check_synced: 1 rank(s) hold the "
+                              "o_stats normaliser's sums different from rank 0; ranks diverged")
 
     def test_abort_waits_until_the_reader_has_taken_the_traceback(self):
         """abort_job's wait before MPI_Abort: it returns only once a slow reader has read every

@@ -32,8 +32,11 @@ dispatch off (NPY_DISABLE_CPU_FEATURES: only the loops of its baseline), one BLA
 matter: on one AMD EPYC (Zen 3), the agent's weights hash differently under each of the core
 types Prescott, Nehalem, Sandybridge and Haswell (the one OpenBLAS picks there), and again with
 NumPy's dispatch on or off; a core type the CPU lacks (SkylakeX there) dies of SIGILL. What is
-left is the versions: the figures hold for the NumPy they were recorded with (RECORDED_WITH;
-a failure says when the versions differ) and x86-64 only (the test is skipped elsewhere).
+left is the versions: the figures hold under the machine line they were recorded with
+(RECORDED_MACHINE: log.txt's line without the CPU's model, which names Python, NumPy and its SIMD
+loops, the BLAS and its kernels, MuJoCo and gymnasium-robotics; a failure says when the run's
+line differs) and x86-64 only (the test is skipped elsewhere). This is docs/usage.md's promise
+held: two runs whose lines, commit, command and ranks are the same give the same digits.
 
 Run: `python -m pytest -q tests/test_pinned.py`; `python -m tests.test_pinned agent` prints
 the agent's figures as JSON (under the pinned environment only when started by the test), and
@@ -60,11 +63,13 @@ from tests.helpers import ROOT, train_cmd
 from vecenv import DummyVecEnv
 
 PINNED_CORETYPE = "Prescott"  # OpenBLAS's SSE3 kernels: every x86-64 CPU has them
-# What the figures were recorded with (versions(), under the pinned environment).
-RECORDED_WITH = {
-    "blas": ["openblas 0.3.31.188.0 Katmai"],
-    "numpy": "2.4.6",
-}
+# What the figures were recorded with: the machine line of log.txt (harness/logger.py:machine)
+# under the pinned environment, its first field (the CPU's model, which the forced kernels make
+# irrelevant) left out; a run of train.py adds the MPI. Every pinned test passed under this line
+# at the commit that stored it.
+RECORDED_MACHINE = ("Python 3.11.7; numpy 2.4.6 (SIMD X86_V2, dispatched none); openblas "
+                    "0.3.31.188.0 (Katmai); mujoco 3.11.0; gymnasium-robotics 1.4.2")
+RECORDED_MPI = "MPICH 5.0.2"
 
 PINNED_AGENT = {
     "Q_adam/m": "5f179a088034dcad",
@@ -291,12 +296,16 @@ def pinned_environ():
                 OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
 
 
-def versions():
-    """NumPy's version and the BLAS it loaded: its version and the kernels it runs."""
-    from threadpoolctl import threadpool_info
-    blas = [(lib["internal_api"], lib["version"], lib.get("architecture"))
-            for lib in threadpool_info() if lib["user_api"] == "blas"]
-    return {"numpy": np.__version__, "blas": [" ".join(map(str, lib)) for lib in blas]}
+def without_cpu(machine_line):
+    """A machine line (harness/logger.py:machine) without its first field, the CPU's model."""
+    return machine_line.split("; ", 1)[1]
+
+
+def machine_of_run(logdir):
+    """The machine line a run's log.txt recorded, without the CPU's model."""
+    with open(os.path.join(logdir, "log.txt")) as f:
+        line = next(line for line in f if line.startswith("# machine: "))
+    return without_cpu(line[len("# machine: "):].strip())
 
 
 def digest(x):
@@ -309,13 +318,13 @@ def digest(x):
     return hashlib.sha256(header + x.tobytes()).hexdigest()[:16]
 
 
-def assert_pinned(figures, pinned, what, versions_now):
+def assert_pinned(figures, pinned, what, machine_now, machine_recorded):
     """figures == pinned, or a message naming every figure that changed and what to do."""
     changed = sorted(key for key in set(figures) | set(pinned)
                      if figures.get(key) != pinned.get(key))
-    note = ("" if versions_now == RECORDED_WITH else
-            f" The figures were recorded with {RECORDED_WITH}, this is {versions_now}: other "
-            f"versions may round differently.")
+    note = ("" if machine_now == machine_recorded else
+            f" The figures were recorded under '{machine_recorded}', this run's machine line is "
+            f"'{machine_now}': other versions may round differently.")
     assert not changed, (
         f"{what} learnt something else: {', '.join(changed)} changed (now "
         f"{ {key: figures.get(key) for key in changed} }). If the change to the learning is "
@@ -447,7 +456,8 @@ X86_64_ONLY = pytest.mark.skipif(
 def test_agent_is_pinned():
     out = json.loads(run_pinned([sys.executable, "-m", "tests.test_pinned", "agent"])
                      .splitlines()[-1])
-    assert_pinned(out["figures"], PINNED_AGENT, "the small agent", out["versions"])
+    assert_pinned(out["figures"], PINNED_AGENT, "the small agent", out["machine"],
+                  RECORDED_MACHINE)
 
 
 # ---------------------------------------------------------------- a short FetchReach run
@@ -482,10 +492,8 @@ def fetch_reach_figures(logdir, n_ranks=1):
 def test_fetch_reach_is_pinned(tmp_path):
     logdir = str(tmp_path / "run")
     run_pinned(train_cmd(*FETCH_REACH_RUN, "--logdir", logdir), timeout=600)
-    versions_now = json.loads(run_pinned([sys.executable, "-m", "tests.test_pinned", "versions"])
-                              .splitlines()[-1])
     assert_pinned(fetch_reach_figures(logdir), PINNED_FETCH_REACH, "FetchReach (train.py)",
-                  versions_now)
+                  machine_of_run(logdir), f"{RECORDED_MACHINE}; {RECORDED_MPI}")
 
 
 @X86_64_ONLY
@@ -495,20 +503,18 @@ def test_fetch_reach_on_two_ranks_is_pinned(tmp_path):
     normalisers' pooled sums, rank 1's own buffer and generator."""
     logdir = str(tmp_path / "run")
     run_pinned(train_cmd(*FETCH_REACH_RUN, "--logdir", logdir, n_ranks=2), timeout=600)
-    versions_now = json.loads(run_pinned([sys.executable, "-m", "tests.test_pinned", "versions"])
-                              .splitlines()[-1])
     assert_pinned(fetch_reach_figures(logdir, n_ranks=2), PINNED_FETCH_REACH_2_RANKS,
-                  "FetchReach on 2 ranks (mpirun -np 2 train.py)", versions_now)
+                  "FetchReach on 2 ranks (mpirun -np 2 train.py)", machine_of_run(logdir),
+                  f"{RECORDED_MACHINE}; {RECORDED_MPI}")
 
 
 if __name__ == "__main__":
     if sys.argv[1:] == ["agent"]:
-        print(json.dumps({"figures": agent_figures(), "versions": versions()}, sort_keys=True))
-    elif sys.argv[1:] == ["versions"]:
-        print(json.dumps(versions()))
+        from harness.logger import machine
+        print(json.dumps({"figures": agent_figures(), "machine": without_cpu(machine())},
+                         sort_keys=True))
     elif len(sys.argv) in (3, 4) and sys.argv[1] == "fetch_reach":
         n_ranks = int(sys.argv[3]) if len(sys.argv) == 4 else 1
         print(json.dumps(fetch_reach_figures(sys.argv[2], n_ranks), sort_keys=True))
     else:
-        sys.exit("usage: python -m tests.test_pinned agent | versions | "
-                 "fetch_reach LOGDIR [N_RANKS]")
+        sys.exit("usage: python -m tests.test_pinned agent | fetch_reach LOGDIR [N_RANKS]")
