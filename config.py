@@ -6,9 +6,8 @@ baselines has (DEFAULT_PARAMS, her.py's learn, run.py's flags, the discount 1 - 
 baselines' default; the others are this project's: vec_env, env_timeout, mpi_timeout,
 reward_range, logdir and sync_check_interval (baselines checks every 100 updates, fixed), and
 seed is 0 where baselines draws one. Each field is a flag `--<name>` (harness/cli.py) whose
-help is its trailing comment, which opens with the values it takes (its range, written only
-there). A field typed `X | None` is one whose default the run works out (gamma: 1 - 1/T; the
-reward range: measured), putting the value in force in its place before printing or writing;
+help, and range, is its trailing comment; the run works out a field typed `X | None` (gamma:
+1 - 1/T; the reward range: measured) and prints and saves the value in force;
 what is read off the env (dims, T, max_u, the reward and its range: baselines' configure_dims)
 is harness/goal_env.py's GoalTask. Deviations from baselines (16 and 17 in docs/deviations.md):
 n_epochs defaults to 50 (baselines counts total_timesteps), and the FetchReach override

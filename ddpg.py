@@ -22,10 +22,10 @@ The losses are pure functions that fill the networks' gradients; the DDPG class 
 rank's state (networks, targets, normalisers, replay buffer, Adams) and does the bookkeeping.
 Gradients go to MpiAdam (mpi_adam.py), the only place they are combined across MPI ranks; of
 the agent's state the normalisers (normalizer.py) alone are built from all ranks' data too (so
-is train.py's best test success rate, which picks policy_best.npz). The methods
-that reach other ranks say "Collective" (every rank must call them in the same order), and
-each line that calls one carries the comment tag `[MPI]`. A policy, what a policy file holds,
-is made and read back here alone: policy_arrays(), and DDPG.from_policy() to rebuild one.
+is train.py's best test success rate, which picks policy_best.npz). The methods that reach
+other ranks say "Collective" (every rank must call them in the same order), and each line that
+calls one carries the comment tag `[MPI]`. A policy, what a policy file holds, is made and read
+back here alone: policy_arrays(), and DDPG.from_policy() to rebuild one.
 
 Deviations from baselines here, by their number in docs/deviations.md: 19, the critic target
 is clipped to the range the env's own rewards allow (target_range; for Fetch and Hand this is
@@ -117,8 +117,7 @@ def bc_actor_loss_and_grad(ac, x_pi, u, q_u, n_demo, action_l2, prm_loss_weight,
 # ---------------------------------------------------------------- the agent
 
 def discount(gamma, T):
-    """gamma, or where none is given baselines' discount matched to the horizon, 1 - 1/T (0.98
-    for T = 50)."""
+    """gamma, or where none is given baselines' discount for horizon T: 1 - 1/T (0.98 at 50)."""
     return 1. - 1. / T if gamma is None else gamma
 
 
