@@ -5,9 +5,8 @@ Implements the hyperparameters of Plappert et al. (2018), Sec. 2.2 and Appendix 
 baselines has (DEFAULT_PARAMS, her.py's learn, run.py's flags, the discount 1 - 1/T) keeps
 baselines' default; the others are this project's: vec_env, env_timeout, mpi_timeout,
 reward_range, logdir and sync_check_interval (baselines checks every 100 updates, fixed), and
-seed is 0 where baselines draws one. Each field is a flag `--<name>` (harness/cli.py) whose
-help, and range, is its trailing comment; the run works out a field typed `X | None` (gamma:
-1 - 1/T; the reward range: measured) and prints and saves the value in force;
+seed is 0 where baselines draws one. Each field is a flag `--<name>` whose help and range are
+its comment (harness/cli.py); a field typed `X | None` the run fills with the value in force;
 what is read off the env (dims, T, max_u, the reward and its range: baselines' configure_dims)
 is harness/goal_env.py's GoalTask. Deviations from baselines (16 and 17 in docs/deviations.md):
 n_epochs defaults to 50 (baselines counts total_timesteps), and the FetchReach override

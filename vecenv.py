@@ -363,9 +363,8 @@ class SubprocVecEnv(VecEnv):
                         remote.recv()
                 except (EOFError, BrokenPipeError, OSError):
                     pass  # already dead: reaped below
-        deadline = time.monotonic() + 0.5  # all broken ones: half a second, then killed
-        for p in self.ps:
-            p.join(timeout=5 if why is None else max(0., deadline - time.monotonic()))
+        for p in self.ps:  # broken: half a second for all, then killed
+            p.join(timeout=5 if why is None else 0.5 / len(self.ps))
             if p.is_alive():
                 p.kill()
                 p.join()

@@ -30,7 +30,6 @@ CHECKPOINT_KEYS = POLICY_KEYS + ("epoch", "cycle", "n_ranks", "rng_json", "Q_ada
                                  "log/train_success_history", "log/train_losses")
 # Arrays whose first dimension grows with the run; older checkpoints lack the optional ones.
 GROWING, OPTIONAL = ("buffer/", "log/"), ("run_config", "log/progress_sha256", "checksum")
-OWN_COUNTERS = ("n_episodes", "n_updates", "buffer/current_size")
 
 
 def checkpoint_path(logdir, rank, previous=False):
@@ -155,7 +154,7 @@ def common_position(run_dir, positions, comm):
     return (epoch, cycle), note
 
 
-def load_checkpoint(run_dir, positions, comm, template, cfg):
+def load_checkpoint(run_dir, positions, comm, template):
     """Collective: every rank loads its checkpoint of the newest (epoch, cycle) all ranks have
     (positions: this rank's, checkpoint_positions'), checked against the run's configuration
     (check_checkpoint; rank 0: progress.csv and the policies too). Returns its path, its
@@ -165,7 +164,7 @@ def load_checkpoint(run_dir, positions, comm, template, cfg):
     path, arrays, rows, error = positions[position], None, [], None
     try:
         arrays = read_checkpoint(path)
-        check_checkpoint(arrays, path, template, cfg)
+        check_checkpoint(arrays, path, template)
         if comm.Get_rank() == 0:
             digest = str(arrays.get("log/progress_sha256", ""))
             rows = read_progress(os.path.join(run_dir, "progress.csv"), position[0], digest)
@@ -193,10 +192,11 @@ def checkpoint_template(cfg, task):
     return checkpoint_arrays(agent, (0, 0, -1., 1), [0, 0])
 
 
-def check_checkpoint(arrays, path, template, cfg):
+def check_checkpoint(arrays, path, template):
     """BadFileError unless the checkpoint holds every array `template` names, of its dtype and
-    shape (the first dimension of a growing one aside), its settings are the configuration's,
-    and its counters are what (epoch, cycle) makes them (local: no MPI calls)."""
+    shape (the first dimension of a growing one aside), its checksum is its arrays' and its
+    settings are the configuration's (local: no MPI calls). A checkpoint from before the
+    checksum and run_config is held to the policy's settings (config_json) only."""
     for key, want in template.items():
         got = arrays.get(key)
         if got is None and key in OPTIONAL:
@@ -214,27 +214,15 @@ def check_checkpoint(arrays, path, template, cfg):
                            f"or damaged; resume from an untouched copy")
     for key in ("config_json", "run_config"):
         if key in arrays:
-            saved, own = (json.loads(str(a[key])) for a in (arrays, template))
+            own = json.loads(str(template[key]))
+            try:
+                saved = dict(json.loads(str(arrays[key])))
+            except (ValueError, TypeError):
+                raise BadFileError(f"{path}: its {key} is damaged") from None
             differ = [k for k in own if saved.get(k) != own[k]]
             if differ:
                 raise BadFileError(f"{path} was saved with {differ[0]} {saved.get(differ[0])!r}, "
                                    f"config.json says {own[differ[0]]!r}; they are not one run")
-    epoch, cycle = int(arrays["epoch"]), int(arrays["cycle"])
-    cycles, T = epoch * cfg.n_cycles + cycle, json.loads(str(template["config_json"]))["T"]
-    stored = min(cycles * cfg.num_env, cfg.buffer_size // T)
-    counters = {"n_episodes": [cycles * cfg.num_env, epoch * cfg.n_test_rollouts * cfg.num_env],
-                "n_updates": cycles * cfg.n_batches, "buffer/current_size": stored,
-                **{key: stored for key in template if key.startswith("buffer/")
-                   and key != "buffer/current_size"}}
-    for key, value in counters.items():
-        got = arrays[key].tolist() if key in OWN_COUNTERS else len(arrays[key])
-        if got != value or not (epoch >= 0 and 0 <= cycle <= cfg.n_cycles):
-            raise BadFileError(f"{path}: its {key} is {got}, not {value} as epoch {epoch}, "
-                               f"cycle {cycle} of this run's config.json make it")
-    try:
-        np.random.default_rng().bit_generator.state = json.loads(str(arrays["rng_json"]))
-    except (ValueError, TypeError, KeyError) as e:
-        raise BadFileError(f"{path}: its random generator's state is damaged ({e})") from None
 
 
 # ---------------------------------------------------------------- what a stop looks for

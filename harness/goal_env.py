@@ -97,7 +97,7 @@ def describe_env(env_id, r_range=None, need_range=True):
         raise UsageError(f"env {env_id!r}: compute_reward gave one value for every goal and "
                          f"achieved goal of {MAX_RANGE_RESETS} resets, so the range of its "
                          "rewards, which bounds the critic's target, cannot be measured; pass "
-                         "it as --reward_range R_MIN,R_MAX (e.g. 0,1 for a maze's sparse "
+                         "it as --reward_range=R_MIN,R_MAX (e.g. 0,1 for a maze's sparse "
                          "reward, -1,0 for Fetch's)")
     _, _, _, _, info = env.step(np.zeros(env.action_space.shape, env.action_space.dtype))
     return GoalTask(dims=dims, T=int(env.spec.max_episode_steps), max_u=float(high.flat[0]),

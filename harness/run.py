@@ -151,7 +151,7 @@ class Run:
         if args.resume:
             self.checkpoint_path, self.checkpoint, self.progress, self.resume_note = \
                 load_checkpoint(args.resume, checkpoints, self.comm,  # [MPI]
-                                checkpoint_template(cfg, task), cfg)
+                                checkpoint_template(cfg, task))
             done = int(self.checkpoint["epoch"])
             if cfg.n_epochs <= done:  # every rank: they share the checkpoint's position
                 raise UsageError(f"{args.resume} has done {done} epoch(s) and --n_epochs is "

@@ -158,7 +158,7 @@ class TestGoalEnv:
         assert goal_env.describe_env("tests.test_goal_env:FixedGoal-v0").r_range == (0., 1.)
         assert_main_refuses(["--env", "tests.test_goal_env:StartAtGoal-v0",
                              "--logdir", str(tmp_path / "no")],
-                            capsys, "StartAtGoal-v0", "--reward_range R_MIN,R_MAX")
+                            capsys, "StartAtGoal-v0", "--reward_range=R_MIN,R_MAX")
         for text in ("1,0", "0", "a,b", "nan,1"):
             assert_main_refuses(["--reward_range", text], capsys, f"--reward_range {text}")
         logdir = str(tmp_path / "given")
