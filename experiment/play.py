@@ -158,8 +158,7 @@ def main(argv=None):
 
     # Abort where one rank raises alone
     with exits_together(comm, "play.py", PLAY_ERRORS):  # [MPI]
-        cfg = make_config(args)
-        validate_config(cfg)
+        cfg = validate_config(make_config(args))
         play(cfg, args, comm)  # [MPI]
 
 

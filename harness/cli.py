@@ -350,6 +350,9 @@ def parse_train_args(argv=None):
     p = train_parser()
     args = p.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)  # for log.txt's header
+    for flag in ("resume", "load_path"):
+        if getattr(args, flag) == "":
+            p.error(f"--{flag} takes a path, got ''")
     if args.resume and args.load_path:
         p.error("--resume cannot be combined with --load_path")
     if args.resume and set(given_config_args(args)) - RESUME_FLAGS:
