@@ -31,13 +31,13 @@ from harness.launch import launched, library_name
 
 class EpochLogger:
     """progress.csv: rows, the earlier epochs' first on --resume (read_progress), each epoch's
-    appended; `digest`, the sha256 of the file as last written, goes into each checkpoint."""
+    appended; `digest`, progress_digest of the rows so far, goes into each checkpoint."""
 
     def __init__(self, logdir, enabled, rows=()):
         self.enabled = enabled
         self.path = os.path.join(logdir, "progress.csv")
         self.rows = list(rows)
-        self.digest = ""
+        self.digest = progress_digest(self.rows)
 
     def dump(self, row):
         """Print the row as a table and rewrite progress.csv with it appended."""
@@ -53,14 +53,27 @@ class EpochLogger:
         writer.writeheader()
         writer.writerows(self.rows)
         atomic_write_text(self.path, text.getvalue())
-        self.digest = hashlib.sha256(text.getvalue().encode()).hexdigest()
+        self.digest = progress_digest(self.rows)
+
+
+def progress_digest(rows):
+    """sha256 of progress.csv's rows as written, but their wall-clock column (time/epoch_s), in
+    which a resumed run and one never stopped differ: a checkpoint keeps it of the rows before
+    it, and is the same in both, bit for bit."""
+    text = io.StringIO()
+    if rows:
+        names = [name for name in rows[0] if name != "time/epoch_s"]
+        writer = csv.DictWriter(text, fieldnames=names, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
+    return hashlib.sha256(text.getvalue().encode()).hexdigest()
 
 
 def read_progress(path, n_epochs, digest):
     """The rows of epochs 0 to n_epochs - 1 of a run's progress.csv, which a resumed run keeps
     (a later row, logged before its checkpoint was saved, is logged again), or BadFileError:
-    rows missing, cut, not numbers, epochs out of order, or (digest: the checkpoint's sha256
-    of the file as it then was; '' in older checkpoints) not the rows the run wrote."""
+    rows missing, cut, not numbers, epochs out of order, or (digest: the checkpoint's
+    progress_digest; '' in older checkpoints) not the rows the run wrote."""
     if n_epochs == 0:
         return []
     try:
@@ -80,8 +93,7 @@ def read_progress(path, n_epochs, digest):
         if numbers is None or None in row or row.get("epoch") != str(epoch):
             break
     else:
-        if len(rows) == n_epochs and (
-                not digest or hashlib.sha256(kept.encode()).hexdigest() == digest):
+        if len(rows) == n_epochs and (not digest or progress_digest(rows) == digest):
             return rows
     raise BadFileError(f"{path}: its rows are not the {n_epochs} epoch(s) the checkpoint has "
                        f"done (missing, cut, edited or not numbers); put back the run's own file")

@@ -9,9 +9,9 @@ No baselines counterpart. Three runs are pinned:
     Q values and random generator are hashed (sha256 of their bytes);
   * a short FetchReach run of train.py with two env processes (test_fetch_reach_is_pinned,
     slow): every progress.csv value but the time, and the sha256 of every array but the
-    settings (config_json) of policy_latest.npz, policy_best.npz, policy_0.npz and the
-    checkpoint (weights, targets, normaliser sums, Adam moments and steps, replay buffer,
-    generator, counters, resume position);
+    settings and checksums (NOT_LEARNT) of policy_latest.npz, policy_best.npz, policy_0.npz
+    and the checkpoint (weights, targets, normaliser sums, Adam moments and steps, replay
+    buffer, generator, counters, resume position);
   * the same run under `mpirun -np 2` (test_fetch_reach_on_two_ranks_is_pinned, slow): the
     same figures with rank 1's checkpoint beside rank 0's. One rank cannot tell a sum over
     ranks from a mean, nor see any seed but rank 0's, nor pool anything; this run can: the
@@ -462,11 +462,16 @@ def test_agent_is_pinned():
 
 # ---------------------------------------------------------------- a short FetchReach run
 
+# The arrays of a policy or checkpoint that hold nothing learnt: the settings, which the run's
+# command line fixes (config_json, run_config), and what only keeps the rest whole
+# (checkpoint.py's checksum over the arrays, logger.py's progress_digest of the earlier rows).
+NOT_LEARNT = ("config_json", "run_config", "checksum", "log/progress_sha256")
+
+
 def npz_figures(path, prefix):
-    """{prefix + key: sha256} of every array of an .npz but config_json: the settings, which
-    the run's command line fixes, not something learnt."""
+    """{prefix + key: sha256} of every array of an .npz but those NOT_LEARNT."""
     with np.load(path, allow_pickle=False) as data:
-        return {prefix + key: digest(data[key]) for key in data.files if key != "config_json"}
+        return {prefix + key: digest(data[key]) for key in data.files if key not in NOT_LEARNT}
 
 
 def fetch_reach_figures(logdir, n_ranks=1):

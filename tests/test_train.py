@@ -60,10 +60,12 @@ class TestTrain:
         reference = straight_run(str(tmp_path.parent))
         policy_path = os.path.join(reference, "policy_best.npz")
         logdir = str(tmp_path / "warm")
-        rc, out = run_cmd(train_cmd("--load_path", policy_path, "--n_epochs", "0",
+        rc, out = run_cmd(train_cmd("--load_path", policy_path, "--n_epochs", "1", "--n_cycles",
+                                    "1", "--n_batches", "1", "--n_test_rollouts", "1",
                                     "--logdir", logdir), 300)
         assert rc == 0, out[-3000:]
-        start = arrays_of(checkpoint_path(logdir, 0))  # the state before any update
+        # the state before any update: the start's checkpoint, kept as the previous one
+        start = arrays_of(checkpoint_path(logdir, 0, previous=True))
         for key in ddpg.POLICY_KEYS[1:] + ("o_stats/sum", "g_stats/count"):
             assert start[key].tobytes() == arrays_of(policy_path)[key].tobytes(), key
 
