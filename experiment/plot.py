@@ -125,9 +125,10 @@ def plot(run_dirs, out_path):
     groups = group_runs(run_dirs)
     envs = sorted({key[0] for key in groups})
     cols = min(4, len(envs))  # at most 4 envs a row: 1,800 pixels wide
-    # per row of envs: 3-inch epoch and env-steps panels, then 0.24 inch a legend's line
+    # per row of envs: 3-inch epoch and env-steps panels, then 0.24 inch a legend's line (one
+    # more for the published mark's second line)
     heights = [h for i in range(0, len(envs), cols) for h in (3, 3, 0.24 * max(
-        2 + sum(key[0] == env for key in groups) for env in envs[i:i + cols]))]
+        3 + sum(key[0] == env for key in groups) for env in envs[i:i + cols]))]
     fig = pyplot().figure(figsize=(4.5 * cols, sum(heights) + 0.2 * len(heights)))
     grid = fig.add_gridspec(len(heights), cols, height_ratios=heights)
     for i, env in enumerate(envs):
