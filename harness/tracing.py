@@ -9,6 +9,7 @@ read (--num_env 1 has no pipe). It records from the first cycle of this start to
 the N-th (an epoch's end between them too); then every rank writes <logdir>/trace/rank-R.csv,
 and rank 0, having gathered all rows, trace.json (Chrome trace events, pid = rank; Perfetto)
 and a table. Time 0: when a rank has the bcast of rank 0's clock that starts the trace.
+Deviation from baselines: an addition (docs/deviations.md, 30); docs/usage.md says what it writes.
 
 Run:  mpirun -np 2 python train.py --env FetchReach-v4 --num_env 2 --n_cycles 2 --trace 1
 Test: `python -m pytest -q tests/test_tracing.py`.
