@@ -6,6 +6,5 @@
     runs.py        the run folders plot.py reads, grouped over seeds
     plot_tables.py plot.py's markdown tables (--table, --runs, --gap) and the published marks
     stats.py       median and IQR, the IQM and its bootstrap interval, for the tables
-    bench.py       python -m experiment.bench [--quick] [--only SECTION];
-                   mpirun -np R python -m experiment.bench --only mpi
+    bench.py       python -m experiment.bench [--quick] [--only SECTION] (one process)
 """

@@ -10,6 +10,7 @@ enters it once (run.start_run) and hands it the stop check and the epoch's files
     launch.py       how the process was started, and whether MPI agrees (the launch check)
     mpi_util.py     MPI helpers: the observed communicator, averages, agreeing on errors
     watchdog.py     --mpi_timeout: a time limit on every collective call; the stop signals
+    tracing.py      --trace: every collective call and pipe message of the first cycles, timed
     errors.py       the errors reported as one line and an exit code
     files.py        atomic writes, pickle-free .npz reading, policy files, the demo file
     checkpoint.py   checkpoints and resume

@@ -332,9 +332,9 @@ def shared_config(args, comm):
 
 # ---------------------------------------------------------------- train.py's command line
 
-# The flags a resumed run may change: how long it goes on, and how long a call may wait on
-# this machine; neither changes what is computed.
-RESUME_FLAGS = {"n_epochs", "mpi_timeout"}
+# The flags a resumed run may change: how long it goes on, how long a call may wait on this
+# machine, and how many of its cycles are traced; none changes what is computed.
+RESUME_FLAGS = {"n_epochs", "mpi_timeout", "trace"}
 
 
 def train_parser():
@@ -343,6 +343,9 @@ def train_parser():
     config_flags(p)
     p.add_argument("--load_path", help="policy .npz to start training from")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its checkpoint")
+    p.add_argument("--trace", type=int, default=0, metavar="N",
+                   help="record every MPI call and env-process message of this start's first N "
+                        "cycles into <logdir>/trace/ and print a table of them (0: off)")
     return p
 
 
@@ -353,9 +356,11 @@ def parse_train_args(argv=None):
     for flag in ("resume", "load_path"):
         if getattr(args, flag) == "":
             p.error(f"--{flag} takes a path, got ''")
+    if args.trace < 0:
+        p.error(f"--trace must be 0 (off) or a number of cycles, got {args.trace}")
     if args.resume and args.load_path:
         p.error("--resume cannot be combined with --load_path")
     if args.resume and set(given_config_args(args)) - RESUME_FLAGS:
-        p.error("--resume continues the saved configuration; only --n_epochs and "
-                "--mpi_timeout may be given")
+        p.error("--resume continues the saved configuration; only --n_epochs, "
+                "--mpi_timeout and --trace may be given")
     return args

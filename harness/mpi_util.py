@@ -30,15 +30,16 @@ from harness.errors import EXIT_CODES, SaveError, UsageError
 
 
 class ObservedComm:
-    """An MPI communicator whose collective calls an observer sees: it gets entering(name,
-    frame) before the call (frame: the caller's) and left() after it, also when it raised.
-    train.py's observer is harness/watchdog.py's Watchdog (a time limit on every call); it only
-    looks, so nothing it does changes what is computed.
+    """An MPI communicator whose collective calls its observers see: each gets entering(name,
+    frame, args) before the call (frame: the caller's; args: the call's) and left() after it,
+    also when it raised. train.py's observers are harness/watchdog.py's Watchdog (a time limit
+    on every call) and harness/tracing.py's Tracer (--trace: a row per call); they only look,
+    so nothing they do changes what is computed.
     Every other attribute (Get_rank, Get_size) is the communicator's own."""
-    COLLECTIVE = ("Allreduce", "Bcast", "allgather", "bcast", "Abort")
+    COLLECTIVE = ("Allreduce", "Bcast", "allgather", "bcast", "gather", "Abort")
 
-    def __init__(self, comm, observer):
-        self._comm, self._observer = comm, observer
+    def __init__(self, comm, observers):
+        self._comm, self._observers = comm, observers
 
     def __getattr__(self, name):
         method = getattr(self._comm, name)
@@ -46,11 +47,13 @@ class ObservedComm:
             return method
 
         def observed(*args, **kwargs):
-            self._observer.entering(name, sys._getframe(1))  # 1: who called it
+            for observer in self._observers:
+                observer.entering(name, sys._getframe(1), args)  # 1: who called it
             try:
                 return method(*args, **kwargs)
             finally:
-                self._observer.left()
+                for observer in self._observers:
+                    observer.left()
         return observed
 
 

@@ -11,9 +11,9 @@ after the same cycle.
 train.py uses two things of this file:
     with start_run(args) as run:     # main(): everything before the agent exists
         learn(run)                   # the agent, its workers, train()
-start_run() yields a Run: the configuration, the communicator (a proxy that the watchdog
-observes), the task, the vec env, the files the flags named; train() calls its restore(),
-save_start(), end_cycle() and end_epoch().
+start_run() yields a Run: the configuration, the communicator (a proxy that the watchdog and,
+with --trace, the tracer observe), the task, the vec env (whose pipes the tracer times), the
+files the flags named; train() calls its restore(), save_start(), end_cycle() and end_epoch().
 
 Test: `python -m pytest -q tests/test_checkpoint.py tests/test_logger.py`.
 """
@@ -52,6 +52,7 @@ from harness.mpi_util import (
     save_on_every_rank,
 )
 from harness.runlock import hold_run_folder
+from harness.tracing import Tracer
 from harness.watchdog import Watchdog
 
 PROGRESS_LINES = 4  # an epoch's cycles in about this many parts, where no bar is drawn
@@ -74,18 +75,20 @@ def start_run(args):
         raise SystemExit(wrong)
     # The time limit, until rank 0's configuration has come: the flag's or the default.
     watchdog = Watchdog(Config.mpi_timeout if args.mpi_timeout is None else args.mpi_timeout)
-    # A proxy through which the watchdog times every collective call; its own Abort goes to
-    # MPI directly.
-    comm = ObservedComm(MPI.COMM_WORLD, watchdog)
+    tracer = Tracer(args.trace)
+    # One proxy: the watchdog times every collective call, and with --trace the tracer records
+    # it; the watchdog's own Abort goes to MPI directly.
+    comm = ObservedComm(MPI.COMM_WORLD, (watchdog, tracer))
     watchdog.comm = MPI.COMM_WORLD
     watchdog.start()
     try:
         with exits_together(comm, "train.py"):  # [MPI] Abort if one rank raises alone
             cfg = shared_config(args, comm)  # [MPI] rank 0's, on every rank
             watchdog.limit_s, watchdog.logdir = cfg.mpi_timeout, cfg.logdir
-            run = Run(cfg, args, comm, watchdog)  # [MPI] checks, files, log.txt
+            run = Run(cfg, args, comm, watchdog, tracer)  # [MPI] checks, files, log.txt
             try:
                 yield run
+                tracer.finish()  # [MPI] --trace: a run with fewer cycles than it asked for
             except BaseException as error:
                 run.close(error)
                 raise
@@ -99,14 +102,14 @@ class Run:
     the files the flags name, takes the run folder, writes config.json and log.txt's header and
     builds the vec env; then it keeps the epoch's progress bar, files and checkpoints."""
 
-    def __init__(self, cfg, args, comm, watchdog):
-        self.cfg, self.comm, self.watchdog = cfg, comm, watchdog
+    def __init__(self, cfg, args, comm, watchdog, tracer):
+        self.cfg, self.comm, self.watchdog, self.tracer = cfg, comm, watchdog, tracer
         self.rank0 = comm.Get_rank() == 0
         self.log = self.lock = self.venv = self.bar = None
         self.read_inputs(args)  # [MPI] every rank agrees that they are good
         cfg = self.cfg  # with the values in force (read_inputs)
         self.lock = hold_run_folder(cfg.logdir, comm)  # [MPI] before anything is written there
-        self.venv = build_venv(cfg)
+        self.venv = tracer.watch(build_venv(cfg))
         # From here a stop signal waits for the end of a cycle, saving (watchdog.py)
         watchdog.starting = False
         make_logdir(cfg, comm, self.task.T)  # [MPI]
@@ -178,12 +181,13 @@ class Run:
     def save_start(self, start):
         """Collective: a new run saves a checkpoint of its state before any training, so that
         a failure always has one to resume from (a resumed run has its own already). The first
-        epoch's bar begins here."""
+        epoch's bar begins here, and with --trace its recording."""
         if self.checkpoint is None:
             save_on_every_rank(self.comm, save_checkpoint, self.cfg.logdir, 0, 0, -1.,  # [MPI]
                                self.policy, self.workers, self.comm, (), self.logger.digest)
         if start.epoch < self.cfg.n_epochs:
             self.begin_epoch(start.epoch, start.cycle)
+            self.tracer.begin(self.comm, os.path.join(self.cfg.logdir, "trace"))  # [MPI] --trace
 
     def begin_epoch(self, epoch, first_cycle):
         """The epoch's progress bar (on a terminal) and its clock."""
@@ -196,7 +200,8 @@ class Run:
         (watchdog.py takes them) or a non-finite loss or weight, and all stop after this same
         cycle or none does, instead of one rank leaving the others waiting in an Allreduce for
         ever. On a signal every rank saves first; on a non-finite value nothing is saved: the
-        checkpoint from before this epoch is the last good one. Then the bar moves on."""
+        checkpoint from before this epoch is the last good one. With --trace, the trace is
+        written after its last cycle, or after a stop's save. Then the bar moves on."""
         bad = nonfinite_names(losses, self.policy)
         statuses = self.comm.allgather((self.watchdog.requested, bad))  # [MPI]
         nonfinite = [(rank, names) for rank, (_, names) in enumerate(statuses) if names]
@@ -206,9 +211,11 @@ class Run:
             raise NonFiniteError(f"non-finite {' and '.join(names)} in epoch {epoch}, cycle "
                                  f"{cycle} (rank {rank}); training stopped; the last good "
                                  f"checkpoint, from before this epoch, is in {logdir} (--resume)")
+        self.tracer.end_cycle()  # [MPI] --trace: a gather after its last cycle
         if any(requested for requested, _ in statuses):
             save_on_every_rank(self.comm, self.save_interrupted, epoch, cycle,  # [MPI]
                                losses, best_success_rate)
+            self.tracer.finish()  # [MPI] --trace: the cycles traced so far
             raise Interrupted(f"interrupted in epoch {epoch} after cycle {cycle}: saved "
                               f"policy_latest.npz and checkpoint/ in {logdir}; continue with "
                               f"--resume {logdir}")

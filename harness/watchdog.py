@@ -78,7 +78,7 @@ class Watchdog:
 
     # -------------------------------------------------- the main thread's side
 
-    def entering(self, name, frame):
+    def entering(self, name, frame, args):
         """Before each collective call (mpi_util.ObservedComm); an Abort is not timed."""
         if name != "Abort":
             with self._lock:

@@ -180,7 +180,7 @@ class TestWatchdog:
 
             watchdog = Watchdog(4.0)
             watchdog.comm = NeverComm()
-            comm = ObservedComm(watchdog.comm, watchdog)
+            comm = ObservedComm(watchdog.comm, (watchdog,))
             watchdog.start()
             print("waiting", flush=True)
             mpi_adam_update(comm)

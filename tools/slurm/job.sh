@@ -3,8 +3,9 @@
 #
 # Runs train.py with the script's arguments into RUN (set below unless given), or
 # resumes RUN if a run is there: a requeued job keeps its id, and a new job given RUN=... goes on
-# from that run's checkpoint, passed only --n_epochs and --mpi_timeout of its arguments (all
-# that --resume takes). A job array's task (sbatch --array=0-4) runs with --seed <its index>.
+# from that run's checkpoint, passed only --n_epochs, --mpi_timeout and --trace of its
+# arguments (all that --resume takes). A job array's task (sbatch --array=0-4) runs with
+# --seed <its index>.
 # On the signal Slurm sends the script before the time limit (--signal=B:USR1@SECONDS) it
 # passes SIGUSR1 on to the launcher, which passes it to the ranks: train.py stops at the end of
 # the cycle, saves its checkpoint and exits 130; then the job requeues itself, and its next
@@ -16,8 +17,8 @@ if [ -f "$RUN/config.json" ]; then
   args=(--resume "$RUN")
   while [ $# -gt 0 ]; do
     case $1 in
-      --n_epochs=* | --mpi_timeout=*) args+=("$1") ;;
-      --n_epochs | --mpi_timeout) args+=("$1" "$2"); shift ;;
+      --n_epochs=* | --mpi_timeout=* | --trace=*) args+=("$1") ;;
+      --n_epochs | --mpi_timeout | --trace) args+=("$1" "$2"); shift ;;
     esac
     shift
   done
