@@ -182,7 +182,7 @@ WORDS = {"one": 1, "two": 2, "three": 3, "four": 4}
 TRAFFIC = re.compile(
     r"Per cycle a rank sends (\d+) gradients of [\d.]+ MB into `Allreduce` \([\d.]+ MB\), "
     r"(\w+) normaliser sums and (\w+) `allgather`; every (\d+) updates \(([\d.]+) cycles\) "
-    r"`check_synced` adds its (\d+) calls; everything else happens once per epoch or once per run")
+    r"`check_synced` adds its (\d+) calls; the rest comes once an epoch or a run")
 
 
 def per_cycle_calls():
