@@ -287,9 +287,11 @@ class TestBeforeAnythingIsMade:
             assert rc == 2 and phrase in err and len(err.strip().splitlines()) == 1, (argv, err)
             assert not os.path.exists(logdir) and time.time() - t_start < 30, argv
 
-    def test_a_stop_while_env_processes_start_ends_at_once_and_writes_nothing(self, tmp_path):
-        """SIGINT to a rank starting 8 env processes: it ends within seconds, exit 130, one
-        line, no env process left, no file of a run written."""
+    @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+    def test_a_stop_while_env_processes_start_ends_at_once_and_writes_nothing(self, tmp_path,
+                                                                               signum):
+        """SIGINT or SIGTERM to a rank starting 8 env processes: it ends within seconds, exit
+        130, one line, no env process left, no file of a run written."""
         logdir = str(tmp_path / "run")
         proc = subprocess.Popen(train_cmd("--num_env", "8", "--logdir", logdir), cwd=ROOT,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -299,12 +301,12 @@ class TestBeforeAnythingIsMade:
             time.sleep(0.05)
         children = children_of(proc.pid)
         assert children, "no env process started"
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(signum)
         t_stop = time.time()
         out, err = proc.communicate(timeout=30)
         assert time.time() - t_stop < 5 and proc.returncode == 130, (out, err)
-        assert err.strip() == "train.py: SIGINT while starting: stopped before anything was " \
-                              "written", err
+        assert err.strip() == f"train.py: {signum.name} while starting: stopped before " \
+                              "anything was written", err
         assert not os.path.exists(logdir) or os.listdir(logdir) == ["run.lock"]
         time.sleep(0.5)
         assert not [pid for pid in children if os.path.exists(f"/proc/{pid}")
