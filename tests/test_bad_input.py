@@ -281,11 +281,10 @@ class TestBeforeAnythingIsMade:
                              (["--hidden", "100000"], "GiB"),
                              (["--buffer_size", str(10**12)], "GiB of replay buffer")]:
             logdir = str(tmp_path / "run")
-            t_start = time.time()
             rc = main_exit_code([*argv, "--logdir", logdir])
             err = capsys.readouterr().err
             assert rc == 2 and phrase in err and len(err.strip().splitlines()) == 1, (argv, err)
-            assert not os.path.exists(logdir) and time.time() - t_start < 30, argv
+            assert not os.path.exists(logdir), argv
 
     @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
     def test_a_stop_while_env_processes_start_ends_at_once_and_writes_nothing(self, tmp_path,
