@@ -25,6 +25,9 @@ from multiprocessing.reduction import ForkingPickler
 from harness.files import atomic_write_text
 from harness.mpi_util import save_on_every_rank
 
+# call sites are named from here, as the docs name code: harness/run.py:Run.end_cycle:188
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
 
 class Tracer:
     """One rank's recorder: rows (kind, name, site, bytes, start_us, end_us), none if n_cycles
@@ -45,7 +48,7 @@ class Tracer:
         """Before each collective call (ObservedComm)."""
         if self.on:
             code, nbytes = frame.f_code, sent_bytes(name, args, self.comm.Get_rank())
-            site = f"{os.path.basename(code.co_filename)}:{code.co_qualname}:{frame.f_lineno}"
+            site = f"{os.path.relpath(code.co_filename, ROOT)}:{code.co_qualname}:{frame.f_lineno}"
             self.call = ("mpi", name, site, nbytes, self.now())
 
     def left(self):

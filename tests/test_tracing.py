@@ -53,7 +53,7 @@ def mpi_adam_update(comm, gradient):
 
 
 # the call site the tracer names for the Allreduce above
-SITE = f"test_tracing.py:mpi_adam_update:{mpi_adam_update.__code__.co_firstlineno + 1}"
+SITE = f"tests/test_tracing.py:mpi_adam_update:{mpi_adam_update.__code__.co_firstlineno + 1}"
 
 
 class TestTracer:
@@ -226,7 +226,7 @@ class TestTracedRuns:
             sites = {(r["name"], r["site"].rsplit(":", 1)[0]) for r in rows}
             assert {("Allreduce", "mpi_adam.py:MpiAdam.update"),
                     ("Allreduce", "normalizer.py:Normalizer.recompute_stats"),
-                    ("allgather", "run.py:Run.end_cycle"), ("step", "env process 0"),
+                    ("allgather", "harness/run.py:Run.end_cycle"), ("step", "env process 0"),
                     ("step", "env process 1"), ("reset", "env process 1")} <= sites, sites
             # 3 cycles of 20 updates (--n_batches 20), each an Allreduce of the critic's and the
             # actor's gradient
