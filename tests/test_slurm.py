@@ -173,14 +173,17 @@ class TestSlurm:
         for rank in (0, 1):
             saved = arrays_of(os.path.join(run, "checkpoint", f"rank{rank}.npz"))
             assert int(saved["cycle"]) > 0
-        # a new job on the folder (RUN), given the run's arguments again with --n_epochs 3
-        # (20 before): job.sh resumes, passing on --n_epochs alone
-        epochs = ("--n_epochs", "3", *LONG[LONG.index("--n_epochs") + 2:])
+        # a new job on the folder (RUN), given the run's arguments again with --n_epochs one
+        # above the epoch it stopped in (20 before), which --resume must find above the epochs
+        # done: job.sh resumes, passing on --n_epochs alone
+        stopped_in = int(saved["epoch"])
+        epochs = ("--n_epochs", str(stopped_in + 1), *LONG[LONG.index("--n_epochs") + 2:])
         job, output = sbatch(cluster, run, train_args=(*LONG[:2], *epochs))
         shown = wait_for_job(cluster, job, 600)
         out = open(output).read()
         assert shown["JobState"] == "COMPLETED" and "resuming" in out, out[-3000:]
-        assert "2 rank(s) in sync" in out and len(read_progress(run)) == 3, out[-3000:]
+        assert "2 rank(s) in sync" in out and len(read_progress(run)) == stopped_in + 1, \
+            out[-3000:]
 
     @pytest.mark.slow
     def test_a_job_past_its_time_limit_is_requeued_and_ends_as_one_run(self, cluster,
