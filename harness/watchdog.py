@@ -16,8 +16,8 @@ rank, the watchdog, does what the main thread cannot while it waits:
     its folder is written) one ends it at once, exit code 130 (a job of one rank through its
     main thread, which finalises MPI). After that the first asks the loop to stop safely at
     the end of the cycle (`requested`, read once per cycle by run.Run.end_cycle), the second
-    ends the
-    rank at once, exit code 130, its env processes killed, also while the main thread waits in MPI.
+    ends the rank at once, exit code 130, its env processes killed, also while the main thread
+    waits in MPI.
 
 Test: `python -m pytest -q tests/test_watchdog.py`.
 """
@@ -57,7 +57,8 @@ class Watchdog:
         self._read_fd, self._write_fd = os.pipe()
         os.set_blocking(self._write_fd, False)
         self._old_wakeup_fd = signal.set_wakeup_fd(self._write_fd, warn_on_full_buffer=False)
-        # The Python-level handler does nothing: the watchdog thread acts on every signal.
+        # The watchdog thread acts on every signal; the Python-level handler only on one that
+        # stops a one-rank job while it starts (_in_main_thread).
         self._old_handlers = {sig: signal.signal(sig, self._in_main_thread) for sig in SIGNALS}
         self._closing = False
         self._thread = threading.Thread(target=self._watch, name="watchdog", daemon=True)
