@@ -2,8 +2,10 @@
 
 Mirrors the argument handling of openai/baselines `her/experiment/train.py` (its click options)
 and `prepare_params` of `her/experiment/config.py`: defaults, then the env's overrides, then
-the flags given. Every value out of its range, and flags that do not go together, are one
-UsageError line; rank 0 builds the configuration and every rank takes it (shared_config).
+the flags given. A value of the wrong type or out of the range its field's comment declares,
+flags that do not go together, a run no host's memory holds (check_fits) and a run folder's
+config.json not as written (saved_config) are one UsageError line each; rank 0 builds the
+configuration and every rank takes it (shared_config).
 
 Test: `python -m pytest -q tests/test_cli.py`.
 """
@@ -185,7 +187,8 @@ def check_fits(cfg, task, ranks_here):
     episode = sum(steps * dim for steps, dim in episode_shapes(task.dims, task.T).values())
     buffer = 4 * episode * (cfg.buffer_size // task.T + (cfg.num_demo if cfg.demo_file else 0))
     d = task.dims
-    params = (d["o"] + 2 * d["g"] + d["u"] + cfg.layers * cfg.hidden) * cfg.hidden * 2
+    # the actor's and the critic's weights: inputs o+g and o+g+u, `layers` of `hidden` each
+    params = (2 * d["o"] + 2 * d["g"] + d["u"] + 2 * cfg.layers * cfg.hidden) * cfg.hidden
     # float32: the buffers; per update the batch's arrays (o, o_2, g, ag, ag_2, u, r) and each
     # layer's activations and gradients, actor and critic, main and target; weights 6 times
     batch = 4 * cfg.batch_size * (2 * d["o"] + 3 * d["g"] + d["u"] + 16 * cfg.layers * cfg.hidden)
