@@ -19,7 +19,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 
 import numpy as np
@@ -338,4 +337,3 @@ def test_runs_from_before_the_fields_typed_none_resume(tmp_path, capsys):
     assert main_exit_code(["--resume", logdir, "--n_epochs", "2"]) == 0, capsys.readouterr()
     with open(path) as f:
         assert json.load(f)["gamma"] == 0.98
-    assert sys.modules["train"]
