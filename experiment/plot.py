@@ -199,7 +199,7 @@ def draw_iqm_marks(ax, runs, colour, after_epochs=plot_tables.AFTER_EPOCHS):
     shown = [n for n in after_epochs
              if len(runs) > 1 and all(len(r["success"]) >= n for r in runs)]
     for i, n in enumerate(shown):
-        point, lo, hi = iqm_interval([[run["success"][n - 1] for run in runs]],
+        point, lo, hi = iqm_interval([run["success"][n - 1] for run in runs],
                                      n_boot=plot_tables.N_BOOT, rng=plot_tables.BOOT_SEED)
         label = f"IQM and 95% CI after {', '.join(map(str, shown))} epochs" if i == 0 else None
         ax.errorbar([runs[0]["episodes"][n - 1]], [point], yerr=[[point - lo], [hi - point]],

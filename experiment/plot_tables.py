@@ -146,7 +146,7 @@ def over_seeds(values, statistic, text):
         return f"{text(med)} ({text(q25)}-{text(q75)})"
     if not all(np.isfinite(values)):
         return "-"
-    point, lo, hi = iqm_interval([values], n_boot=N_BOOT, rng=BOOT_SEED)
+    point, lo, hi = iqm_interval(values, n_boot=N_BOOT, rng=BOOT_SEED)
     return f"{text(point)} [{text(lo)}-{text(hi)}]"
 
 

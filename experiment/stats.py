@@ -1,13 +1,13 @@
 """How sure a few runs make a number: the median with its interquartile range, and the
-interquartile mean with a stratified-bootstrap confidence interval.
+interquartile mean with a bootstrap confidence interval.
 
 No baselines counterpart (baselines' plot.py draws a median and a percentile band). The two
 summaries of a handful of seeds in use for deep RL:
   * the median and the interquartile range (25th to 75th percentile), what Plappert et al.
     (2018) and the PyTorch port of baselines HER draw, by numpy's linear percentiles;
-  * the interquartile mean (IQM) with a 95% stratified percentile-bootstrap interval, after
-    Agarwal et al. (2021) (iqm, bootstrap_iqms and iqm_interval say how); over as few as 5 runs
-    the 95% is nominal: a resample only reuses the values seen, so it covers less often.
+  * the interquartile mean (IQM) with a 95% percentile-bootstrap interval, after Agarwal et
+    al. (2021) (iqm, bootstrap_iqms and iqm_interval say how); over as few as 5 runs the 95% is
+    nominal: a resample only reuses the values seen, so it covers less often.
 
 Run as a library: `from experiment.stats import median_iqr, iqm, iqm_interval`.
 Test: `python -m pytest -q tests/test_stats.py`.
@@ -39,23 +39,21 @@ def iqm(values, axis=-1):
     return float(mean) if np.ndim(mean) == 0 else mean
 
 
-def bootstrap_iqms(scores_by_task, n_boot=2000, rng=0):
-    """n_boot IQMs of stratified resamples: for each task, as many of its runs as it has, drawn
-    with replacement, then the IQM of all tasks' draws together. scores_by_task: a list of
-    1-D sequences, one per task (a task's runs); rng: a seed or a numpy Generator."""
+def bootstrap_iqms(values, n_boot=2000, rng=0):
+    """n_boot IQMs of resamples of the values: as many as there are, drawn with replacement (the
+    bootstrap of Agarwal et al. with one task; its strata are tasks, and a table here holds one).
+    rng: a seed or a numpy Generator."""
+    x = np.asarray(values, dtype=float).ravel()
+    if x.size == 0:
+        raise ValueError("bootstrap_iqms of no values")
     rng = np.random.default_rng(rng)
-    tasks = [np.asarray(s, dtype=float).ravel() for s in scores_by_task]
-    if not tasks or any(t.size == 0 for t in tasks):
-        raise ValueError("every task needs at least one run")
-    draws = [t[rng.integers(0, t.size, size=(n_boot, t.size))] for t in tasks]  # (n_boot, n_t)
-    return iqm(np.concatenate(draws, axis=1), axis=1)  # (n_boot,)
+    return iqm(x[rng.integers(0, x.size, size=(n_boot, x.size))], axis=1)  # (n_boot,)
 
 
-def iqm_interval(scores_by_task, level=0.95, n_boot=2000, rng=0):
-    """(IQM of all runs pooled, lower, upper): the point estimate and the percentile interval
-    of bootstrap_iqms() at `level` (0.95: its 2.5th and 97.5th percentiles)."""
-    point = iqm(np.concatenate([np.asarray(s, dtype=float).ravel() for s in scores_by_task]))
+def iqm_interval(values, level=0.95, n_boot=2000, rng=0):
+    """(IQM of the values, lower, upper): the point estimate and the percentile interval of
+    bootstrap_iqms() at `level` (0.95: its 2.5th and 97.5th percentiles)."""
     tail = 100. * (1. - level) / 2.
-    lo, hi = np.percentile(bootstrap_iqms(scores_by_task, n_boot, rng), [tail, 100. - tail],
+    lo, hi = np.percentile(bootstrap_iqms(values, n_boot, rng), [tail, 100. - tail],
                            method=PERCENTILE_METHOD)
-    return point, float(lo), float(hi)
+    return iqm(values), float(lo), float(hi)

@@ -18,7 +18,7 @@ import os
 
 import numpy as np
 
-from ddpg import DDPG, POLICY_KEYS
+from ddpg import DDPG
 from harness.cli import RESUME_FLAGS
 from harness.errors import BadFileError, UsageError
 from harness.files import atomic_savez, load_npz, load_policy_arrays, set_policy_from_file
@@ -26,8 +26,8 @@ from harness.logger import read_progress
 from harness.mpi_util import raise_if_any_rank_failed
 from mpi_adam import ONE_RANK
 
-CHECKPOINT_KEYS = POLICY_KEYS + ("epoch", "cycle", "n_ranks", "rng_json", "Q_adam/m",
-                                 "log/train_success_history", "log/train_losses")
+# Where a checkpoint is in the run, read before the rest (every array is check_checkpoint's)
+POSITION_KEYS = ("epoch", "cycle", "n_ranks")
 # Arrays whose first dimension grows with the run; older checkpoints lack the optional ones.
 GROWING, OPTIONAL = ("buffer/", "log/"), ("run_config", "log/progress_sha256", "checksum")
 
@@ -110,12 +110,6 @@ def restore_agent(policy, arrays, path):
     policy.rng.bit_generator.state = json.loads(str(arrays["rng_json"]))
 
 
-def restore_epoch_so_far(arrays, rollout_worker):
-    """Refill the training success history of the epoch so far; return its losses so far."""
-    rollout_worker.success_history.extend(arrays["log/train_success_history"])
-    return [tuple(row) for row in arrays["log/train_losses"]]
-
-
 def checkpoint_positions(run_dir, rank, n_ranks):
     """{(epoch, cycle): path} of this rank's readable checkpoints, newest and previous (local:
     no MPI calls). Reads the few scalars only, not the replay buffer."""
@@ -125,7 +119,7 @@ def checkpoint_positions(run_dir, rank, n_ranks):
             continue
         try:
             with np.load(path, allow_pickle=False) as data:
-                epoch, cycle, ranks = (int(data[key]) for key in ("epoch", "cycle", "n_ranks"))
+                epoch, cycle, ranks = (int(data[key]) for key in POSITION_KEYS)
         except Exception:  # written whole or not at all, so damaged from outside: say so
             read_checkpoint(path)  # raises the one-line BadFileError
             raise
@@ -182,7 +176,7 @@ def load_checkpoint(run_dir, positions, comm, template):
 
 def read_checkpoint(path):
     """The arrays of one checkpoint file (local: no MPI calls), or BadFileError."""
-    return load_npz(path, CHECKPOINT_KEYS, "checkpoint")
+    return load_npz(path, POSITION_KEYS, "checkpoint")
 
 
 def checkpoint_template(cfg, task):

@@ -64,18 +64,12 @@ def config_comments():
             if tok.type == tokenize.COMMENT and tok.start[0] in line_of}
 
 
-def choices_of(comment):
-    """The values a comment's opening {a, b} names, or None."""
-    if comment.startswith("{"):
-        return tuple(c.strip() for c in comment[1:comment.index("}")].split(","))
-    return None
-
-
 def value_rule(comment):
     """(test, words) of the values a field's comment opens with (>=1, >0, [0,1), {a, b}), or
     None where it opens with none. The tests are written so that NaN fails each of them."""
-    head, choices = comment.split(" ", 1)[0], choices_of(comment)
-    if choices:
+    head = comment.split(" ", 1)[0]
+    if head.startswith("{"):
+        choices = tuple(c.strip() for c in comment[1:comment.index("}")].split(","))
         return (lambda v: v in choices), f"one of {', '.join(choices)}"
     if head.startswith(">="):
         return (lambda v: v >= float(head[2:])), f"at least {head[2:]}"
@@ -89,11 +83,6 @@ def value_rule(comment):
     return None
 
 
-# {field: its choices} (vec_env, replay_strategy): argparse offers them
-CHOICES = {name: choices_of(comment) for name, comment in config_comments().items()
-           if choices_of(comment)}
-
-
 def field_kind(f):
     """(type, whether None is a value) of a Config field: float | None -> (float, True)."""
     if isinstance(f.type, types.UnionType):
@@ -103,17 +92,17 @@ def field_kind(f):
 
 
 def checked_value(f, value, rule):
-    """The value as the field's type holds it (an int for a float field: its float; a list for
-    a pair: its tuple), or UsageError naming the flag, what it takes and the value."""
+    """The value as the field's type holds it (an int for a float field: its float; a list or
+    'R_MIN,R_MAX' for a pair: its tuple), or UsageError naming the flag, what it takes and the
+    value. type(), not isinstance(): a bool is no number here."""
     kind, may_be_none = field_kind(f)
     if value is None and may_be_none:
         return None
-    if typing.get_origin(kind) is tuple and isinstance(value, (list, tuple)):
-        value = parse_range(",".join(map(str, value)))
-    elif kind is float and is_number(value) and finite(value):
+    if typing.get_origin(kind) is tuple and isinstance(value, (str, list, tuple)):
+        value = parse_range(value if isinstance(value, str) else ",".join(map(str, value)))
+    elif kind is float and type(value) in (int, float) and finite(value):
         value = float(value)
-    elif kind is float or typing.get_origin(kind) is tuple or not (
-            isinstance(value, kind) if kind is not int else is_number(value, int)):
+    elif kind is float or typing.get_origin(kind) is tuple or type(value) is not kind:
         what = {float: "a finite number", int: "an integer", bool: "0 or 1 (false or true)",
                 str: "a string"}.get(kind, "two numbers R_MIN,R_MAX")
         raise UsageError(f"--{f.name} takes {what}, got {value!r}")
@@ -122,10 +111,6 @@ def checked_value(f, value, rule):
     if rule is not None and not rule[0](value):
         raise UsageError(f"--{f.name} must be {rule[1]}, got {value!r}")
     return value
-
-
-def is_number(value, kind=(int, float)):
-    return isinstance(value, kind) and not isinstance(value, bool)
 
 
 def finite(value):
@@ -231,8 +216,9 @@ class ArgumentParser(argparse.ArgumentParser):
 def config_flags(p, names=None):
     """Add --<field> for every Config field (or for those in `names`). Every default is None,
     so that make_config can tell a flag given from one left out (the env's overrides apply to
-    those). bool fields take 0 or 1, as baselines' --clip_return; a comment's {a, b} are the
-    choices; a field typed X | None says its default in its comment."""
+    those). bool fields take 0 or 1, as baselines' --clip_return; every other value is checked
+    by validate_config (a comment's {a, b} too); a field typed X | None says its default in its
+    comment."""
     comments = config_comments()
     for f in dataclasses.fields(Config):
         if names is not None and f.name not in names:
@@ -244,23 +230,11 @@ def config_flags(p, names=None):
         help_text = f"{comments[f.name]}{default}".replace("%", "%%")
         if kind is bool:
             flag = dict(type=zero_or_one, metavar="{0,1}")
-        elif f.name in CHOICES:
-            flag = dict(choices=CHOICES[f.name])
         elif typing.get_origin(kind) is tuple:
-            flag = dict(type=argparse_type(parse_range), metavar="R_MIN,R_MAX")
+            flag = dict(type=str, metavar="R_MIN,R_MAX")  # parsed by checked_value
         else:
             flag = dict(type=kind)
         p.add_argument(f"--{f.name}", default=None, help=help_text, **flag)
-
-
-def argparse_type(parse):
-    """`parse` for argparse: its UsageError as argparse's one-line error."""
-    def convert(text):
-        try:
-            return parse(text)
-        except UsageError as e:
-            raise argparse.ArgumentTypeError(str(e)) from None
-    return convert
 
 
 def zero_or_one(text):

@@ -35,7 +35,6 @@ from harness.checkpoint import (
     load_checkpoint,
     nonfinite_names,
     restore_agent,
-    restore_epoch_so_far,
     save_checkpoint,
 )
 from harness.cli import check_fits, shared_config
@@ -172,7 +171,9 @@ class Run:
             restore_agent(policy, ckpt, self.checkpoint_path)
             for worker, n_episodes in zip(workers, ckpt["n_episodes"], strict=True):
                 worker.n_episodes = int(n_episodes)
-            losses = restore_epoch_so_far(ckpt, workers[0])
+            # the epoch so far: its training success history and (critic, actor) losses
+            workers[0].success_history.extend(ckpt["log/train_success_history"])
+            losses = [tuple(row) for row in ckpt["log/train_losses"]]
             start = Start(int(ckpt["epoch"]), int(ckpt["cycle"]), float(ckpt["best"]), losses)
         self.logger = EpochLogger(self.cfg.logdir, enabled=self.rank0,
                                   rows=self.progress if ckpt is not None else ())
@@ -282,7 +283,7 @@ class Run:
         if self.log is not None:
             self.log.close(error)
         if self.lock is not None:
-            self.lock.release()
+            self.lock.close()  # releases the lock
 
 
 # What a run writes in its folder (a run.lock alone is no run: a start stopped before writing)

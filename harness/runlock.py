@@ -24,55 +24,42 @@ from harness.mpi_util import raise_if_any_rank_failed
 LOCK_NAME = "run.lock"
 
 
-class RunLock:
-    """The lock of one run folder, held from acquire() until release() or the process's end."""
-
-    def __init__(self, logdir):
-        self.path = os.path.join(logdir, LOCK_NAME)
-        self.file = None
-
-    def acquire(self):
-        """Take the lock, or raise UsageError naming the job that holds it. Creates the folder
-        and the lock file if they are not there (a new run); writes nothing else."""
-        os.makedirs(os.path.dirname(self.path), exist_ok=True)
-        lock_file = open(self.path, "a+")
-        try:
-            fcntl.flock(lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            lock_file.seek(0)
-            holder = lock_file.read().strip() or "another process"
-            lock_file.close()
-            raise UsageError(f"run folder {os.path.dirname(self.path)!r} is in use by "
-                             f"{holder}; wait for that job to end, or pass another --logdir"
-                             ) from None
-        except OSError as e:  # e.g. ENOLCK: NFS without its lock service; Lustre without flock
-            lock_file.close()
-            raise UsageError(f"cannot lock run folder {os.path.dirname(self.path)!r}: its file "
-                             f"system takes no flock ({e.strerror}); pass a --logdir on one "
-                             f"that does (a local disk, NFS with lockd, Lustre with -o flock)"
-                             ) from None
-        # who holds it now, for the refusal of the next job that tries
+def lock_run_folder(logdir):
+    """The open lock file of logdir, locked (closing it, or the process's end, releases the
+    lock), or UsageError naming the job that holds it. Creates the folder and the lock file if
+    they are not there (a new run); writes nothing else."""
+    os.makedirs(logdir, exist_ok=True)
+    lock_file = open(os.path.join(logdir, LOCK_NAME), "a+")
+    try:
+        fcntl.flock(lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
         lock_file.seek(0)
-        lock_file.truncate()
-        lock_file.write(f"pid {os.getpid()} on {socket.gethostname()} since "
-                        f"{time.strftime('%Y-%m-%d %H:%M:%S')}\n")
-        lock_file.flush()
-        self.file = lock_file
-        return self
-
-    def release(self):
-        if self.file is not None:
-            self.file.close()  # closing the only descriptor releases the flock
-            self.file = None
+        holder = lock_file.read().strip() or "another process"
+        lock_file.close()
+        raise UsageError(f"run folder {logdir!r} is in use by {holder}; wait for that job to "
+                         f"end, or pass another --logdir") from None
+    except OSError as e:  # e.g. ENOLCK: NFS without its lock service; Lustre without flock
+        lock_file.close()
+        raise UsageError(f"cannot lock run folder {logdir!r}: its file system takes no flock "
+                         f"({e.strerror}); pass a --logdir on one that does (a local disk, NFS "
+                         f"with lockd, Lustre with -o flock)") from None
+    # who holds it now, for the refusal of the next job that tries
+    lock_file.seek(0)
+    lock_file.truncate()
+    lock_file.write(f"pid {os.getpid()} on {socket.gethostname()} since "
+                    f"{time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+    lock_file.flush()
+    return lock_file
 
 
 def hold_run_folder(logdir, comm):
-    """Collective: rank 0 takes the run folder's lock (RunLock); if another job holds it,
-    or the folder cannot be made, every rank raises that one line."""
+    """Collective: rank 0 takes the run folder's lock (lock_run_folder; None on the other
+    ranks); if another job holds it, or the folder cannot be made, every rank raises that one
+    line."""
     lock, error = None, None
     if comm.Get_rank() == 0:
         try:
-            lock = RunLock(logdir).acquire()
+            lock = lock_run_folder(logdir)
         except UsageError as e:
             error = str(e)
         except OSError as e:

@@ -45,9 +45,9 @@ class TestConfig:
             kind, _ = cli.field_kind(f)
             if kind is bool:
                 value, text = not f.default, str(int(not f.default))
-            elif action.choices:
-                value = next(c for c in action.choices if c != f.default)
-                text = value
+            elif comments[f.name].startswith("{"):  # the choices: checked by validate_config
+                choices = comments[f.name][1:comments[f.name].index("}")].split(", ")
+                value = text = next(c for c in choices if c != f.default)
             elif kind is str:
                 value = text = f"x{f.name}"
             elif kind is float and f.default is None:  # gamma
@@ -55,10 +55,10 @@ class TestConfig:
             elif kind in (int, float):
                 value = kind(f.default) + kind(3)
                 text = repr(value)
-            else:  # the reward range
-                value, text = (-2., 3.), "-2,3"
+            else:  # the reward range, as given: validate_config parses it
+                value = text = "-2,3"
+                assert cli.checked_value(f, text, None) == (-2., 3.)
             argv += [f"--{f.name}={text}"]  # with '=': the reward range starts with '-'
-
             expected[f.name] = value
         cfg = cli.make_config(cli.parse_train_args(argv))
         assert dataclasses.asdict(cfg) == expected

@@ -253,7 +253,7 @@ class TestDocs:
             assert (int(m[1]), m[2]) == (len(runs), ", ".join(map(str, seeds))), (task, m[0])
             after_10 = [plot_tables.read_run(d)["success"][9] for d in runs]
             med, q25, q75 = stats.median_iqr(after_10)
-            point, lo, hi = stats.iqm_interval([after_10], n_boot=plot_tables.N_BOOT,
+            point, lo, hi = stats.iqm_interval(after_10, n_boot=plot_tables.N_BOOT,
                                                rng=plot_tables.BOOT_SEED)
             assert list(m.groups()[2:]) == [f"{v:.2f}" for v in (med, q25, q75, point, lo, hi)]
             read[task] = m

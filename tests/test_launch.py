@@ -20,7 +20,7 @@ import pytest
 
 from harness import launch
 from harness.errors import UsageError
-from harness.runlock import RunLock
+from harness.runlock import lock_run_folder
 from tests.helpers import (
     ROOT,
     TINY_RUN,
@@ -98,18 +98,18 @@ class TestRunLock:
     """harness/runlock.py, and train.py refusing a folder another job holds."""
 
     def test_a_held_folder_is_refused_and_a_released_one_taken(self, tmp_path):
-        first = RunLock(str(tmp_path)).acquire()
+        first = lock_run_folder(str(tmp_path))
         with pytest.raises(Exception, match=f"is in use by pid {os.getpid()}"):
-            RunLock(str(tmp_path)).acquire()
-        first.release()
-        RunLock(str(tmp_path)).acquire().release()
+            lock_run_folder(str(tmp_path))
+        first.close()
+        lock_run_folder(str(tmp_path)).close()
 
     def test_a_file_system_without_flock_is_named_in_one_line(self, tmp_path, monkeypatch):
         def no_locks(*args):
             raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
         monkeypatch.setattr(fcntl, "flock", no_locks)
         with pytest.raises(UsageError) as refused:
-            RunLock(str(tmp_path)).acquire()
+            lock_run_folder(str(tmp_path))
         line = str(refused.value)
         assert "takes no flock (No locks available)" in line and "--logdir" in line
         assert "\n" not in line
@@ -119,8 +119,8 @@ class TestRunLock:
             self, tmp_path):
         logdir = tmp_path / "run"
         holder = subprocess.Popen([sys.executable, "-c",  # another job, holding the lock
-                                   "import sys, time; from harness.runlock import RunLock; "
-                                   f"lock = RunLock({str(logdir)!r}).acquire(); print('held', "
+                                   "import time; from harness.runlock import lock_run_folder; "
+                                   f"lock = lock_run_folder({str(logdir)!r}); print('held', "
                                    "flush=True); time.sleep(600)"],
                                   cwd=ROOT, stdout=subprocess.PIPE, text=True)
         try:

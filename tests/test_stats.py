@@ -1,5 +1,5 @@
 """experiment/stats.py: the median with its interquartile range, the interquartile mean (IQM) and
-its stratified-bootstrap interval, against cases worked by hand and against numpy.
+its bootstrap interval, against cases worked by hand and against numpy.
 
 No baselines counterpart (baselines draws no intervals). The IQM follows
 scipy.stats.trim_mean(x, 0.25): int(0.25 n) values dropped at each end of the sorted values.
@@ -48,36 +48,28 @@ class TestStats:
         assert np.allclose(iqm(matrix, axis=1), [iqm(row) for row in matrix])
         assert np.allclose(iqm(matrix, axis=0), [iqm(col) for col in matrix.T])
 
-    def test_stratified_bootstrap_keeps_each_tasks_share(self):
-        """Two tasks of four runs each, all 0 and all 1: every stratified resample holds four 0s
-        and four 1s, so every IQM is 0.5 and the interval is the point (a bootstrap that pooled
-        the eight runs first would draw samples of other shares)."""
-        point, lo, hi = iqm_interval([[0, 0, 0, 0], [1, 1, 1, 1]], n_boot=500, rng=1)
-        assert (point, lo, hi) == (0.5, 0.5, 0.5)
-        assert np.all(bootstrap_iqms([[0] * 4, [1] * 4], n_boot=50, rng=2) == 0.5)
-
-    def test_one_task_is_a_percentile_bootstrap_over_its_seeds_worked_by_hand(self):
+    def test_a_percentile_bootstrap_over_the_seeds_worked_by_hand(self):
         """Two runs, 0 and 1: a resample is {0, 0}, {0, 1} or {1, 1} (IQM of two values: their
         mean, nothing dropped) with chances 1/4, 1/2, 1/4, so the 95% interval is [0, 1] and
         the replicates' mean is near 0.5."""
-        reps = bootstrap_iqms([[0., 1.]], n_boot=4000, rng=0)
+        reps = bootstrap_iqms([0., 1.], n_boot=4000, rng=0)
         assert set(np.unique(reps)) <= {0., 0.5, 1.}
         shares = [np.mean(reps == v) for v in (0., 0.5, 1.)]
         assert shares == pytest.approx([0.25, 0.5, 0.25], abs=0.03)
-        assert iqm_interval([[0., 1.]], n_boot=4000, rng=0) == (0.5, 0., 1.)
+        assert iqm_interval([0., 1.], n_boot=4000, rng=0) == (0.5, 0., 1.)
 
     def test_interval_holds_the_estimate_repeats_with_a_seed_and_shrinks_with_more_runs(self):
         rng = np.random.default_rng(7)
         few, many = rng.uniform(size=5), rng.uniform(size=500)
-        point, lo, hi = iqm_interval([few], rng=11)
+        point, lo, hi = iqm_interval(few, rng=11)
         assert lo <= point <= hi and lo < hi
-        assert iqm_interval([few], rng=11) == (point, lo, hi)  # the same seed, the same interval
-        assert iqm_interval([few], rng=np.random.default_rng(11)) == (point, lo, hi)
-        assert iqm_interval([few], rng=12) != (point, lo, hi)
-        point_m, lo_m, hi_m = iqm_interval([many], rng=11)
+        assert iqm_interval(few, rng=11) == (point, lo, hi)  # the same seed, the same interval
+        assert iqm_interval(few, rng=np.random.default_rng(11)) == (point, lo, hi)
+        assert iqm_interval(few, rng=12) != (point, lo, hi)
+        point_m, lo_m, hi_m = iqm_interval(many, rng=11)
         assert lo_m <= point_m <= hi_m
         assert hi_m - lo_m < (hi - lo) / 3  # 100 times the runs: about a tenth of the width
         # the interval's ends are percentiles of the replicates, which lie within the values
         assert few.min() <= lo and hi <= few.max()
         with pytest.raises(ValueError):
-            iqm_interval([[0.1], []])
+            iqm_interval([])

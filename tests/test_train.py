@@ -1,7 +1,7 @@
 """train.py through harness/: what its command line offers and refuses, and the policy files and
 checkpoints an agent is saved to and started from.
 
-What they check is harness/'s (harness/cli.py's CHOICES and refusals, harness/files.py's policy
+What they check is harness/'s (harness/cli.py's refusals, harness/files.py's policy
 files, harness/checkpoint.py's checkpoints); test_all.py, which imports the algorithm only, keeps
 train.py's runs end to end and her.py's own refusal of an unknown strategy (TestTrain, TestHer).
 
@@ -17,7 +17,7 @@ import ddpg
 from ddpg import DDPG
 from harness import files, goal_env
 from harness.checkpoint import checkpoint_path
-from harness.cli import CHOICES
+from harness.cli import config_comments
 from her import make_sample_her_transitions
 from mpi_adam import ONE_RANK
 from rollout import RolloutWorker
@@ -51,8 +51,10 @@ class TestTrain:
         assert all(name in message for name in HER_STRATEGIES + ("none",)), message
         assert_main_refuses(["--replay_strategy", "later"], capsys, "--replay_strategy", "later")
         # and the command line offers exactly the sampler's strategies
-        assert set(CHOICES["replay_strategy"]) == set(HER_STRATEGIES + ("none",))
-        for name in CHOICES["replay_strategy"]:
+        comment = config_comments()["replay_strategy"]
+        offered = [name.strip() for name in comment[1:comment.index("}")].split(",")]
+        assert set(offered) == set(HER_STRATEGIES + ("none",))
+        for name in offered:
             make_sample_her_transitions(name, 4, fetch_reward_fun())
 
     @pytest.mark.slow
