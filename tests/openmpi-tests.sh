@@ -29,6 +29,6 @@ python -m pytest -q tests/test_checkpoint.py \
 python -m pytest -q test_all.py -k "mpirun or mpi_adam_t" "$@"
 # --trace under mpirun: the traced 2-rank run equals the untraced one
 python -m pytest -q tests/test_tracing.py -k mpirun "$@"
-# The Slurm recipe's two Open MPI differences (tools/slurm/job.sh): scancel stops a job with
+# The Slurm recipe's two Open MPI differences (tools/slurm/train.sbatch): scancel stops a job with
 # SIGUSR1, which saves and asks for a requeue; plain srun's copies are told to use mpirun.
 python -m pytest -q tests/test_slurm.py -k "scancel or plain_srun" "$@"

@@ -13,13 +13,13 @@
 # (OverSubscribe=FORCE: jobs share the cores, as mpirun -np 8 does on 2 cores), no cgroups
 # (proctrack/linuxproc, task/none), no accounting, KillWait 30 s (what a job has between
 # SIGTERM and SIGKILL), a requeued job eligible again 10 s after it stopped (cred_expire; 120 s
-# by default). Root only (SlurmUser=root). Recipes for jobs: tools/slurm/*.sbatch, and how to
+# by default). Root only (SlurmUser=root). The recipe for jobs: tools/slurm/train.sbatch, and how to
 # size them for this node: docs/usage.md, "On a Slurm cluster". Once up, it
 # prints "slurm-cluster: up, SLURM_CONF=..." on stderr (`sleep infinity` as COMMAND keeps it
 # up for a shell that exports that).
 #
 #   bash tests/slurm-cluster.sh COMMAND [ARG...]
-#   bash tests/slurm-cluster.sh sbatch --wait -n 2 -c 1 tools/slurm/mpich.sbatch --n_epochs 2
+#   bash tests/slurm-cluster.sh sbatch --wait -n 2 -c 1 tools/slurm/train.sbatch --n_epochs 2
 # Exit code: COMMAND's; 2 when the cluster cannot be made here (the reason in one line).
 # Test: python -m pytest -q tests/test_slurm.py
 set -u

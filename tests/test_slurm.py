@@ -1,7 +1,8 @@
-"""tests/slurm-cluster.sh and tools/slurm/*.sbatch: train.py as Slurm batch jobs, on one node.
+"""tests/slurm-cluster.sh and tools/slurm/train.sbatch: train.py as Slurm batch jobs, on one node.
 
 No baselines counterpart. A one-node cluster on this machine (as root; skipped with the
-reason where it cannot be made) runs the recipe of the MPI the suite runs under:
+reason where it cannot be made) runs the recipe under the MPI the suite runs under (the
+recipe picks its launcher):
   (a) a 2-rank x 2-env job learns FetchReach and names its MPI in its header;
   (b) scancel mid-epoch: the checkpoint is saved within Slurm's KillWait, the line is in the
       job's output, and --resume goes on (MPICH: srun passes SIGTERM on to the ranks; Open
@@ -10,8 +11,8 @@ reason where it cannot be made) runs the recipe of the MPI the suite runs under:
       limit cut short while the ranks are held still, so that the run cannot end first), a
       save, a requeue, a resume, and its progress.csv and policies equal (a)'s, bit for bit;
   (d) plain `srun -n 2` (two one-rank copies) is refused with one line and writes nothing.
-And without a cluster: docs/usage.md shows each script of tools/slurm/ as the file holds it,
-job.sh passes a resume exactly cli.py's RESUME_FLAGS, and the refusal lines usage.md quotes
+And without a cluster: docs/usage.md shows the script as the file holds it, it
+passes a resume exactly cli.py's RESUME_FLAGS, and the refusal lines usage.md quotes
 are launch.wrong_launch's.
 
 Run: `python -m pytest -q tests/test_slurm.py` (from the repository's root, as root).
@@ -68,15 +69,13 @@ def cluster():
         remove_orphans_of_job(shm_before, patience_s=2.)  # what a job that aborted left
 
 
-def recipe():
-    return "tools/slurm/openmpi.sbatch" if mpi_family() == "Open MPI" \
-        else "tools/slurm/mpich.sbatch"
+RECIPE = "tools/slurm/train.sbatch"
 
 
 def sbatch(env, run, *options, train_args=()):
     """Submit the recipe (2 tasks x 1 core) with RUN=run; return (job id, its output file)."""
     output = f"{run}.out"
-    cmd = ["sbatch", "--parsable", "-n", "2", "-c", "1", "-o", output, *options, recipe(),
+    cmd = ["sbatch", "--parsable", "-n", "2", "-c", "1", "-o", output, *options, RECIPE,
            *train_args]
     job = subprocess.run(cmd, cwd=ROOT, env=dict(env, RUN=run), capture_output=True,
                          text=True, timeout=60, check=True).stdout.strip()
@@ -139,7 +138,7 @@ def reach_job(cluster, tmp_path_factory):
 
 
 class TestSlurm:
-    """tests/slurm-cluster.sh and the recipes of tools/slurm/."""
+    """tests/slurm-cluster.sh and the recipe, tools/slurm/train.sbatch."""
 
     @pytest.mark.slow
     def test_a_2_x_2_job_learns_and_names_its_mpi(self, reach_job):
@@ -161,7 +160,7 @@ class TestSlurm:
         time.sleep(3)  # into the next epoch
         stop = ["--batch", "--signal=USR1"] if mpi_family() == "Open MPI" else []
         subprocess.run(["scancel", *stop, job], env=cluster, check=True, timeout=60)
-        if mpi_family() == "Open MPI":  # USR1 asks job.sh for a requeue: take it back at once,
+        if mpi_family() == "Open MPI":  # USR1 asks the script for a requeue: take it back at once,
             # before a next start can resume and write over the checkpoint at its epoch's end
             with hang_guard(120):
                 while "requeued, the next start resumes" not in open(output).read():
@@ -175,7 +174,7 @@ class TestSlurm:
             assert int(saved["cycle"]) > 0
         # a new job on the folder (RUN), given the run's arguments again with --n_epochs one
         # above the epoch it stopped in (20 before), which --resume must find above the epochs
-        # done: job.sh resumes, passing on --n_epochs alone
+        # done: the script resumes, passing on --n_epochs alone
         stopped_in = int(saved["epoch"])
         epochs = ("--n_epochs", str(stopped_in + 1), *LONG[LONG.index("--n_epochs") + 2:])
         job, output = sbatch(cluster, run, train_args=(*LONG[:2], *epochs))
@@ -253,9 +252,9 @@ class TestSlurmDocs:
         shown = [b for b in re.findall(r"```bash\n(.*\n)", usage) if b in firsts]
         assert len(shown) == len(names), shown  # no second, older copy
 
-    def test_a_resume_in_job_sh_is_passed_the_flags_cli_allows(self):
+    def test_a_resume_in_the_script_is_passed_the_flags_cli_allows(self):
         from harness.cli import RESUME_FLAGS
-        body = open(os.path.join(ROOT, "tools", "slurm", "job.sh")).read()
+        body = open(os.path.join(ROOT, RECIPE)).read()
         patterns = re.findall(r"^\s*(--[^)]*)\)", body, re.M)
         assert len(patterns) == 2, patterns  # --flag=VALUE and --flag VALUE
         for pattern in patterns:
