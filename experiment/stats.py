@@ -40,9 +40,9 @@ def iqm(values, axis=-1):
 
 
 def bootstrap_iqms(values, n_boot=2000, rng=0):
-    """n_boot IQMs of resamples of the values: as many as there are, drawn with replacement (the
-    bootstrap of Agarwal et al. with one task; its strata are tasks, and a table here holds one).
-    rng: a seed or a numpy Generator."""
+    """n_boot IQMs of resamples of the values: as many as there are, drawn with replacement.
+    Agarwal et al. resample each task's runs apart (strata); a cell here summarises the seeds of
+    one task, its only stratum. rng: a seed or a numpy Generator."""
     x = np.asarray(values, dtype=float).ravel()
     if x.size == 0:
         raise ValueError("bootstrap_iqms of no values")
