@@ -18,6 +18,7 @@ import argparse
 import functools
 import os
 import time
+from timeit import repeat
 
 import numpy as np
 
@@ -39,13 +40,7 @@ ENV = "FetchPush-v4"
 def timeit(fn, repeats, number):
     """Median over `repeats` of the mean time of `number` calls, in ms."""
     fn()  # warm up
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        for _ in range(number):
-            fn()
-        times.append((time.perf_counter() - t) / number * 1e3)
-    return float(np.median(times))
+    return float(np.median(repeat(fn, repeat=repeats, number=number))) / number * 1e3
 
 
 def row(name, value, unit, note=""):
@@ -59,18 +54,13 @@ def make_policy(comm, buffer_size=1_000_000, n_episodes=200):
     cfg = Config(env=ENV, buffer_size=buffer_size)
     rng = np.random.default_rng(0)
     policy = DDPG(cfg, task, rng, comm)  # [MPI] rank 0's weights
-    for _ in range(n_episodes // 2):
-        policy.store_episode(random_episodes(rng, task.dims, task.T, 2))  # [MPI] normalisers
+    for _ in range(n_episodes // 2):  # 2 at a time: standard normal o and g, uniform u
+        episodes = empty_episodes(2, task.dims, task.T)
+        for key in ("o", "ag", "g"):
+            episodes[key][...] = rng.normal(size=episodes[key].shape)
+        episodes["u"][...] = rng.uniform(-1, 1, size=episodes["u"].shape)
+        policy.store_episode(episodes)  # [MPI] normalisers
     return policy, task.dims, task.T
-
-
-def random_episodes(rng, dims, T, n):
-    """n episodes of standard normal observations and goals, uniform actions, no success."""
-    episodes = empty_episodes(n, dims, T)
-    for key in ("o", "ag", "g"):
-        episodes[key][...] = rng.normal(size=episodes[key].shape)
-    episodes["u"][...] = rng.uniform(-1, 1, size=episodes["u"].shape)
-    return episodes
 
 
 # ---------------------------------------------------------------- the update vs its GEMM floor
@@ -100,11 +90,13 @@ def update_gemm_shapes(policy, N):
     return shapes
 
 
-def update_and_floor(policy, repeats, number, setting):
-    """(ms of the GEMM floor, ms of one policy.train()) at the policy's batch size, interleaved
-    so that both see the same machine; prints the floor's row. The floor runs exactly the
-    update's float32 products into preallocated outputs."""
-    shapes = update_gemm_shapes(policy, policy.cfg.batch_size)
+def bench_update(quick):
+    policy, _, _ = make_policy(ONE_RANK, n_episodes=200)  # [MPI] one rank here
+    N = policy.cfg.batch_size
+    repeats, number = (5, 20) if quick else (15, 40)
+    # the GEMM floor: exactly the update's float32 products into preallocated outputs, timed
+    # interleaved with policy.train() so that both see the same machine
+    shapes = update_gemm_shapes(policy, N)
     rng = np.random.default_rng(1)
     operands = [(rng.standard_normal((m, k), dtype=np.float32),
                  rng.standard_normal((k, n), dtype=np.float32),
@@ -113,21 +105,12 @@ def update_and_floor(policy, repeats, number, setting):
     def floor():
         for a, b, out in operands:
             np.matmul(a, b, out=out)
-    t_floor, t_update = [], []
-    for _ in range(3):
-        t_floor.append(timeit(floor, repeats, number))
-        t_update.append(timeit(policy.train, repeats, number))
+    times = [(timeit(floor, repeats, number), timeit(policy.train, repeats, number))
+             for _ in range(3)]
+    t_floor, t_update = np.min(times, axis=0)
     flops = sum(2 * m * k * n for m, k, n in shapes)
-    row(f"GEMM floor of one update ({setting})", min(t_floor), "ms",
-        f"{len(shapes)} products, {flops / min(t_floor) / 1e6:.1f} GFLOP/s")
-    return min(t_floor), min(t_update)
-
-
-def bench_update(quick):
-    policy, _, _ = make_policy(ONE_RANK, n_episodes=200)  # [MPI] one rank here
-    N = policy.cfg.batch_size
-    repeats, number = (5, 20) if quick else (15, 40)
-    t_floor, t_update = update_and_floor(policy, repeats, number, "batch 256, 3x256, FetchPush")
+    row("GEMM floor of one update (batch 256, 3x256, FetchPush)", t_floor, "ms",
+        f"{len(shapes)} products, {flops / t_floor / 1e6:.1f} GFLOP/s")
     row("DDPG.train() update", t_update, "ms", f"ratio to floor {t_update / t_floor:.2f}x")
     t_sample = timeit(lambda: policy.buffer.sample(N), repeats, number)
     batch = policy.buffer.sample(N)

@@ -58,11 +58,8 @@ class PickAndPlaceController:
             target, gripper = grip, CLOSE
         else:  # carry, then hold: move the gripper by the object's remaining way to the goal
             target, gripper = grip + (g - obj), CLOSE
-        u = np.empty(4, np.float32)  # (dim_u,) = dx, dy, dz, gripper
-        # u_xyz = clip(GAIN * (target - grip), -1, 1)
-        u[:3] = np.clip(GAIN * (target - grip), -1., 1.)
-        u[3] = gripper
-        return u
+        # (dim_u,) = dx, dy, dz = clip(GAIN * (target - grip), -1, 1), gripper
+        return np.append(np.clip(GAIN * (target - grip), -1., 1.), gripper).astype(np.float32)
 
     def _advance(self, grip, obj):
         """Move to the next phase when this one's condition holds (several in one step, if so)."""

@@ -37,19 +37,17 @@ class VecVideoRecorder:
     def __init__(self, venv):
         self.venv, self.num_envs, self.frames = venv, venv.num_envs, []
 
-    def _record(self):
+    def _record(self, result):
+        """result, of a reset or a step, once env 0's frame is kept."""
         frame = self.venv.get_images()[0]  # (height, width, 3) uint8
         self.frames.append(np.ascontiguousarray(frame[::2, ::2]))  # half size: a smaller GIF
+        return result
 
     def reset(self, seed=None):
-        obs = self.venv.reset(seed=seed)
-        self._record()
-        return obs
+        return self._record(self.venv.reset(seed=seed))
 
     def step(self, u):
-        result = self.venv.step(u)
-        self._record()
-        return result
+        return self._record(self.venv.step(u))
 
     def close(self):
         self.venv.close()
@@ -131,7 +129,10 @@ def check_video_path(p, path):
                 "give a path in a writable folder")
 
 
-def parse_args(argv=None):
+def main(argv=None):
+    """Collective: `python -m experiment.play` on every rank. Bad input ends in one line and
+    SystemExit with exit code 2."""
+    one_blas_thread()  # before any env process starts: they inherit it
     p = ArgumentParser(prog="play.py", description=__doc__.splitlines()[0])
     p.add_argument("policy", metavar="POLICY.npz", help="a policy file that train.py wrote")
     config_flags(p, PLAY_FIELDS)
@@ -141,14 +142,6 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     if args.save_video:
         check_video_path(p, args.save_video)
-    return args
-
-
-def main(argv=None):
-    """Collective: `python -m experiment.play` on every rank. Bad input ends in one line and
-    SystemExit with exit code 2."""
-    one_blas_thread()  # before any env process starts: they inherit it
-    args = parse_args(argv)
     if args.save_video and "MUJOCO_GL" not in os.environ and not os.environ.get("DISPLAY"):
         # No screen: render through EGL, which needs no display server. Set before MuJoCo is
         # first imported (it reads MUJOCO_GL once) and before env processes start (they

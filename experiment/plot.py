@@ -170,8 +170,7 @@ def plot_scaling(run_dirs, env, out_path):
 
 
 def plot_suite(run_dirs, out_path):
-    groups = group_runs(run_dirs)
-    envs = sorted({key[0] for key in groups})
+    envs = sorted({key[0] for key in group_runs(run_dirs)})
     fig, axes = pyplot().subplots(1, len(envs), figsize=(4.5 * len(envs), 8.5), squeeze=False)
     for ax, env in zip(axes[0], envs, strict=True):
         curves = []

@@ -139,7 +139,6 @@ def over_seeds(values, statistic, text):
     (stats.py: linear percentiles; a 95% percentile bootstrap over the runs, N_BOOT resamples,
     seed BOOT_SEED). A run that has not reached a level is np.inf: it counts as later than
     every run that has in the median and quartiles, and the IQM is then left out ("-")."""
-    values = [float(v) for v in values]
     if statistic == "median (IQR)":
         with np.errstate(invalid="ignore"):  # between two runs short of a level: inf - inf
             med, q25, q75 = median_iqr(values)
@@ -183,16 +182,14 @@ def suite_table(run_dirs, after_epochs=AFTER_EPOCHS):
     for (env, n_ranks, num_env, variant), runs in sorted(group_runs(run_dirs).items()):
         seeds = ", ".join(str(run["seed"]) for run in runs)
         many = "s" if len(runs) > 1 else ""
-        statistics = ["median (IQR)", "IQM [95% CI]"] if many else [None]
-        for statistic in statistics:
+        for statistic in ["median (IQR)", "IQM [95% CI]"] if many else [None]:
             cells = [with_variant(env, variant), f"{n_ranks} x {num_env}",
                      f"{len(runs)} run{many}: seed{many} {seeds}", seeds_and_epochs(runs)[1],
                      statistic or "one run"]
             cells += [success_cell(runs, e, statistic) for e in after_epochs]
             cells += [level_cell(runs, 0.5, statistic), level_cell(runs, 0.9, statistic)]
-            published = anchors_cell(env, variant)
-            rows.append(cells + [published if (env, variant) not in shown else "as above"
-                                 if statistic != "IQM [95% CI]" else ""])
+            rows.append(cells + [anchors_cell(env, variant) if (env, variant) not in shown
+                                 else "as above" if statistic != "IQM [95% CI]" else ""])
             shown.add((env, variant))
     return markdown_table(header, rows)
 
@@ -307,13 +304,11 @@ def gap_table(run_dirs, levels=(0.5, 0.75, 0.9)):
     names = run_names(runs)
     port = [PORT_FETCHPUSH_EPOCHS_AT[level] for level in levels]
     reach = [[epochs_to_reach(run, level) for level in levels] for run in runs]
-    rows = []
-    for run, epochs in zip(runs, reach, strict=True):
-        rows.append([names[run["dir"]]]
-                    + [one_decimal(e) if np.isfinite(e) else f"not in {len(run['epoch'])}"
-                       for e in epochs]
-                    + [one_decimal(p - e) if np.isfinite(e) else ""
-                       for p, e in zip(port, epochs, strict=True)])
+    rows = [[names[run["dir"]]]
+            + [one_decimal(e) if np.isfinite(e) else f"not in {len(run['epoch'])}" for e in epochs]
+            + [one_decimal(p - e) if np.isfinite(e) else ""
+               for p, e in zip(port, epochs, strict=True)]
+            for run, epochs in zip(runs, reach, strict=True)]
     got = [[epochs[i] for epochs in reach if np.isfinite(epochs[i])] for i in range(len(levels))]
     summary = [f"median (lowest to highest) of the runs that reached it ({len(runs)} runs)"]
     summary += [f"{spread(g)}, {len(g)} of {len(runs)} runs" for g in got]

@@ -57,9 +57,7 @@ def run_started(run_dir):
     """When the run first started, "YYYY-MM-DD HH:MM:SS" off log.txt's first line, which train.py
     writes as "# <date> <time>: <command>"; "" for a run without log.txt (older runs)."""
     path = os.path.join(run_dir, "log.txt")
-    if not os.path.exists(path):
-        return ""
-    with open(path) as f:
+    with open(path if os.path.exists(path) else os.devnull) as f:  # none: ""
         first = f.readline()
     return first[2:21] if first.startswith("# ") else ""
 

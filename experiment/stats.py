@@ -34,8 +34,7 @@ def iqm(values, axis=-1):
     if n == 0:
         raise ValueError("iqm of no values")
     cut = int(0.25 * n)
-    kept = np.take(x, np.arange(cut, n - cut), axis=axis)
-    mean = kept.mean(axis=axis)
+    mean = np.take(x, np.arange(cut, n - cut), axis=axis).mean(axis=axis)
     return float(mean) if np.ndim(mean) == 0 else mean
 
 

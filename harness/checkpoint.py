@@ -89,11 +89,9 @@ def run_settings(cfg):
 def agent_arrays(policy):
     """The agent's whole training state; restore_agent() is its inverse."""
     arrays = policy.policy_arrays()
-    for name, adam in (("Q_adam", policy.Q_adam), ("pi_adam", policy.pi_adam)):
-        for key, value in adam.state().items():
-            arrays[f"{name}/{key}"] = value
-    for key, value in policy.buffer.state().items():
-        arrays[f"buffer/{key}"] = value
+    for name, part in (("Q_adam", policy.Q_adam), ("pi_adam", policy.pi_adam),
+                       ("buffer", policy.buffer)):
+        arrays.update({f"{name}/{key}": value for key, value in part.state().items()})
     arrays["n_updates"] = np.array(policy.n_updates)
     arrays["rng_json"] = np.array(json.dumps(policy.rng.bit_generator.state))
     return arrays

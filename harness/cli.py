@@ -195,10 +195,9 @@ def available_memory():
     """Bytes this process may still take: Linux's MemAvailable, or less under a cgroup limit;
     None where neither can be read."""
     sizes = []
-    with contextlib.suppress(OSError, ValueError, StopIteration):
-        with open("/proc/meminfo") as f:
-            line = next(line for line in f if line.startswith("MemAvailable:"))
-            sizes.append(1024 * int(line.split()[1]))
+    with contextlib.suppress(OSError, ValueError, StopIteration), open("/proc/meminfo") as f:
+        line = next(line for line in f if line.startswith("MemAvailable:"))
+        sizes.append(1024 * int(line.split()[1]))
     with contextlib.suppress(OSError, ValueError):
         with open("/sys/fs/cgroup/memory.max") as f, open("/sys/fs/cgroup/memory.current") as g:
             sizes.append(int(f.read()) - int(g.read()))

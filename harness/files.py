@@ -74,8 +74,6 @@ def load_npz(path, required_keys, what, writer="train.py"):
     files); any problem becomes a one-line BadFileError naming the file and its `writer`."""
     try:
         with np.load(path, allow_pickle=False) as data:
-            if not hasattr(data, "files"):
-                raise BadFileError(f"{path}: a bare .npy array, not a {what} .npz from {writer}")
             missing = [k for k in required_keys if k not in data.files]
             if missing:
                 raise BadFileError(f"{path}: not a {what} written by {writer} "

@@ -22,6 +22,7 @@ Env processes never import mpi4py (vecenv.py says why); where they need their ra
 Test: `python -m pytest -q tests/test_launch.py`.
 """
 import collections
+import itertools
 import os
 import socket
 import sys
@@ -141,11 +142,6 @@ def rank_placement(comm):
 
 def rank_ranges(ranks):
     """'0-3,6' for [0, 1, 2, 3, 6]."""
-    spans, start = [], None
-    for i, rank in enumerate(ranks):
-        if start is None:
-            start = rank
-        if i + 1 == len(ranks) or ranks[i + 1] != rank + 1:
-            spans.append(str(start) if start == rank else f"{start}-{rank}")
-            start = None
-    return ",".join(spans)
+    runs = [[rank for _, rank in run]  # a run: consecutive ranks, rank - index constant
+            for _, run in itertools.groupby(enumerate(ranks), lambda p: p[1] - p[0])]
+    return ",".join(str(r[0]) if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs)

@@ -11,6 +11,7 @@ short lines an epoch take its place.
 
 Test: `python -m pytest -q tests/test_logger.py`.
 """
+import contextlib
 import csv
 import hashlib
 import io
@@ -139,10 +140,8 @@ class RunLog:
     def _drop(self, error):
         if self.file is not None:
             self.file, file = None, self.file
-            try:
+            with contextlib.suppress(OSError):
                 file.close()
-            except OSError:
-                pass
         print(f"warning: cannot write {self.path} ({error.strerror or error}); the run goes "
               f"on without it", file=self.streams[1], flush=True)
 
@@ -176,13 +175,11 @@ class _Tee:
 def code_version(folder):
     """'commit <hash>' of the git checkout `folder` is in (', with uncommitted changes' if
     any file git tracks differs from it), or 'not a git checkout'."""
-    def git(*args):
+    def git(*args, check=False):
         return subprocess.run(["git", "-C", folder, *args], capture_output=True, text=True,
-                              timeout=30)
+                              timeout=30, check=check)
     try:
-        head = git("rev-parse", "HEAD")
-        if head.returncode != 0:
-            return "not a git checkout"
+        head = git("rev-parse", "HEAD", check=True)  # CalledProcessError: not a checkout
         dirty = git("status", "--porcelain", "--untracked-files=no").stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return "not a git checkout"
@@ -197,12 +194,9 @@ def machine():
     example is in docs/usage.md, what a seed reproduces."""
     from numpy._core._multiarray_umath import __cpu_baseline__, __cpu_dispatch__, __cpu_features__
     cpu = platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next((line.split(":", 1)[1].strip() for line in f
-                        if line.startswith("model name")), cpu)
-    except OSError:
-        pass
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
+        cpu = next((line.split(":", 1)[1].strip() for line in f
+                    if line.startswith("model name")), cpu)
     simd = " ".join(f for f in __cpu_dispatch__ if __cpu_features__.get(f)) or "none"
     blas = [f"{lib['internal_api']} {lib['version']} ({lib.get('architecture')})"
             for lib in threadpool_info() if lib["user_api"] == "blas"]

@@ -78,8 +78,7 @@ def mpi_average(value, comm):
 def raise_if_any_rank_failed(comm, error):
     """Collective, after local work: if any rank hit an error (`error`: its message, or None),
     every rank raises UsageError with the first one, before anything collective can hang."""
-    errors = comm.allgather(error)  # [MPI]
-    raise_first(errors, UsageError)
+    raise_first(comm.allgather(error), UsageError)  # [MPI]
 
 
 def save_on_every_rank(comm, save, *args):
@@ -90,8 +89,7 @@ def save_on_every_rank(comm, save, *args):
         error = None
     except SaveError as e:
         error = str(e)
-    errors = comm.allgather(error)  # [MPI]
-    raise_first(errors, SaveError)
+    raise_first(comm.allgather(error), SaveError)  # [MPI]
 
 
 def raise_first(errors, error_class):
@@ -139,12 +137,10 @@ def wait_until_pipes_read(streams, patience_s):
     """Return once no stream that writes into a pipe has bytes in it that the reader has not
     taken yet, or after patience_s. A terminal, a file or a replaced stream has no such bytes."""
     fds = []
-    for stream in streams:
-        try:
+    for stream in streams:  # a stream with no descriptor (e.g. under pytest) is skipped
+        with contextlib.suppress(AttributeError, ValueError, OSError):
             if stat.S_ISFIFO(os.fstat(stream.fileno()).st_mode):
                 fds.append(stream.fileno())
-        except (AttributeError, ValueError, OSError):  # no descriptor (e.g. under pytest)
-            continue
     deadline = time.monotonic() + patience_s
     while fds and time.monotonic() < deadline:
         fds = [fd for fd in fds if unread_bytes(fd)]
@@ -165,15 +161,13 @@ def shm_files_in_use(shm_dir="/dev/shm"):
     this user may not read (other users', which cannot hold its 0600 segments) are skipped."""
     prefix, in_use = os.path.join(shm_dir, ""), set()
     for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
+        with contextlib.suppress(OSError):
             fds = os.listdir(f"/proc/{pid}/fd")
             in_use.update(os.readlink(f"/proc/{pid}/fd/{fd}") for fd in fds)
             with open(f"/proc/{pid}/maps") as f:
                 # a maps line: address perms offset dev inode [path]
                 in_use.update(line.split(maxsplit=5)[-1].strip() for line in f
                               if line.count(" ") >= 5)
-        except OSError:
-            continue
     return {path for path in in_use if path.startswith(prefix)}
 
 
@@ -198,9 +192,7 @@ def remove_orphaned_mpi_segments(shm_dir="/dev/shm"):
     """Delete orphaned_mpi_segments(); return the paths removed."""
     removed = []
     for path in orphaned_mpi_segments(shm_dir):
-        try:
+        with contextlib.suppress(FileNotFoundError):  # another cleaner was first
             os.unlink(path)
             removed.append(path)
-        except FileNotFoundError:  # another cleaner was first
-            pass
     return removed
