@@ -94,7 +94,7 @@ class TestLaunch:
         assert not os.path.exists(logdir)
 
 
-class TestRunLock:
+class TestRunFolderLock:
     """harness/runlock.py, and train.py refusing a folder another job holds."""
 
     def test_a_held_folder_is_refused_and_a_released_one_taken(self, tmp_path):
