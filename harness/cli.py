@@ -33,7 +33,8 @@ from replay import episode_shapes
 
 
 def make_config(args):
-    """Defaults, then the env's overrides, then whatever was given on the command line.
+    """Defaults, then the env's overrides, then whatever was given on the command line (a bool
+    or a pair as its text: validate_config parses and checks every value).
     As in baselines' her.py, a demo file turns the cloning loss on unless --bc_loss 0 is
     given: demo rows without it reach the actor only through the critic."""
     cfg = Config()
@@ -92,13 +93,16 @@ def field_kind(f):
 
 
 def checked_value(f, value, rule):
-    """The value as the field's type holds it (an int for a float field: its float; a list or
-    'R_MIN,R_MAX' for a pair: its tuple), or UsageError naming the flag, what it takes and the
-    value. type(), not isinstance(): a bool is no number here."""
+    """The value as the field's type holds it (an int for a float field: its float; '0' or '1'
+    for a bool: False or True; a list or 'R_MIN,R_MAX' for a pair: its tuple), or UsageError
+    naming the flag, what it takes and the value. type(), not isinstance(): a bool is no number
+    here."""
     kind, may_be_none = field_kind(f)
     if value is None and may_be_none:
         return None
-    if typing.get_origin(kind) is tuple and isinstance(value, (str, list, tuple)):
+    if kind is bool and value in ("0", "1"):  # as the command line gives it
+        value = value == "1"
+    elif typing.get_origin(kind) is tuple and isinstance(value, (str, list, tuple)):
         value = parse_range(value if isinstance(value, str) else ",".join(map(str, value)))
     elif kind is float and type(value) in (int, float) and finite(value):
         value = float(value)
@@ -228,18 +232,12 @@ def config_flags(p, names=None):
         # argparse %-formats help texts: a literal % must be doubled
         help_text = f"{comments[f.name]}{default}".replace("%", "%%")
         if kind is bool:
-            flag = dict(type=zero_or_one, metavar="{0,1}")
+            flag = dict(type=str, metavar="{0,1}")  # parsed by checked_value
         elif typing.get_origin(kind) is tuple:
             flag = dict(type=str, metavar="R_MIN,R_MAX")  # parsed by checked_value
         else:
             flag = dict(type=kind)
         p.add_argument(f"--{f.name}", default=None, help=help_text, **flag)
-
-
-def zero_or_one(text):
-    if text not in ("0", "1"):
-        raise argparse.ArgumentTypeError(f"invalid choice: {text!r} (choose from 0, 1)")
-    return text == "1"
 
 
 def config_for(args):

@@ -43,8 +43,9 @@ class TestConfig:
             assert action.help.startswith(comments[f.name]) and len(comments[f.name]) > 10
             # a value other than the default, of the field's type, through the command line
             kind, _ = cli.field_kind(f)
-            if kind is bool:
-                value, text = not f.default, str(int(not f.default))
+            if kind is bool:  # as given: validate_config parses it
+                value = text = str(int(not f.default))
+                assert cli.checked_value(f, text, None) is (not f.default)
             elif comments[f.name].startswith("{"):  # the choices: checked by validate_config
                 choices = comments[f.name][1:comments[f.name].index("}")].split(", ")
                 value = text = next(c for c in choices if c != f.default)
@@ -99,7 +100,7 @@ class TestConfig:
     def test_a_demo_file_turns_the_cloning_loss_on_unless_bc_loss_0_is_given(self):
         """As baselines' her.py, which sets bc_loss = 1 whenever a demo file is given."""
         def bc_loss(*argv):
-            return cli.make_config(cli.parse_train_args(list(argv))).bc_loss
+            return cli.validate_config(cli.make_config(cli.parse_train_args(list(argv)))).bc_loss
         assert bc_loss("--demo_file", "d.npz") is True
         assert bc_loss("--demo_file", "d.npz", "--bc_loss", "0") is False
         assert bc_loss("--demo_file", "d.npz", "--bc_loss", "1") is True
