@@ -70,6 +70,15 @@ def ratio_row(label, vals):
     return f"| {label} | {np.median(a):.2f} | {a.min():.2f}-{a.max():.2f} | {len(a)} |"
 
 
+def ratios(table, other, key, seeds):
+    """ours/other of table[(impl, seed)][key], per seed; None where either run lacks it."""
+    vals = []
+    for s in seeds:
+        o, t = table.get(("ours", s), {}).get(key), table.get((other, s), {}).get(key)
+        vals.append(o / t if o and t else None)
+    return vals
+
+
 def reach_tables(runs):
     rs = [r for r in runs if r["task"] == "reach"]
     if not rs:
@@ -93,11 +102,7 @@ def reach_tables(runs):
     seeds = sorted({r["seed"] for r in rs})
     for other in sorted({r["impl"] for r in rs} - {"ours"}):
         for key, label in (("t9", "time to 0.9"), ("s9", "steps to 0.9")):
-            vals = []
-            for s in seeds:
-                o, t = table.get(("ours", s), {}).get(key), table.get((other, s), {}).get(key)
-                vals.append(o / t if o and t else None)
-            print(ratio_row(f"ours/{other}: {label}", vals))
+            print(ratio_row(f"ours/{other}: {label}", ratios(table, other, key, seeds)))
     print()
 
 
@@ -125,11 +130,7 @@ def push_tables(runs):
     print("|---|---|---|---|")
     seeds = sorted({r["seed"] for r in rs})
     for key, label in (("spe", "s/epoch (first 5, from launch)"), ("spe2", "s/epoch (2-5)"), ("t5", "time to 0.5")):
-        vals = []
-        for s in seeds:
-            o, t = table.get(("ours", s), {}).get(key), table.get(("port", s), {}).get(key)
-            vals.append(o / t if o and t else None)
-        print(ratio_row(f"ours/port: {label}", vals))
+        print(ratio_row(f"ours/port: {label}", ratios(table, "port", key, seeds)))
     print()
 
 
