@@ -1,10 +1,59 @@
-"""What a user runs beside training (openai/baselines keeps its own in `her/experiment/`).
+"""What a user runs beside training (openai/baselines keeps its own in `her/experiment/`), and
+what those commands share.
 
-    play.py        python -m experiment.play POLICY.npz [--render | --save_video PATH.gif]
-    demos.py       python -m experiment.demos --env FetchPickAndPlace-v4 --num_demo 100 --out D.npz
-    plot.py        python -m experiment.plot results/<run> ... [--table] [--scaling ENV | --suite]
-    runs.py        the run folders plot.py reads, grouped over seeds
-    plot_tables.py plot.py's markdown tables (--table, --runs, --gap) and the published marks
-    stats.py       median and IQR, the IQM and its bootstrap interval, for the tables
-    bench.py       python -m experiment.bench [--quick] [--only SECTION] (one process)
+The commands, each `python -m experiment.X` or `python experiment/X.py` (--help for its flags):
+play.py (a saved policy's success rate, window or GIF), demos.py (demonstrations), plot.py
+(curves and tables of run folders; runs.py, plot_tables.py and stats.py are its library) and
+bench.py (where the time goes). Shared here: Ctrl-C is one line and exit code 130
+(run_command), an output is checked before any work and never written over without --force
+(check_output), a library run as a command names the command to use (not_a_command).
+Test: `python -m pytest -q tests/test_tools.py`.
 """
+import os
+import signal
+import sys
+
+CTRL_C = "stopped by Ctrl-C (SIGINT)"
+
+
+def run_command(main, prog):
+    """Exit with main()'s exit code; after Ctrl-C with one line and 130 (a shell's code for
+    SIGINT), also where a library turned the KeyboardInterrupt into another error (MuJoCo's
+    import turns it into an ImportError)."""
+    interrupted = []
+
+    def on_sigint(*_):
+        interrupted.append(True)
+        raise KeyboardInterrupt
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not where it is ignored
+        signal.signal(signal.SIGINT, on_sigint)
+    try:
+        code = main()
+    except (Exception, KeyboardInterrupt):
+        if not interrupted:
+            raise
+        print(f"{prog}: {CTRL_C}", file=sys.stderr)
+        code = 130
+    sys.exit(code)
+
+
+def check_output(p, flag, path, force, suffix):
+    """Parser p stops the command in one line unless `path` ends in `suffix`, is new (or --force)
+    and lies in a writable folder or one that can be made there (the command makes it)."""
+    folder = os.path.dirname(os.path.abspath(path))
+    while not os.path.exists(folder):
+        folder = os.path.dirname(folder)
+    if not path.lower().endswith(suffix):
+        p.error(f"{flag} {path!r}: writes only {suffix} files; give a path ending in {suffix}")
+    if os.path.exists(path) and not force:
+        p.error(f"{flag} {path}: the file exists; pass --force to write over it, or give "
+                "another path")
+    if not (os.path.isdir(folder) and os.access(folder, os.W_OK)):
+        p.error(f"{flag} {path}: {folder} is not a writable folder; give a path in one")
+
+
+def not_a_command(name, use):
+    """Called by a library with its __name__: run as a command, one line naming `use`, exit 2."""
+    if name == "__main__":
+        print(f"{os.path.basename(sys.argv[0])} is not a command: {use}", file=sys.stderr)
+        sys.exit(2)

@@ -14,17 +14,21 @@ times do not (machines here differ 2-3x from one day to the next).
 Run: `python -m experiment.bench [--quick] [--only SECTION]` (about 3 minutes in all).
 Test: `python -m pytest -q tests/test_plot_bench.py`.
 """
-import argparse
 import functools
 import os
+import sys
 import time
 from timeit import repeat
 
+if __package__ in (None, ""):  # run as a file, not with -m: import from the repository's root
+    sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 import numpy as np
 
 from config import Config
 from ddpg import DDPG
+from experiment import run_command
 from harness import goal_env
+from harness.cli import ArgumentParser
 from harness.launch import launched
 from harness.mpi_util import one_blas_thread
 from mpi_adam import ONE_RANK
@@ -164,12 +168,12 @@ def bench_env(quick):
 SECTIONS = {"update": bench_update, "env": bench_env}
 
 
-def main():
+def main(argv=None):
     one_blas_thread()  # before any env process starts: they inherit it
-    p = argparse.ArgumentParser(prog="bench.py", description=__doc__.splitlines()[0])
+    p = ArgumentParser(prog="bench.py", description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="fewer repeats")
     p.add_argument("--only", choices=list(SECTIONS))
-    args = p.parse_args()
+    args = p.parse_args(argv)
     if launched():
         p.error("runs in one process, not under mpirun; the Allreduces of several ranks are "
                 "timed by: mpirun -np R python train.py --trace N")
@@ -180,4 +184,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()  # [MPI]
+    run_command(main, "bench.py")  # [MPI]

@@ -21,8 +21,11 @@ Test: `python -m pytest -q tests/test_demos.py`.
 import os
 import sys
 
+if __package__ in (None, ""):  # run as a file, not with -m: import from the repository's root
+    sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 import numpy as np
 
+from experiment import check_output, run_command
 from harness.cli import ArgumentParser
 from harness.errors import SaveError, UsageError
 from harness.files import save_demos
@@ -121,12 +124,15 @@ def main(argv=None):
                    help="FetchPickAndPlace-v<n> (default v4): the controller's only task")
     p.add_argument("--num_demo", type=int, default=100, help="successful episodes to store")
     p.add_argument("--out", required=True, help="the .npz to write")
+    p.add_argument("--force", action="store_true", help="write over --out if it exists")
     p.add_argument("--seed", type=int, default=0, help="episode i resets with seed + i")
     args = p.parse_args(argv)
     if not args.env.startswith("FetchPickAndPlace"):
         p.error(f"--env {args.env}: the scripted controller knows FetchPickAndPlace only")
-    if args.num_demo < 1:
-        p.error(f"--num_demo must be at least 1, got {args.num_demo}")
+    if args.num_demo < 1 or args.seed < 0:
+        p.error(f"--num_demo {args.num_demo} --seed {args.seed}: give a --num_demo of 1 or more "
+                "and a --seed of 0 or more")
+    check_output(p, "--out", args.out, args.force, ".npz")
     try:
         describe_env(args.env, need_range=False)  # an unknown id: one line, close matches
         episodes, T, attempts = generate(args.env, args.num_demo, args.seed)
@@ -143,4 +149,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_command(main, "demos.py")

@@ -18,9 +18,14 @@ Test: `python -m pytest -q tests/test_play.py`.
 """
 import dataclasses
 import os
+import sys
+import warnings
 
+if __package__ in (None, ""):  # run as a file, not with -m: import from the repository's root
+    sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 import numpy as np
 
+from experiment import CTRL_C, check_output, run_command
 from harness.cli import ArgumentParser, config_flags, make_config, validate_config
 from harness.errors import BadFileError, UsageError
 from harness.files import atomic_file, load_policy_arrays, policy_on_task
@@ -54,6 +59,7 @@ class VecVideoRecorder:
 
     def save_gif(self, path):
         from PIL import Image
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         images = [Image.fromarray(frame) for frame in self.frames]
         with atomic_file(path) as f:
             images[0].save(f, format="GIF", save_all=True, append_images=images[1:],
@@ -62,8 +68,9 @@ class VecVideoRecorder:
 
 # The Config fields that matter when only test rollouts are run.
 PLAY_FIELDS = ("env", "num_env", "vec_env", "n_test_rollouts", "seed")
-# The errors play.py reports as one line: {class: (exit code, prefix)}
-PLAY_ERRORS = {UsageError: (2, "error: "), BadFileError: (2, "error: ")}
+# What play.py reports as one line, {class: (exit code, prefix)}; mpirun passes Ctrl-C to all
+PLAY_ERRORS = {UsageError: (2, "error: "), BadFileError: (2, "error: "),
+               KeyboardInterrupt: (130, CTRL_C)}
 
 
 def play(cfg, args, comm):
@@ -119,14 +126,17 @@ def check_render_backend():
                          "MUJOCO_GL=osmesa") from None
 
 
-def check_video_path(p, path):
-    """The GIF goes where the user said, or parser p stops the run before doing any work."""
-    if not path.lower().endswith(".gif"):
-        p.error(f"--save_video {path}: can write only animated GIFs; give a path ending in .gif")
-    folder = os.path.dirname(os.path.abspath(path))
-    if not (os.path.isdir(folder) and os.access(folder, os.W_OK)):
-        p.error(f"--save_video {path}: folder {folder} does not exist or is not writable; "
-                "give a path in a writable folder")
+def has_display():
+    """Whether --render can open its window: GLFW, MuJoCo's window library (it loads no MuJoCo),
+    finds a display and makes a GL window there."""
+    import glfw
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # GLFW's own warnings: play.py says it in one line
+        window = glfw.init() and glfw.create_window(16, 16, "play.py", None, None)
+    if window:
+        glfw.destroy_window(window)
+    glfw.terminate()
+    return bool(window)
 
 
 def main(argv=None):
@@ -139,9 +149,15 @@ def main(argv=None):
     p.add_argument("--render", action="store_true", help="show the episodes in a MuJoCo window")
     p.add_argument("--save_video", metavar="PATH.gif",
                    help="write env 0's test episodes, rendered off screen, as an animated GIF")
+    p.add_argument("--force", action="store_true", help="write over --save_video's file")
     args = p.parse_args(argv)
     if args.save_video:
-        check_video_path(p, args.save_video)
+        check_output(p, "--save_video", args.save_video, args.force, ".gif")
+    # before MuJoCo, MPI or an env process: with no display MuJoCo's window ends in a C assertion
+    if args.render and not has_display():
+        p.error(f"--render: no display to open a window on (DISPLAY="
+                f"{os.environ.get('DISPLAY', '')!r}); write the episodes to a GIF with "
+                "--save_video PATH.gif instead")
     if args.save_video and "MUJOCO_GL" not in os.environ and not os.environ.get("DISPLAY"):
         # No screen: render through EGL, which needs no display server. Set before MuJoCo is
         # first imported (it reads MUJOCO_GL once) and before env processes start (they
@@ -156,4 +172,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()  # [MPI]
+    run_command(main, "play.py")  # [MPI]

@@ -12,17 +12,20 @@ at x = n - 1 on an epoch axis.
 With --table each prints its figure's markdown table instead (plot_tables.py), as --runs and
 --gap do, which have no figure.
 
-Run:  python -m experiment.plot results/* -o results/curves.png   (the others: docs/usage.md)
+Run:  python -m experiment.plot runs/* -o curves.png   (the others: docs/usage.md)
 Test: `python -m pytest -q tests/test_plot_bench.py`.
 """
-import argparse
+import os
 import sys
 import textwrap
 
-from experiment import plot_tables
+if __package__ in (None, ""):  # run as a file, not with -m: import from the repository's root
+    sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from experiment import check_output, plot_tables, run_command
 from experiment.plot_tables import gap_table, results_table, runs_table, scaling_table, suite_table
-from experiment.runs import group_runs, has_epochs, median_and_band, seeds_and_epochs, with_variant
+from experiment.runs import group_runs, median_and_band, runs_among, seeds_and_epochs, with_variant
 from experiment.stats import iqm_interval
+from harness.cli import ArgumentParser
 from harness.files import pyplot, save_figure
 
 X_LABELS = {"epoch": "epoch (row e: after e + 1 epochs)", "steps": "total env steps (all ranks)",
@@ -220,9 +223,10 @@ def add_epoch_axis(ax, runs):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description="Plot test success of train.py runs")
+    p = ArgumentParser(prog="plot.py", description="Plot test success of train.py runs")
     p.add_argument("run_dirs", nargs="+", help="folders holding progress.csv and config.json")
-    p.add_argument("-o", "--out", help="PNG to write (default: results/<figure>.png)")
+    p.add_argument("-o", "--out", help="PNG to write (default: <figure>.png in this folder)")
+    p.add_argument("--force", action="store_true", help="write over -o's file if it exists")
     p.add_argument("--table", action="store_true", help="print the figure's markdown table")
     figure_kind = p.add_mutually_exclusive_group()
     figure_kind.add_argument("--scaling", metavar="ENV", help="one env, a curve per rank count "
@@ -235,8 +239,12 @@ def main(argv=None):
                              "runs, epochs to 0.5, 0.75, 0.9 against the port's traced median")
     args = p.parse_args(argv)
     figure = "scaling" if args.scaling else "suite" if args.suite else "curves"
-    args.out = args.out or f"results/{figure}.png"
-    run_dirs = [d for d in args.run_dirs if has_epochs(d)]
+    # not results/<figure>.png: run from the repository's root, that is a committed figure
+    args.out = f"{figure}.png" if args.out is None else args.out
+    try:
+        run_dirs = runs_among(args.run_dirs)
+    except ValueError as e:
+        p.error(str(e))
     if not run_dirs:
         p.error("none of the given folders holds a progress.csv with an epoch in it")
     if args.scaling and not group_runs(run_dirs, args.scaling):
@@ -248,6 +256,7 @@ def main(argv=None):
               suite_table(run_dirs) if args.suite else runs_table(run_dirs) if args.runs else
               gap_table(run_dirs) if args.gap else results_table(run_dirs))
         return 0
+    check_output(p, "-o", args.out, args.force, ".png")
     if args.scaling:
         plot_scaling(run_dirs, args.scaling, args.out)
     else:
@@ -257,4 +266,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_command(main, "plot.py")

@@ -12,11 +12,18 @@ Test: `python -m pytest -q tests/test_plot_bench.py tests/test_docs.py`.
 """
 import csv
 import os
+import sys
 
+if __package__ in (None, ""):  # run as a file, not with -m: import from the repository's root
+    sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 import numpy as np
 
+from experiment import not_a_command
 from experiment.runs import group_runs, median_and_band, read_run, seeds_and_epochs, with_variant
 from experiment.stats import iqm_interval, median_iqr
+
+not_a_command(__name__, "plot.py prints its tables; use python -m experiment.plot RUN_DIR ... "
+              "--table")
 
 AFTER_EPOCHS = (10, 20, 30, 50)  # the suite's and the runs' "success after n epochs" columns
 N_BOOT, BOOT_SEED = 2000, 0  # the bootstrap's resamples and its generator's seed

@@ -12,8 +12,16 @@ Test: `python -m pytest -q tests/test_plot_bench.py`.
 import csv
 import json
 import os
+import sys
 
+if __package__ in (None, ""):  # run as a file, not with -m: import from the repository's root
+    sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 import numpy as np
+
+from experiment import not_a_command
+
+not_a_command(__name__, "plot.py reads run folders through it; use python -m experiment.plot "
+              "RUN_DIR ... (--table for a table)")
 
 
 def has_epochs(run_dir):
@@ -21,6 +29,20 @@ def has_epochs(run_dir):
     path = os.path.join(run_dir, "progress.csv")
     with open(path if os.path.exists(path) else os.devnull) as f:  # none: no epoch either
         return sum(1 for _ in f) > 1
+
+
+def runs_among(paths):
+    """The paths that hold a run with an epoch (a glob such as results/* names other files too),
+    each read once first; ValueError naming a path that is not there or cannot be read."""
+    for path in paths:
+        try:
+            os.stat(path)  # FileNotFoundError where there is nothing
+            if has_epochs(path):
+                read_run(path)
+        except Exception as e:  # whatever fails, it fails on this path's files
+            raise ValueError(f"{path}: not a run folder of train.py ({type(e).__name__}: {e}); "
+                             "give folders that train.py wrote") from None
+    return [path for path in paths if has_epochs(path)]
 
 
 def read_run(run_dir):
