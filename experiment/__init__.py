@@ -1,12 +1,10 @@
 """What a user runs beside training (openai/baselines keeps its own in `her/experiment/`), and
 what those commands share.
 
-The commands, each `python -m experiment.X` or `python experiment/X.py` (--help for its flags):
-play.py (a saved policy's success rate, window or GIF), demos.py (demonstrations), plot.py
-(curves and tables of run folders; runs.py, plot_tables.py and stats.py are its library) and
-bench.py (where the time goes). Shared here: Ctrl-C is one line and exit code 130
-(run_command), an output is checked before any work and never written over without --force
-(check_output), a library run as a command names the command to use (not_a_command).
+The commands, `python -m experiment.X` or `python experiment/X.py`: play.py (a saved policy's
+success rate, window or GIF), demos.py, plot.py (runs.py, plot_tables.py and stats.py are its
+library) and bench.py. Shared here: Ctrl-C is one line and exit code 130 (run_command); an
+output is checked before any work and not written over without --force (check_output).
 Test: `python -m pytest -q tests/test_tools.py`.
 """
 import os
@@ -52,8 +50,10 @@ def check_output(p, flag, path, force, suffix):
         p.error(f"{flag} {path}: {folder} is not a writable folder; give a path in one")
 
 
-def not_a_command(name, use):
-    """Called by a library with its __name__: run as a command, one line naming `use`, exit 2."""
+def not_a_command(name):
+    """Called by plot.py's libraries with their __name__: run as a command, one line naming
+    plot.py, exit code 2."""
     if name == "__main__":
-        print(f"{os.path.basename(sys.argv[0])} is not a command: {use}", file=sys.stderr)
+        print(f"{os.path.basename(sys.argv[0])} is plot.py's library, not a command: use "
+              "python -m experiment.plot RUN_DIR ... (--table for its tables)", file=sys.stderr)
         sys.exit(2)

@@ -20,8 +20,7 @@ import sys
 import time
 from timeit import repeat
 
-if __package__ in (None, ""):  # run as a file, not with -m: import from the repository's root
-    sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))  # run as a file too
 import numpy as np
 
 from config import Config
@@ -72,28 +71,21 @@ def make_policy(comm, buffer_size=1_000_000, n_episodes=200):
 # ---------------------------------------------------------------- the update vs its GEMM floor
 
 
-def layer_gemms(sizes, N):
-    """The products of one MLP with layer sizes `sizes` at batch N, each (M, K, N_out): the
-    forward pass, the weight gradients, and the input gradients below the first layer."""
-    layers = list(zip(sizes[:-1], sizes[1:], strict=True))  # (in, out) of every layer
-    forward = [(N, a, b) for a, b in layers]
-    weight_grads = [(a, N, b) for a, b in layers]
-    input_grads = [(N, b, a) for a, b in layers[1:]]
-    return forward, weight_grads, input_grads
-
-
 def update_gemm_shapes(policy, N):
-    """(M, K, N_out) of every matrix product one update cannot avoid (no input gradient below
-    a network's first layer, but Q's down to u for the actor loss)."""
-    pi_forward, pi_weight_grads, pi_input_grads = layer_gemms(policy.main.pi.sizes, N)
-    Q_forward, Q_weight_grads, Q_input_grads = layer_gemms(policy.main.Q.sizes, N)
-    dim_u = policy.main.pi.sizes[-1]
-    shapes = pi_forward + Q_forward  # targets
-    shapes += Q_forward + Q_weight_grads + Q_input_grads  # critic
-    shapes += pi_forward + Q_forward  # actor: pi, then Q(o, g, pi)
-    shapes += Q_input_grads + [(N, policy.main.Q.sizes[1], dim_u)]  # dQ/du through the critic
-    shapes += pi_weight_grads + pi_input_grads  # actor weights
-    return shapes
+    """(M, K, N_out) of every matrix product one update cannot avoid: of each network the forward
+    pass, the weight gradients and the input gradients below its first layer, and Q's down to u
+    for the actor loss."""
+    def gemms(sizes):  # forward, weight gradients, input gradients; (in, out) of every layer
+        layers = list(zip(sizes[:-1], sizes[1:], strict=True))
+        return ([(N, a, b) for a, b in layers], [(a, N, b) for a, b in layers],
+                [(N, b, a) for a, b in layers[1:]])
+    (pi_forward, pi_weights, pi_inputs), (Q_forward, Q_weights, Q_inputs) = (
+        gemms(policy.main.pi.sizes), gemms(policy.main.Q.sizes))
+    return (pi_forward + Q_forward  # targets
+            + Q_forward + Q_weights + Q_inputs  # critic
+            + pi_forward + Q_forward  # actor: pi, then Q(o, g, pi)
+            + Q_inputs + [(N, policy.main.Q.sizes[1], policy.main.pi.sizes[-1])]  # dQ/du
+            + pi_weights + pi_inputs)  # actor weights
 
 
 def bench_update(quick):

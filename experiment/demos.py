@@ -21,8 +21,7 @@ Test: `python -m pytest -q tests/test_demos.py`.
 import os
 import sys
 
-if __package__ in (None, ""):  # run as a file, not with -m: import from the repository's root
-    sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))  # run as a file too
 import numpy as np
 
 from experiment import check_output, run_command

@@ -21,8 +21,7 @@ import os
 import sys
 import warnings
 
-if __package__ in (None, ""):  # run as a file, not with -m: import from the repository's root
-    sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))  # run as a file too
 import numpy as np
 
 from experiment import CTRL_C, check_output, run_command
@@ -78,8 +77,6 @@ def play(cfg, args, comm):
     Collective: the ranks agree the file is good, build the agent (a Bcast per network) and
     average their success rates."""
     try:
-        if args.save_video:
-            check_render_backend()
         (arrays, policy_config), error = load_policy_arrays(args.policy), None
         env_id = args.env or policy_config.get("env") or cfg.env  # the env it was trained on
         task = describe_env(env_id, need_range=False)
@@ -112,31 +109,33 @@ def play(cfg, args, comm):
               f"({cfg.n_test_rollouts} episode(s) of T+1 = {policy.T + 1})", flush=True)
 
 
-def check_render_backend():
-    """--save_video renders off screen; fail early, in one line, if MuJoCo cannot."""
+def check_rendering(p, args):
+    """Parser p stops play.py in one line, before MPI or an env process, where it cannot render as
+    asked: --render opens a window through GLFW (MuJoCo's window library, loaded here without
+    MuJoCo: with no display MuJoCo's own window ends in a C assertion); --save_video renders off
+    screen through MUJOCO_GL, set to EGL where there is no display (before MuJoCo reads it, once,
+    and env processes inherit it)."""
+    if args.save_video and "MUJOCO_GL" not in os.environ and not os.environ.get("DISPLAY"):
+        os.environ["MUJOCO_GL"] = "egl"
+    if args.render:
+        import glfw
+        with warnings.catch_warnings(action="ignore"):  # GLFW's own warnings: p.error says it
+            window = glfw.init() and glfw.create_window(16, 16, "", None, None)
+            glfw.terminate()  # and the window with it
+        if not window:
+            p.error(f"--render: no display to open a window on (DISPLAY="
+                    f"{os.environ.get('DISPLAY', '')!r}); write the episodes to a GIF with "
+                    "--save_video PATH.gif instead")
     try:
-        import mujoco
-        context = mujoco.GLContext(16, 16)
-        context.make_current()
-        context.free()
+        if args.save_video:
+            import mujoco
+            context = mujoco.GLContext(16, 16)
+            context.make_current()
+            context.free()
     except Exception as e:  # an unknown MUJOCO_GL raises at import; a missing library later
-        raise UsageError(f"--save_video: MuJoCo cannot render off screen with MUJOCO_GL="
-                         f"{os.environ.get('MUJOCO_GL', '')!r} ({type(e).__name__}: {e}); "
-                         "install EGL (Debian: libegl1) and set MUJOCO_GL=egl, or OSMesa and "
-                         "MUJOCO_GL=osmesa") from None
-
-
-def has_display():
-    """Whether --render can open its window: GLFW, MuJoCo's window library (it loads no MuJoCo),
-    finds a display and makes a GL window there."""
-    import glfw
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # GLFW's own warnings: play.py says it in one line
-        window = glfw.init() and glfw.create_window(16, 16, "play.py", None, None)
-    if window:
-        glfw.destroy_window(window)
-    glfw.terminate()
-    return bool(window)
+        p.error(f"--save_video: MuJoCo cannot render off screen with MUJOCO_GL="
+                f"{os.environ.get('MUJOCO_GL', '')!r} ({type(e).__name__}: {e}); install EGL "
+                "(Debian: libegl1) and set MUJOCO_GL=egl, or OSMesa and MUJOCO_GL=osmesa")
 
 
 def main(argv=None):
@@ -153,16 +152,7 @@ def main(argv=None):
     args = p.parse_args(argv)
     if args.save_video:
         check_output(p, "--save_video", args.save_video, args.force, ".gif")
-    # before MuJoCo, MPI or an env process: with no display MuJoCo's window ends in a C assertion
-    if args.render and not has_display():
-        p.error(f"--render: no display to open a window on (DISPLAY="
-                f"{os.environ.get('DISPLAY', '')!r}); write the episodes to a GIF with "
-                "--save_video PATH.gif instead")
-    if args.save_video and "MUJOCO_GL" not in os.environ and not os.environ.get("DISPLAY"):
-        # No screen: render through EGL, which needs no display server. Set before MuJoCo is
-        # first imported (it reads MUJOCO_GL once) and before env processes start (they
-        # inherit it).
-        os.environ["MUJOCO_GL"] = "egl"
+    check_rendering(p, args)
     comm = start_mpi().COMM_WORLD  # here, not at the top: launch.start_mpi says why
 
     # Abort where one rank raises alone

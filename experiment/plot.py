@@ -19,11 +19,10 @@ import os
 import sys
 import textwrap
 
-if __package__ in (None, ""):  # run as a file, not with -m: import from the repository's root
-    sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))  # run as a file too
 from experiment import check_output, plot_tables, run_command
 from experiment.plot_tables import gap_table, results_table, runs_table, scaling_table, suite_table
-from experiment.runs import group_runs, median_and_band, runs_among, seeds_and_epochs, with_variant
+from experiment.runs import group_runs, has_epochs, median_and_band, seeds_and_epochs, with_variant
 from experiment.stats import iqm_interval
 from harness.cli import ArgumentParser
 from harness.files import pyplot, save_figure
@@ -43,8 +42,6 @@ def draw_curves(axes, x_keys, curves, env, marker=None, faint=False):
     the median over its seeds and, where several, their interquartile range shaded (and with
     faint each seed, a marker each, and draw_iqm_marks()); the HEADLINE group first, bold red,
     the others thinner; then draw_anchors()."""
-    if len(curves) > len(COLOURS):
-        raise ValueError(f"{len(curves)} curves in one panel, {len(COLOURS)} colours")
     quiet = iter(COLOURS)
     curves = sorted(curves, key=lambda curve: scale(curve[1]) != HEADLINE)
     for i, (label, runs) in enumerate(curves):
@@ -242,13 +239,18 @@ def main(argv=None):
     # not results/<figure>.png: run from the repository's root, that is a committed figure
     args.out = f"{figure}.png" if args.out is None else args.out
     try:
-        run_dirs = runs_among(args.run_dirs)
+        run_dirs = [d for d in args.run_dirs if has_epochs(d)]
     except ValueError as e:
         p.error(str(e))
     if not run_dirs:
         p.error("none of the given folders holds a progress.csv with an epoch in it")
     if args.scaling and not group_runs(run_dirs, args.scaling):
         p.error(f"none of the given runs is of {args.scaling}")
+    envs = [key[0] for key in group_runs(run_dirs)]  # a curve per group in its env's panel
+    if max(map(envs.count, envs)) > len(COLOURS):
+        p.error(f"more than {len(COLOURS)} curves in one panel: give fewer runs of one task")
+    if args.gap and {key[:3] for key in group_runs(run_dirs)} != {("FetchPush-v4", 8, 2)}:
+        p.error("--gap compares FetchPush-v4 runs at 8 x 2 with the port's: give only those")
     if (args.runs or args.gap) and not args.table:
         p.error("--runs and --gap are tables only: add --table")
     if args.table:

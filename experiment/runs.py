@@ -14,35 +14,26 @@ import json
 import os
 import sys
 
-if __package__ in (None, ""):  # run as a file, not with -m: import from the repository's root
-    sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))  # run as a file too
 import numpy as np
 
 from experiment import not_a_command
 
-not_a_command(__name__, "plot.py reads run folders through it; use python -m experiment.plot "
-              "RUN_DIR ... (--table for a table)")
+not_a_command(__name__)
 
 
 def has_epochs(run_dir):
-    """Whether run_dir's progress.csv holds an epoch (a run just started has only its header)."""
+    """Whether run_dir holds a run with an epoch (a glob such as results/* names other files too;
+    a run just started has only progress.csv's header), read whole once; ValueError naming a
+    run_dir that is not there or whose files are not what train.py writes."""
     path = os.path.join(run_dir, "progress.csv")
-    with open(path if os.path.exists(path) else os.devnull) as f:  # none: no epoch either
-        return sum(1 for _ in f) > 1
-
-
-def runs_among(paths):
-    """The paths that hold a run with an epoch (a glob such as results/* names other files too),
-    each read once first; ValueError naming a path that is not there or cannot be read."""
-    for path in paths:
-        try:
-            os.stat(path)  # FileNotFoundError where there is nothing
-            if has_epochs(path):
-                read_run(path)
-        except Exception as e:  # whatever fails, it fails on this path's files
-            raise ValueError(f"{path}: not a run folder of train.py ({type(e).__name__}: {e}); "
-                             "give folders that train.py wrote") from None
-    return [path for path in paths if has_epochs(path)]
+    try:
+        os.stat(run_dir)  # FileNotFoundError where there is nothing
+        with open(path if os.path.exists(path) else os.devnull) as f:  # none: no epoch either
+            return sum(1 for _ in f) > 1 and bool(read_run(run_dir))
+    except Exception as e:  # whatever fails, it fails on run_dir's files
+        raise ValueError(f"{run_dir}: not a run folder of train.py ({type(e).__name__}: {e}); "
+                         "give folders that train.py wrote") from None
 
 
 def read_run(run_dir):
@@ -53,35 +44,27 @@ def read_run(run_dir):
         rows = list(csv.DictReader(f))
     if not rows:
         raise ValueError(f"{run_dir}/progress.csv has no epochs yet")
-    n_ranks = cfg.get("n_ranks") or ranks_from_episodes(cfg, rows[0])  # older runs lack it
-    T = int(rows[0]["total/timesteps"]) // int(rows[0]["total/episodes"])
+    # older runs lack n_ranks: after epoch e total/episodes = (e + 1) n_cycles num_env n_ranks
+    first, episodes = rows[0], int(rows[0]["total/episodes"])
+    n_ranks = cfg.get("n_ranks") or episodes // (
+        (int(first["epoch"]) + 1) * cfg["n_cycles"] * cfg["num_env"])
+    T = int(first["total/timesteps"]) // episodes
+    # when it first started, "YYYY-MM-DD HH:MM:SS" off log.txt's first line, which train.py
+    # writes as "# <date> <time>: <command>"; "" for a run without log.txt (older runs)
+    log = os.path.join(run_dir, "log.txt")
+    with open(log if os.path.exists(log) else os.devnull) as f:
+        started = f.readline()
 
     def column(key, kind=float):
         return np.array([kind(row[key]) for row in rows])
     epoch_s = column("time/epoch_s")
-    return dict(dir=run_dir, started=run_started(run_dir), env=cfg["env"], n_ranks=n_ranks,
-                num_env=cfg["num_env"], variant=run_variant(cfg), seed=cfg["seed"],
-                n_epochs=cfg["n_epochs"], n_cycles=cfg["n_cycles"], n_batches=cfg["n_batches"],
-                T=T, epoch=column("epoch", int), success=column("test/success_rate"),
-                episodes=column("total/episodes"), steps=column("total/timesteps"),
-                epoch_s=epoch_s,
+    return dict(dir=run_dir, started=started[2:21] if started.startswith("# ") else "",
+                env=cfg["env"], n_ranks=n_ranks, num_env=cfg["num_env"], variant=run_variant(cfg),
+                seed=cfg["seed"], n_epochs=cfg["n_epochs"], n_cycles=cfg["n_cycles"],
+                n_batches=cfg["n_batches"], T=T, epoch=column("epoch", int),
+                success=column("test/success_rate"), episodes=column("total/episodes"),
+                steps=column("total/timesteps"), epoch_s=epoch_s,
                 hours=np.cumsum(epoch_s) / 3600.)  # training time only: not the pauses between
-
-
-def ranks_from_episodes(cfg, row):
-    """The number of ranks of a run whose config.json does not record it: total/episodes counts
-    all ranks, after epoch e (e+1) * n_cycles * num_env * n_ranks."""
-    episodes_per_rank = (int(row["epoch"]) + 1) * cfg["n_cycles"] * cfg["num_env"]
-    return int(row["total/episodes"]) // episodes_per_rank
-
-
-def run_started(run_dir):
-    """When the run first started, "YYYY-MM-DD HH:MM:SS" off log.txt's first line, which train.py
-    writes as "# <date> <time>: <command>"; "" for a run without log.txt (older runs)."""
-    path = os.path.join(run_dir, "log.txt")
-    with open(path if os.path.exists(path) else os.devnull) as f:  # none: ""
-        first = f.readline()
-    return first[2:21] if first.startswith("# ") else ""
 
 
 def run_variant(cfg):

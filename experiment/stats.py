@@ -15,14 +15,12 @@ Test: `python -m pytest -q tests/test_stats.py`.
 import os
 import sys
 
-if __package__ in (None, ""):  # run as a file, not with -m: import from the repository's root
-    sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))  # run as a file too
 import numpy as np
 
 from experiment import not_a_command
 
-not_a_command(__name__, "plot.py's tables use it; use python -m experiment.plot RUN_DIR ... "
-              "--suite --table")
+not_a_command(__name__)
 PERCENTILE_METHOD = "linear"  # numpy's default: interpolate between the two nearest ranks
 
 

@@ -51,8 +51,9 @@ class TestPlay:
     def test_save_video_bad_input_gets_one_line_and_writes_nothing(self, tmp_path):
         path = saved_reach_policy(tmp_path)
         args = [path, "--n_test_rollouts", "1"]
-        cases = [(args + ["--save_video", str(tmp_path / "no" / "dir.gif")], {}, "not writable"),
-                 (args + ["--save_video", str(tmp_path / "out.avi")], {}, "only animated GIFs"),
+        cases = [(args + ["--save_video", str(tmp_path / "reach.npz" / "x.gif")], {},
+                  "is not a writable folder"),
+                 (args + ["--save_video", str(tmp_path / "out.avi")], {}, "writes only .gif files"),
                  (["--save_video", str(tmp_path / "x.gif")], {}, "POLICY.npz"),
                  (args + ["--save_video", str(tmp_path / "x.gif")], {"MUJOCO_GL": "nonsense"},
                   "cannot render off screen")]
