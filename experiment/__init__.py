@@ -1,10 +1,10 @@
 """What a user runs beside training (openai/baselines keeps its own in `her/experiment/`), and
 what those commands share.
 
-The commands, `python -m experiment.X` or `python experiment/X.py`: play.py (a saved policy's
-success rate, window or GIF), demos.py, plot.py (runs.py, plot_tables.py and stats.py are its
-library) and bench.py. Shared here: Ctrl-C is one line and exit code 130 (run_command); an
-output is checked before any work and not written over without --force (check_output).
+The commands, each `python -m experiment.<tool>` or `python experiment/<tool>.py`: play.py,
+demos.py, plot.py (runs.py, plot_tables.py and stats.py are its library) and bench.py. Shared
+here: Ctrl-C is one line and exit code 130 (run_command); an output is checked before any work
+and not written over without --force (check_output).
 Test: `python -m pytest -q tests/test_tools.py`.
 """
 import os

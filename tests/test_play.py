@@ -53,7 +53,7 @@ class TestPlay:
         args = [path, "--n_test_rollouts", "1"]
         cases = [(args + ["--save_video", str(tmp_path / "reach.npz" / "x.gif")], {},
                   "is not a writable folder"),
-                 (args + ["--save_video", str(tmp_path / "out.avi")], {}, "writes only .gif files"),
+                 (args + ["--save_video", str(tmp_path / "out.avi")], {}, "writes only .gif"),
                  (["--save_video", str(tmp_path / "x.gif")], {}, "POLICY.npz"),
                  (args + ["--save_video", str(tmp_path / "x.gif")], {"MUJOCO_GL": "nonsense"},
                   "cannot render off screen")]

@@ -4,9 +4,10 @@ No baselines counterpart (baselines' her/experiment/ tools end in tracebacks). F
 command (play, demos, plot, bench) with a missing, empty, wrong and already existing input or
 output ends in one line on stderr and exit code 2, making nothing and changing no byte (the
 sha256 of every file before and after), or runs correctly; Ctrl-C ends it with one line and exit
-code 130; --render with no display names --save_video; each runs as `python -m experiment.X` and
-as `python experiment/X.py`, from the root and from another folder; plot.py's libraries (runs,
-plot_tables, stats) name plot.py. Every expected answer is written here, none read from the code.
+code 130; --render with no display names --save_video; each runs as `python -m
+experiment.<tool>` and as `python experiment/<tool>.py`, from the root and from another folder;
+plot.py's libraries (runs, plot_tables, stats) name plot.py. Every expected answer is written
+here, none read from the code.
 
 Run: `python -m pytest -q tests/test_tools.py` (-m "not slow": no env, no MPI; about 30 s).
 """
@@ -204,32 +205,32 @@ def add_policies(tmp):
 class TestToolsRefuseOrRun:
     """Every case of the tables: one line and exit code 2 with nothing changed, or done."""
 
-    def test_plot(self, tmp):
+    def test_plot_refuses_or_draws_every_case(self, tmp):
         for case in PLOT_CASES:
             check_case("plot", tmp, case)
 
-    def test_demos(self, tmp):
+    def test_demos_refuses_before_making_an_env(self, tmp):
         for case in DEMOS_CASES:
             check_case("demos", tmp, case)
 
-    def test_play(self, tmp):
+    def test_play_refuses_before_mpi_or_mujoco(self, tmp):
         add_policies(tmp)
         for case in PLAY_CASES:
             check_case("play", tmp, case, env=NO_DISPLAY)
 
-    def test_bench(self, tmp):
+    def test_bench_refuses_bad_flags(self, tmp):
         for case in BENCH_CASES:
             check_case("bench", tmp, case)
 
     @pytest.mark.slow
-    def test_play_with_mpi_and_an_env(self, tmp):
+    def test_play_refuses_a_bad_policy_or_plays(self, tmp):
         add_policies(tmp)
         env = {k: v for k, v in os.environ.items() if k not in ("MUJOCO_GL", "DISPLAY")}
         for case in PLAY_SLOW_CASES:
             check_case("play", tmp, case, env=env)  # no screen: EGL for --save_video
 
     @pytest.mark.slow
-    def test_demos_with_an_env(self, tmp):
+    def test_demos_refuses_an_unknown_env_or_writes(self, tmp):
         for case in DEMOS_SLOW_CASES:
             check_case("demos", tmp, case)
 
@@ -278,7 +279,7 @@ def after(seconds):
 
 
 class TestCtrlC:
-    """Ctrl-C: `X.py: stopped by Ctrl-C (SIGINT)`, exit code 130, no traceback, no output."""
+    """Ctrl-C: `<tool>.py: stopped by Ctrl-C (SIGINT)`, exit code 130, no traceback, no output."""
 
     def test_ctrl_c_while_plot_reads_a_run(self, tmp):
         """progress.csv a FIFO that nothing writes: plot.py waits in reading it, a point inside
