@@ -11,13 +11,13 @@ rank, the watchdog, does what the main thread cannot while it waits:
     job (MPI_Abort), so every rank on every host exits. Time this process spent suspended
     (Ctrl-Z) does not count. As Horovod's stall inspector warns and then shuts a job down, and
     PyTorch's process groups time a collective out (there: 60 s to warn; 10 or 30 minutes).
-  * it takes SIGINT, SIGTERM and SIGUSR1 (set_wakeup_fd hands it each signal the moment it
-    arrives). While the run starts (`starting`: until its env processes have started and before
-    its folder is written) one ends it at once, exit code 130 (a job of one rank through its
-    main thread, which finalises MPI). After that the first asks the loop to stop safely at
-    the end of the cycle (`requested`, read once per cycle by run.Run.end_cycle), the second
-    ends the rank at once, exit code 130, its env processes killed, also while the main thread
-    waits in MPI.
+  * it takes SIGINT, SIGTERM, SIGUSR1 and SIGHUP (set_wakeup_fd hands it each signal the moment
+    it arrives; a SIGHUP that nohup ignored stays ignored). While the run starts (`starting`:
+    until its env processes have started and before its folder is written) one ends it at
+    once, exit code 130 (a job of one rank through its main thread, which finalises MPI). After
+    that the first asks the loop to stop safely at the end of the cycle (`requested`, read once
+    per cycle by run.Run.end_cycle), the second ends the rank at once, exit code 130, its env
+    processes killed, also while the main thread waits in MPI.
 
 Test: `python -m pytest -q tests/test_watchdog.py`.
 """
@@ -34,9 +34,9 @@ from harness.errors import Interrupted
 TICK_S = 0.5  # how often the watchdog looks at the clock
 WARN_FRACTION = 0.25  # the warning comes after this fraction of --mpi_timeout
 ABORT_PATIENCE_S = 10.  # MPI_Abort that has not ended this process by then: exit anyway
-# Ctrl-C, kill or scancel, and the signal a Slurm batch script passes on before the time limit
-# (Open MPI's mpirun aborts the job on SIGINT and SIGTERM, but forwards SIGUSR1 to the ranks)
-SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
+# Ctrl-C, kill or scancel, the signal a Slurm batch script passes on before the time limit (Open
+# MPI's mpirun aborts the job on SIGINT and SIGTERM, but forwards SIGUSR1) and a closed terminal
+SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGHUP)
 
 
 class Watchdog:
@@ -57,9 +57,12 @@ class Watchdog:
         self._read_fd, self._write_fd = os.pipe()
         os.set_blocking(self._write_fd, False)
         self._old_wakeup_fd = signal.set_wakeup_fd(self._write_fd, warn_on_full_buffer=False)
-        # The watchdog thread acts on every signal; the Python-level handler only on one that
-        # stops a one-rank job while it starts (_in_main_thread).
-        self._old_handlers = {sig: signal.signal(sig, self._in_main_thread) for sig in SIGNALS}
+        # The watchdog thread acts on every signal, the handler here only on a one-rank job's
+        # while it starts (_in_main_thread); on SIGHUP ours replaces UCX's (MPI_Init's: DEBUG)
+        handlers = dict.fromkeys(SIGNALS, self._in_main_thread)
+        if signal.getsignal(signal.SIGHUP) == signal.SIG_IGN:  # nohup: Python's record at start
+            handlers[signal.SIGHUP] = signal.SIG_IGN  # stays ignored: the run goes on
+        self._old_handlers = {sig: signal.signal(sig, h) for sig, h in handlers.items()}
         self._closing = False
         self._thread = threading.Thread(target=self._watch, name="watchdog", daemon=True)
         self._thread.start()

@@ -5,7 +5,8 @@ stopped with SIGSTOP (a hung node) under `mpirun -np 2` must end the job within 
 plus a few seconds, with the line naming the call, leaving no process, and --resume must go
 on; without a limit, two SIGINTs to the rank that waits must end it at once; a lone process
 with a fake collective that never returns is ended, and time it spent suspended is not
-counted. The lost host (two network namespaces, the wire set down mid-epoch) is in
+counted; SIGHUP (a closed terminal) stops a run saved, without UCX's DEBUG lines, but not one
+started under nohup. The lost host (two network namespaces, the wire set down mid-epoch) is in
 tests/test_two_hosts.py.
 
 Run: `python -m pytest -q tests/test_watchdog.py` (from the repository's root).
@@ -20,9 +21,11 @@ import time
 
 import pytest
 
+from harness import checkpoint
 from harness.launch import launched
 from tests.helpers import (
     ROOT,
+    arrays_of,
     assert_main_refuses,
     hang_guard,
     read_progress,
@@ -35,6 +38,9 @@ from tests.helpers import (
 # A 2-rank FetchReach run long enough to be stopped in the middle (20 epochs of 5 cycles).
 LONG_RUN = ("--num_env", "2", "--n_epochs", "20", "--n_cycles", "5", "--n_batches", "20",
             "--n_test_rollouts", "1", "--seed", "4")
+# Short cycles (2 updates each) of a small buffer: a run that a signal finds a few epochs in.
+QUICK_RUN = ("--num_env", "2", "--n_cycles", "5", "--n_batches", "2", "--n_test_rollouts", "1",
+             "--buffer_size", "1000", "--seed", "4")
 
 
 def processes_marked(mark):
@@ -73,12 +79,14 @@ def rank_pid(mark, rank):
 
 
 @contextlib.contextmanager
-def marked_job(cmd, mark):
-    """The job started with HER_TEST_JOB=mark in its environment; whatever of it is left at the
-    end is killed, and the segment in /dev/shm it could not remove is."""
+def marked_job(cmd, mark, sighup=signal.SIG_DFL):
+    """The job started with HER_TEST_JOB=mark in its environment and SIGHUP as `sighup` (a
+    terminal's job has it SIG_DFL; nohup's, SIG_IGN); whatever of it is left at the end is
+    killed, and the segment in /dev/shm it could not remove is."""
     before = shm_entries()
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, env=dict(os.environ, HER_TEST_JOB=mark))
+                            text=True, env=dict(os.environ, HER_TEST_JOB=mark),
+                            preexec_fn=lambda: signal.signal(signal.SIGHUP, sighup))
     try:
         yield proc
     finally:
@@ -153,6 +161,45 @@ class TestWatchdog:
         assert took < 15, (took, out[-3000:])
         assert "SIGINT again: stopped at once, without saving; --resume" in out, out[-3000:]
         assert "Traceback" not in out, out[-3000:]
+
+    @pytest.mark.slow
+    @pytest.mark.parametrize("n_ranks", [1, 2])
+    def test_sighup_stops_the_run_saved_at_the_cycle_end_without_ucx_debug_lines(self, tmp_path,
+                                                                                  n_ranks):
+        """A closed terminal or a dropped ssh session (SIGHUP) is a stop like SIGTERM: to the
+        process of a one-rank run, or to rank 1 alone of two (the ranks agree on the stop at
+        the cycle's end). Before, MPICH's UCX had its own handler there, which turns UCX's log
+        to DEBUG: the run went on, and at its end came some 240 lines 'UCX  DEBUG ...'."""
+        logdir, mark = str(tmp_path / "run"), f"sighup{n_ranks}-{os.getpid()}"
+        with marked_job(train_cmd(*QUICK_RUN, "--n_epochs", "50", "--logdir", logdir,
+                                  n_ranks=n_ranks), mark) as proc:
+            wait_for_epoch(proc, logdir)
+            os.kill(rank_pid(mark, 1) if n_ranks == 2 else proc.pid, signal.SIGHUP)
+            with hang_guard(120):
+                out, _ = proc.communicate()
+        assert proc.returncode == 130, out[-3000:]
+        assert out.count("interrupted in epoch") == 1, out[-3000:]
+        assert f"continue with --resume {logdir}" in out, out[-3000:]
+        assert "UCX" not in out and "DEBUG" not in out, out[-3000:]
+        for rank in range(n_ranks):
+            assert int(arrays_of(checkpoint.checkpoint_path(logdir, rank))["cycle"]) > 0
+
+    @pytest.mark.slow
+    def test_a_run_started_under_nohup_goes_on_through_sighup(self, tmp_path):
+        """nohup's promise kept: SIGHUP ignored when the run started stays ignored (UCX puts its
+        handler there in MPI_Init; the watchdog ignores it again), so the run ends as if no
+        signal had come, with every epoch and no DEBUG line."""
+        logdir, mark = str(tmp_path / "run"), f"nohup-{os.getpid()}"
+        with marked_job(train_cmd(*QUICK_RUN, "--n_epochs", "12", "--logdir", logdir), mark,
+                        sighup=signal.SIG_IGN) as proc:
+            wait_for_epoch(proc, logdir)
+            proc.send_signal(signal.SIGHUP)
+            rows_when_signalled = len(read_progress(logdir))
+            with hang_guard(120):
+                out, _ = proc.communicate()
+        assert proc.returncode == 0 and "Done: best test success rate" in out, out[-3000:]
+        assert "UCX" not in out and "DEBUG" not in out, out[-3000:]
+        assert rows_when_signalled < len(read_progress(logdir)) == 12
 
     def test_a_collective_that_never_returns_is_ended_but_not_while_suspended(self, tmp_path):
         """One process, a communicator whose Allreduce never returns and whose Abort exits 7:
