@@ -59,10 +59,12 @@ class ObservedComm:
 
 def one_blas_thread():
     """One BLAS thread in this process and in the env processes it starts, unless the variables
-    say otherwise: 19 ranks x 2 env processes on a few cores would only fight over the cores.
-    numpy has loaded its BLAS already, so threadpoolctl sets this process's."""
+    say otherwise: 19 ranks x 2 env processes on a few cores would only fight over the cores. A
+    value that is no count of at least 1 ('', as some module files leave it; 'abc'; '0'; '-1')
+    counts as unset. numpy has loaded its BLAS already, so threadpoolctl sets this process's."""
     for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-        os.environ.setdefault(name, "1")
+        if not os.environ.get(name, "").isdecimal() or int(os.environ[name]) < 1:
+            os.environ[name] = "1"  # set, not left as it was: env processes inherit it
     threadpool_limits(int(os.environ["OPENBLAS_NUM_THREADS"]))
 
 

@@ -5,7 +5,8 @@ Mirrors openai/baselines `common/mpi_util.py`'s role: under real mpirun, a rank 
 ends every rank with one traceback (abort_job waits until the traceback has been read), and
 the /dev/shm segment an aborted job orphans is found and removed while a running job's is kept.
 ONE_RANK answers as MPI.COMM_WORLD of a one-process job does, and the files at the top import
-nothing but each other, numpy and the standard library (train.py and the tests aside).
+nothing but each other, numpy and the standard library (train.py and the tests aside). A thread
+variable that names no count (empty, 'abc', '0', '-1') counts as unset: one BLAS thread.
 
 Run: `python -m pytest -q tests/test_mpi_util.py` (from the repository's root).
 """
@@ -189,6 +190,45 @@ class TestMpiUtil:
             writer.flush()
             mpi_util.wait_until_pipes_read([io.StringIO(), writer], patience_s=0.1)
             assert mpi_util.unread_bytes(writer.fileno()) == 100
+
+
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+# one_blas_thread in a fresh process; then what it and a process it starts (as an env process)
+# see: the variables, and (threadpoolctl) the BLAS threads
+VARIABLES_AND_BLAS_THREADS = f"""
+import os, subprocess, sys
+from threadpoolctl import threadpool_info
+from harness.mpi_util import one_blas_thread
+one_blas_thread()
+print([os.environ[name] for name in {THREAD_VARIABLES}],
+      [pool["num_threads"] for pool in threadpool_info() if pool["user_api"] == "blas"])
+subprocess.run([sys.executable, "-c", "import os; print([os.environ[name] for name in "
+                "{THREAD_VARIABLES}])"], check=True)
+"""
+
+
+class TestOneBlasThread:
+    """harness/mpi_util.py's one_blas_thread."""
+
+    @pytest.mark.parametrize("value, count", [("", "1"), ("abc", "1"), ("0", "1"), ("-1", "1"),
+                                              ("2", "2")])
+    def test_a_thread_variable_that_names_no_count_counts_as_unset(self, value, count):
+        """Each variable set to `value` (empty, as some cluster module files leave them): the
+        count in force in the variables, in this process's BLAS and in a process it starts."""
+        env = dict(os.environ, **dict.fromkeys(THREAD_VARIABLES, value))
+        proc = subprocess.run([sys.executable, "-c", VARIABLES_AND_BLAS_THREADS], cwd=ROOT,
+                              env=env, capture_output=True, text=True, timeout=60)
+        assert proc.stdout == f"{[count] * 3} [{count}]\n{[count] * 3}\n", proc.stderr
+
+    @pytest.mark.slow
+    def test_a_run_starts_with_empty_and_unreadable_thread_variables(self, tmp_path):
+        """Before, int('') in one_blas_thread ended train.py with a ValueError traceback."""
+        env = dict(os.environ, OMP_NUM_THREADS="", OPENBLAS_NUM_THREADS="abc", MKL_NUM_THREADS="")
+        proc = subprocess.run(train_cmd("--n_epochs", "1", "--n_cycles", "2", "--n_batches", "2",
+                                        "--n_test_rollouts", "1", "--buffer_size", "1000",
+                                        "--logdir", str(tmp_path / "run")),
+                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
 
 
 # ---------------------------------------------------------------- ONE_RANK, and MPI kept out
