@@ -15,9 +15,8 @@ CTRL_C = "stopped by Ctrl-C (SIGINT)"
 
 
 def run_command(main, prog):
-    """Exit with main()'s exit code; after Ctrl-C with one line and 130 (a shell's code for
-    SIGINT), also where a library turned the KeyboardInterrupt into another error (MuJoCo's
-    import turns it into an ImportError)."""
+    """Exit with main()'s exit code; after Ctrl-C, with one line and 130, also where a library
+    made the KeyboardInterrupt another error (one in MuJoCo's import comes out as ImportError)."""
     interrupted = []
 
     def on_sigint(*_):
@@ -44,15 +43,13 @@ def check_output(p, flag, path, force, suffix):
     if not path.lower().endswith(suffix):
         p.error(f"{flag} {path!r}: writes only {suffix} files; give a path ending in {suffix}")
     if os.path.exists(path) and not force:
-        p.error(f"{flag} {path}: the file exists; pass --force to write over it, or give "
-                "another path")
+        p.error(f"{flag} {path}: the file exists; pass --force to write over it, or another path")
     if not (os.path.isdir(folder) and os.access(folder, os.W_OK)):
         p.error(f"{flag} {path}: {folder} is not a writable folder; give a path in one")
 
 
 def not_a_command(name):
-    """Called by plot.py's libraries with their __name__: run as a command, one line naming
-    plot.py, exit code 2."""
+    """Called by plot.py's libraries with their __name__: run as commands, they name plot.py."""
     if name == "__main__":
         print(f"{os.path.basename(sys.argv[0])} is plot.py's library, not a command: use "
               "python -m experiment.plot RUN_DIR ... (--table for its tables)", file=sys.stderr)

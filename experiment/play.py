@@ -110,11 +110,10 @@ def play(cfg, args, comm):
 
 
 def check_rendering(p, args):
-    """Parser p stops play.py in one line, before MPI or an env process, where it cannot render as
-    asked: --render opens a window through GLFW (MuJoCo's window library, loaded here without
-    MuJoCo: with no display MuJoCo's own window ends in a C assertion); --save_video renders off
-    screen through MUJOCO_GL, set to EGL where there is no display (before MuJoCo reads it, once,
-    and env processes inherit it)."""
+    """Parser p stops play.py in one line, before MPI or an env process, where it cannot render:
+    --render's window through GLFW (MuJoCo's window library, here without MuJoCo, whose own
+    window ends in a C assertion with no display); --save_video off screen through MUJOCO_GL,
+    EGL where there is no display (set before MuJoCo reads it, once; env processes inherit it)."""
     if args.save_video and "MUJOCO_GL" not in os.environ and not os.environ.get("DISPLAY"):
         os.environ["MUJOCO_GL"] = "egl"
     if args.render:

@@ -70,10 +70,9 @@ def anchors_cell(env, variant):
     """env's ANCHORS for runs of variant, a clause per source: "PyTorch port, 8x2 (...): ..."."""
     by_label = {}
     for source, n_ranks, num_env, a_variant, epoch, success in ANCHORS.get(env, []):
-        if a_variant != variant:
-            continue
-        label = anchor_label(source, n_ranks, num_env, variant)
-        by_label.setdefault(label, []).append(f"{success:.2f} after {epoch}")
+        if a_variant == variant:
+            label = anchor_label(source, n_ranks, num_env, variant)
+            by_label.setdefault(label, []).append(f"{success:.2f} after {epoch}")
     return "; ".join(f"{label}: {', '.join(marks)}" for label, marks in by_label.items()) or "none"
 
 
