@@ -238,10 +238,15 @@ def main(argv=None):
     figure = "scaling" if args.scaling else "suite" if args.suite else "curves"
     # not results/<figure>.png: run from the repository's root, that is a committed figure
     args.out = f"{figure}.png" if args.out is None else args.out
-    try:
-        run_dirs = [d for d in args.run_dirs if has_epochs(d)]
-    except ValueError as e:
-        p.error(str(e))
+    for run_dir in args.run_dirs:  # each read once first: one that is not a run is one line
+        try:
+            os.stat(run_dir)  # FileNotFoundError where there is nothing
+            if has_epochs(run_dir):  # a glob such as results/* names other files too
+                plot_tables.read_run(run_dir)  # runs.read_run
+        except Exception as e:  # whatever fails, it fails on run_dir's files
+            p.error(f"{run_dir}: not a run folder of train.py ({type(e).__name__}: {e}); give "
+                    "folders that train.py wrote")
+    run_dirs = [d for d in args.run_dirs if has_epochs(d)]
     if not run_dirs:
         p.error("none of the given folders holds a progress.csv with an epoch in it")
     if args.scaling and not group_runs(run_dirs, args.scaling):
