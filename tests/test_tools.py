@@ -11,7 +11,6 @@ here, none read from the code.
 
 Run: `python -m pytest -q tests/test_tools.py` (-m "not slow": no env, no MPI; about 30 s).
 """
-import hashlib
 import os
 import signal
 import subprocess
@@ -23,6 +22,7 @@ import pytest
 
 from harness import files
 from tests.helpers import ROOT, fetch_reach_policy
+from tests.test_bad_input import tree_hashes  # {path below a folder: sha256} of its files
 from tests.test_plot_bench import write_synthetic_run
 
 REFUSED, WRITES, PRINTS = "refused", "writes", "prints"  # what a case must do
@@ -46,17 +46,6 @@ def run_tool(tool, args, cwd, form="file", env=None, timeout=120):
     return proc.returncode, proc.stdout, proc.stderr
 
 
-def snapshot(folder):
-    """{path below folder: sha256} of every file there."""
-    found = {}
-    for top, _, names in os.walk(folder):
-        for name in names:
-            path = os.path.join(top, name)
-            with open(path, "rb") as f:
-                found[os.path.relpath(path, folder)] = hashlib.sha256(f.read()).hexdigest()
-    return found
-
-
 def assert_one_line(rc, out, err, code, phrase):
     """Exit code `code`, nothing on stdout, one line on stderr holding phrase, no traceback."""
     lines = [line for line in err.splitlines() if line.strip()]
@@ -67,9 +56,9 @@ def assert_one_line(rc, out, err, code, phrase):
 def check_case(tool, tmp, case, form="file", env=None):
     """Run one case (args, cwd below tmp, what it must do, phrase or path) and hold it to it."""
     args, cwd, expect, what = case
-    before = snapshot(tmp)
+    before = tree_hashes(tmp)
     rc, out, err = run_tool(tool, args, os.path.join(tmp, cwd), form, env)
-    after = snapshot(tmp)
+    after = tree_hashes(tmp)
     if expect == REFUSED:
         assert_one_line(rc, out, err, 2, what)
         assert after == before, (args, set(after.items()) ^ set(before.items()))
