@@ -184,5 +184,11 @@ class ActorCritic:
         return dx_u / self.max_u if need_du else None
 
     def copy_from(self, other):
-        self.pi.theta[...] = other.pi.theta
-        self.Q.theta[...] = other.Q.theta
+        self.load_state(**other.state())
+
+    def state(self):
+        """The weights, for files (ddpg.DDPG.arrays)."""
+        return {"pi": self.pi.theta, "Q": self.Q.theta}
+
+    def load_state(self, pi, Q):
+        self.pi.theta[...], self.Q.theta[...] = pi, Q

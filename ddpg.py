@@ -132,6 +132,12 @@ def target_range(r_range, gamma, clip_return):
     return [Q_min if clip_return else -np.inf, Q_max]
 
 
+# What is saved of the agent (DDPG.arrays): a policy file holds its weights, targets and
+# normaliser sums; a checkpoint those, both Adams' moments and the replay buffer too.
+POLICY_PARTS = ("main", "target", "o_stats", "g_stats")
+CHECKPOINT_PARTS = (*POLICY_PARTS, "Q_adam", "pi_adam", "buffer")
+
+
 class DDPG:
     """DDPG + HER agent of one MPI rank: networks, targets, normalisers, replay buffer, Adams.
 
@@ -317,35 +323,33 @@ class DDPG:
                 "stats_g/mean": float(np.mean(self.g_stats.mean)),
                 "stats_g/std": float(np.mean(self.g_stats.std))}
 
-    # -------------------------------------------------- a policy: its arrays, both ways
+    # -------------------------------------------------- what is saved of the agent
+
+    def arrays(self, parts=POLICY_PARTS):
+        """{part/key: array} of the named parts' state(): what a policy file (POLICY_PARTS)
+        or a checkpoint (CHECKPOINT_PARTS) holds of the agent, named here alone."""
+        return {f"{name}/{key}": value for name in parts
+                for key, value in getattr(self, name).state().items()}
+
+    def load_arrays(self, arrays, parts=POLICY_PARTS):
+        """Inverse of arrays(). ValueError, naming the array, unless each is there with this
+        agent's dtype and shape (the buffer's: any number of episodes); then nothing is set."""
+        for key, own in self.arrays(parts).items():
+            got = arrays.get(key)
+            if got is None:
+                raise ValueError(f"no {key!r} array")
+            grows = int(key.startswith("buffer/") and own.ndim > 0)  # its episodes so far
+            if got.dtype != own.dtype or got.shape[grows:] != own.shape[grows:]:
+                raise ValueError(f"its {key!r} array is {got.dtype} {got.shape}, where this "
+                                 f"agent's is {own.dtype} {own.shape}: saved for another env, "
+                                 "network or configuration")
+        for name in parts:
+            part = getattr(self, name)
+            part.load_state(**{key: arrays[f"{name}/{key}"] for key in part.state()})
 
     def policy_arrays(self):
-        """What a policy file holds: the rebuild config, weights, targets, normaliser sums."""
-        arrays = {"config_json": np.array(json.dumps(self.policy_config()))}
-        for name, ac in (("main", self.main), ("target", self.target)):
-            arrays[f"{name}/pi"] = ac.pi.theta
-            arrays[f"{name}/Q"] = ac.Q.theta
-        for name, norm in (("o_stats", self.o_stats), ("g_stats", self.g_stats)):
-            for key, value in norm.state().items():
-                arrays[f"{name}/{key}"] = value
-        return arrays
-
-    def set_policy_arrays(self, arrays):
-        """Inverse of policy_arrays() (its config_json aside). ValueError, naming the array,
-        unless every array is there with the shape this agent's has; then nothing is set."""
-        for key, own in self.policy_arrays().items():
-            if key == "config_json":
-                continue
-            if key not in arrays:
-                raise ValueError(f"no {key!r} array")
-            if arrays[key].shape != own.shape:
-                raise ValueError(f"{key!r} has shape {arrays[key].shape}, expected {own.shape}; "
-                                 "was it saved for another env or network size?")
-        for name, ac in (("main", self.main), ("target", self.target)):
-            ac.pi.theta[...] = arrays[f"{name}/pi"]
-            ac.Q.theta[...] = arrays[f"{name}/Q"]
-        for name, norm in (("o_stats", self.o_stats), ("g_stats", self.g_stats)):
-            norm.load_state(**{key: arrays[f"{name}/{key}"] for key in norm.state()})
+        """What a policy file holds: the JSON that rebuilds the agent, then its arrays."""
+        return {"config_json": np.array(json.dumps(self.policy_config())), **self.arrays()}
 
     def policy_config(self):
         """What rebuilds this agent (from_policy): the task's dims, T and max_u, the resolved
@@ -362,12 +366,11 @@ class DDPG:
         Collective: the constructor broadcasts rank 0's weights (all ranks load one file)."""
         policy = cls(config_from_policy(policy_config), task, rng, comm,  # [MPI]
                      Q_range=policy_config["target_range"])
-        policy.set_policy_arrays(arrays)
+        policy.load_arrays(arrays)
         return policy
 
 
-# The arrays every policy file holds, and the keys of its config_json, in their order.
-POLICY_KEYS = ("config_json", "main/pi", "main/Q", "target/pi", "target/Q")
+# The keys of a policy file's config_json, in their order.
 POLICY_CONFIG = ("dims", "T", "max_u", "hidden", "layers", "Q_lr", "pi_lr", "polyak",
                  "batch_size", "action_l2", "clip_obs", "norm_eps", "norm_clip", "gamma",
                  "target_range", "buffer_size", "sync_check_interval", "env", "bc_loss",

@@ -95,7 +95,7 @@ class ReplayBuffer:
         return state
 
     def load_state(self, current_size, **buffers):
-        """Inverse of state(); other keys (an older checkpoint's counters) are ignored."""
+        """Inverse of state()."""
         self.current_size = int(current_size)
         for key, buf in self.buffers.items():
             buf[:self.current_size] = buffers[key]

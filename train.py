@@ -31,7 +31,6 @@ import time
 import numpy as np
 
 from ddpg import DDPG
-from harness.cli import parse_train_args
 from harness.files import set_policy_from_file
 from harness.mpi_util import mpi_average
 from harness.run import start_run
@@ -125,9 +124,8 @@ def learn(run):
 def main(argv=None):
     """Collective: `python train.py` on every rank. Bad input, a wrong launch or a stop end in
     one line and SystemExit with the exit code (harness/errors.py)."""
-    args = parse_train_args(argv)
-    # MPI, rank 0's configuration, the run folder and log.txt, the vec env
-    with start_run(args) as run:  # [MPI]
+    # MPI, the flags and rank 0's configuration, the input files, the run folder, the vec env
+    with start_run(argv) as run:  # [MPI]
         learn(run)  # [MPI]
 
 

@@ -25,10 +25,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))  # run as a file 
 import numpy as np
 
 from experiment import CTRL_C, check_output, run_command
-from harness.cli import ArgumentParser, config_flags, make_config, validate_config
+from harness.cli import ArgumentParser, config_flags, make_config
 from harness.errors import BadFileError, UsageError
-from harness.files import atomic_file, load_policy_arrays, policy_on_task
-from harness.goal_env import build_venv, check_policy_fits, describe_env
+from harness.files import atomic_file, check_policy_fits, load_policy_arrays, policy_on_task
+from harness.goal_env import build_venv, describe_env
 from harness.launch import start_mpi
 from harness.mpi_util import exits_together, mpi_average, one_blas_thread, raise_if_any_rank_failed
 from rollout import RolloutWorker
@@ -156,7 +156,7 @@ def main(argv=None):
 
     # Abort where one rank raises alone
     with exits_together(comm, "play.py", PLAY_ERRORS):  # [MPI]
-        cfg = validate_config(make_config(args))
+        cfg = make_config(args)
         play(cfg, args, comm)  # [MPI]
 
 

@@ -1,35 +1,42 @@
 """Checkpoints: every rank saves its whole state, and a resumed run goes on from it.
 
 No baselines counterpart: baselines cannot resume a run. A checkpoint is what continues a run
-bit for bit (the policy, both Adam states, this rank's replay buffer and random generator, the
-epoch's logs so far), one file per rank, written atomically (files.py) at the end of every epoch
-and on Ctrl-C, with the one before it kept beside it: a resumed run equals the run that was
-never stopped, byte for byte.
+bit for bit: the agent's arrays as ddpg.DDPG.arrays names them (CHECKPOINT_PARTS: weights,
+targets, normaliser sums, both Adams' moments, this rank's replay buffer), its update count and
+random generator, where the run is and the epoch's logs so far; one file per rank, written
+atomically (files.py) at the end of every epoch and on Ctrl-C, with the one before it kept
+beside it: a resumed run equals the run that was never stopped, byte for byte.
 
-Stopping safely is Run.end_cycle's (harness/run.py); what it looks
-for in each rank's losses and weights is nonfinite_names' here.
+What a resume checks, one check for each thing that happens to a run folder: a file cut or
+damaged does not load (zip's CRC, files.load_npz); a checkpoint whose arrays were edited fails
+its checksum; one of another configuration (config.json edited) differs in run_config; a
+progress.csv edited or cut fails its digest (logger.read_progress); the newest checkpoint lost
+in a stop mid-save leaves the one before it (common_position).
 
 Test: `python -m pytest -q tests/test_checkpoint.py`.
 """
 import dataclasses
-import hashlib
 import json
 import os
 
 import numpy as np
 
-from ddpg import DDPG
+from ddpg import CHECKPOINT_PARTS
 from harness.cli import RESUME_FLAGS
 from harness.errors import BadFileError, UsageError
-from harness.files import atomic_savez, load_npz, load_policy_arrays, set_policy_from_file
+from harness.files import (
+    atomic_savez,
+    check_policy_fits,
+    checksum,
+    load_demos,
+    load_npz,
+    load_policy_arrays,
+)
 from harness.logger import read_progress
 from harness.mpi_util import raise_if_any_rank_failed
-from mpi_adam import ONE_RANK
 
-# Where a checkpoint is in the run, read before the rest (every array is check_checkpoint's)
+# Where a checkpoint is in the run, read before the rest
 POSITION_KEYS = ("epoch", "cycle", "n_ranks")
-# Arrays whose first dimension grows with the run; older checkpoints lack the optional ones.
-GROWING, OPTIONAL = ("buffer/", "log/"), ("run_config", "log/progress_sha256", "checksum")
 
 
 def checkpoint_path(logdir, rank, previous=False):
@@ -37,75 +44,57 @@ def checkpoint_path(logdir, rank, previous=False):
     return os.path.join(logdir, "checkpoint", f"rank{rank}{'.prev' if previous else ''}.npz")
 
 
-def save_checkpoint(logdir, epoch, cycle, best, policy, workers, comm, losses=(), progress=""):
-    """Every rank writes its own complete state; (epoch, cycle) is where training resumes;
-    progress: the sha256 of progress.csv as rank 0 last wrote it. The checkpoint it replaces
-    becomes rank<r>.prev.npz first: a rank stopped mid-save, the others done, still has the
-    position they all share (save_on_every_rank's allgather after each save means no rank
-    starts the next save before every rank has finished this one)."""
+def save_checkpoint(logdir, position, policy, workers, comm, losses=(), progress=""):
+    """Every rank writes its own complete state; position: (epoch, cycle), where training
+    resumes, and the best test success rate so far; progress: the digest of progress.csv as
+    rank 0 last wrote it. The checkpoint it replaces becomes rank<r>.prev.npz first: a rank
+    stopped mid-save, the others done, still has the position they all share
+    (save_on_every_rank's allgather after each save means no rank starts the next save before
+    every rank has finished this one)."""
+    epoch, cycle, best = position
     # The epoch's logs so far (none at an epoch boundary, cycle 0): without them an epoch resumed
     # mid-way would log train/success_rate and the losses of its resumed cycles only.
     history = list(workers[0].success_history) if cycle > 0 else []
-    arrays = checkpoint_arrays(policy, (epoch, cycle, best, comm.Get_size()),
-                               [w.n_episodes for w in workers], history, losses, progress)
+    arrays = policy.arrays(CHECKPOINT_PARTS)
+    arrays.update({"n_updates": np.array(policy.n_updates),
+                   "rng_json": np.array(json.dumps(policy.rng.bit_generator.state)),
+                   "log/train_success_history": np.array(history, np.float64),
+                   # (critic, actor) per update
+                   "log/train_losses": np.array(losses, np.float64).reshape(-1, 2),
+                   "log/progress_sha256": np.array(progress),
+                   "run_config": np.array(json.dumps(run_settings(policy.cfg))),
+                   "epoch": np.array(epoch), "cycle": np.array(cycle), "best": np.array(best),
+                   "n_ranks": np.array(comm.Get_size()),
+                   "n_episodes": np.array([w.n_episodes for w in workers])})
+    arrays["checksum"] = np.array(checksum(arrays))
     rank = comm.Get_rank()
     atomic_savez(checkpoint_path(logdir, rank), arrays,
                  keep_previous=checkpoint_path(logdir, rank, previous=True))
 
 
-def checkpoint_arrays(policy, position, n_episodes, history=(), losses=(), progress=""):
-    """Every array of a checkpoint, named here only: save_checkpoint writes them, and
-    check_checkpoint holds a file against those of an agent built from config.json."""
-    arrays = agent_arrays(policy)
-    arrays["log/train_success_history"] = np.array(history, np.float64)
-    arrays["log/train_losses"] = np.array(losses, np.float64).reshape(-1, 2)  # (critic, actor)
-    arrays["log/progress_sha256"] = np.array(progress)
-    arrays["run_config"] = np.array(json.dumps(run_settings(policy.cfg)))
-    epoch, cycle, best, n_ranks = position
-    arrays.update(epoch=np.array(epoch), cycle=np.array(cycle), best=np.array(best),
-                  n_ranks=np.array(n_ranks), n_episodes=np.array(n_episodes))
-    arrays["checksum"] = np.array(checksum(arrays))
-    return arrays
-
-
-def checksum(arrays):
-    """sha256 over every array but "checksum" (name, dtype, shape, bytes), so that a checkpoint
-    edited by hand, one array or one number, is refused rather than resumed."""
-    digest = hashlib.sha256()
-    for key in sorted(set(arrays) - {"checksum"}):
-        value = np.ascontiguousarray(arrays[key])
-        digest.update(f"{key} {value.dtype.str} {value.shape}".encode())
-        digest.update(value.reshape(-1).view(np.uint8))
-    return digest.hexdigest()
-
-
 def run_settings(cfg):
-    """The settings a checkpoint is bound to: all but how long the run goes on and where its
-    folder is (a run folder may be moved, and resumed there)."""
-    return {k: v for k, v in dataclasses.asdict(cfg).items()
-            if k not in RESUME_FLAGS and k != "logdir"}
+    """The settings a checkpoint is bound to, as JSON has them: all but how long the run goes on
+    and where its folder is (a run folder may be moved, and resumed there)."""
+    return json.loads(json.dumps({k: v for k, v in dataclasses.asdict(cfg).items()
+                                  if k not in RESUME_FLAGS and k != "logdir"}))
 
 
-def agent_arrays(policy):
-    """The agent's whole training state; restore_agent() is its inverse."""
-    arrays = policy.policy_arrays()
-    for name, part in (("Q_adam", policy.Q_adam), ("pi_adam", policy.pi_adam),
-                       ("buffer", policy.buffer)):
-        arrays.update({f"{name}/{key}": value for key, value in part.state().items()})
-    arrays["n_updates"] = np.array(policy.n_updates)
-    arrays["rng_json"] = np.array(json.dumps(policy.rng.bit_generator.state))
-    return arrays
-
-
-def restore_agent(policy, arrays, path):
-    """Inverse of agent_arrays() (local: no MPI calls); `path` only names the file in errors."""
-    set_policy_from_file(policy, arrays, path)
-    for name, adam in (("Q_adam", policy.Q_adam), ("pi_adam", policy.pi_adam)):
-        adam.load_state(**{key: arrays[f"{name}/{key}"] for key in adam.state()})
-    policy.buffer.load_state(**{key[len("buffer/"):]: value for key, value in arrays.items()
-                                if key.startswith("buffer/")})
+def restore_checkpoint(arrays, path, policy, workers):
+    """Inverse of save_checkpoint (local: no MPI call): the agent and the workers (rollout
+    worker, evaluator) as saved; returns (epoch, cycle, best, the epoch's losses so far).
+    `path` names the file in the error."""
+    try:
+        policy.load_arrays(arrays, CHECKPOINT_PARTS)
+    except ValueError as e:
+        raise BadFileError(f"{path}: {e}") from None
     policy.n_updates = int(arrays["n_updates"])
     policy.rng.bit_generator.state = json.loads(str(arrays["rng_json"]))
+    for worker, n_episodes in zip(workers, arrays["n_episodes"], strict=True):
+        worker.n_episodes = int(n_episodes)
+    # the epoch so far: its training success history and (critic, actor) losses
+    workers[0].success_history.extend(arrays["log/train_success_history"])
+    losses = [tuple(row) for row in arrays["log/train_losses"]]
+    return int(arrays["epoch"]), int(arrays["cycle"]), float(arrays["best"]), losses
 
 
 def checkpoint_positions(run_dir, rank, n_ranks):
@@ -119,14 +108,14 @@ def checkpoint_positions(run_dir, rank, n_ranks):
             with np.load(path, allow_pickle=False) as data:
                 epoch, cycle, ranks = (int(data[key]) for key in POSITION_KEYS)
         except Exception:  # written whole or not at all, so damaged from outside: say so
-            read_checkpoint(path)  # raises the one-line BadFileError
+            load_npz(path, POSITION_KEYS, "checkpoint")  # raises the one-line BadFileError
             raise
         if ranks != n_ranks:
             raise UsageError(f"{path} was written by a run of {ranks} ranks; resume it with "
                              f"mpirun -np {ranks}, not {n_ranks}")
         positions.setdefault((epoch, cycle), path)
     if not positions:  # neither file: the one-line "no such file" of the newest
-        read_checkpoint(checkpoint_path(run_dir, rank))
+        load_npz(checkpoint_path(run_dir, rank), POSITION_KEYS, "checkpoint")
     return positions
 
 
@@ -146,75 +135,67 @@ def common_position(run_dir, positions, comm):
     return (epoch, cycle), note
 
 
-def load_checkpoint(run_dir, positions, comm, template):
-    """Collective: every rank loads its checkpoint of the newest (epoch, cycle) all ranks have
-    (positions: this rank's, checkpoint_positions'), checked against the run's configuration
-    (check_checkpoint; rank 0: progress.csv and the policies too). Returns its path, its
-    arrays, the rows of progress.csv the run keeps and common_position's note, or every rank
-    raises the first BadFileError's line."""
-    position, note = common_position(run_dir, positions, comm)  # [MPI]
-    path, arrays, rows, error = positions[position], None, [], None
+def read_inputs(cfg, task, args, comm):
+    """Collective: every file the flags name, read and checked on every rank before anything is
+    written or started, all ranks agreeing that they are good or all raising the first problem:
+    --resume's checkpoint (of the newest position every rank has: its checksum, its settings
+    against config.json; on rank 0 progress.csv and the policies too), --load_path's policy (its
+    task and networks against the flags), --demo_file's episodes (of this task). Returns what
+    the Run takes of them (its path, arrays and kept progress.csv rows for a checkpoint)."""
+    rank, resume, own = comm.Get_rank(), args.resume, run_settings(cfg)
+    inputs = dict(load_path=args.load_path, init_policy=None, demos=None, checkpoint=None,
+                  checkpoint_path=None, progress=(), resume_note=None)
+    positions, error = {}, None
     try:
-        arrays = read_checkpoint(path)
-        check_checkpoint(arrays, path, template)
-        if comm.Get_rank() == 0:
-            digest = str(arrays.get("log/progress_sha256", ""))
-            rows = read_progress(os.path.join(run_dir, "progress.csv"), position[0], digest)
-            best = max([float(row["test/success_rate"]) for row in rows], default=-1.)
-            if float(arrays["best"]) != best:
-                raise BadFileError(f"{path}: its best test success rate {float(arrays['best'])} "
-                                   f"is not progress.csv's {best}; they are not one run")
-            for name in ("policy_best.npz", "policy_latest.npz") if position[0] > 0 else ():
-                load_policy_arrays(os.path.join(run_dir, name))  # written before the checkpoint
-    except BadFileError as e:
+        positions = checkpoint_positions(resume, rank, comm.Get_size()) if resume else {}
+    except (UsageError, BadFileError) as e:
         error = str(e)
     raise_if_any_rank_failed(comm, error)  # [MPI]
-    return path, arrays, rows, note
+    if resume:  # the newest position every rank has
+        position, inputs["resume_note"] = common_position(resume, positions, comm)  # [MPI]
+    try:
+        if resume:
+            path = inputs["checkpoint_path"] = positions[position]
+            arrays = inputs["checkpoint"] = load_npz(path, POSITION_KEYS, "checkpoint")
+            if str(arrays.get("checksum")) != checksum(arrays):
+                raise BadFileError(f"{path}: its arrays are not those saved (checksum differs): "
+                                   "edited or damaged; resume from an untouched copy")
+            if rank == 0 and position[0] > 0:  # the policies, written before the checkpoint
+                for name in ("policy_best.npz", "policy_latest.npz"):
+                    load_policy_arrays(os.path.join(resume, name))
+        if args.load_path:
+            inputs["init_policy"], policy_config = load_policy_arrays(args.load_path)
+            check_policy_fits(policy_config, args.load_path, cfg.env, task.dims,
+                              network=(cfg.hidden, cfg.layers))
+        if cfg.demo_file:  # every rank reads the whole file, as in baselines
+            inputs["demos"] = load_demos(cfg.demo_file, cfg.env, task.dims, task.T, cfg.num_demo)
+        if resume and rank == 0:
+            inputs["progress"] = read_progress(os.path.join(resume, "progress.csv"), position[0],
+                                               str(arrays["log/progress_sha256"]))
+        if resume:
+            check_checkpoint(arrays, path, own, inputs["progress"] if rank == 0 else None)
+    except (UsageError, BadFileError) as e:
+        error = str(e)
+    raise_if_any_rank_failed(comm, error)  # [MPI]
+    done = position[0] if resume else 0
+    if cfg.n_epochs <= done:  # every rank: they share the checkpoint's position
+        raise UsageError(f"{resume} has done {done} epoch(s) and --n_epochs is {cfg.n_epochs}: "
+                         f"give --n_epochs {done + 1} or more to go on")
+    return inputs
 
 
-def read_checkpoint(path):
-    """The arrays of one checkpoint file (local: no MPI calls), or BadFileError."""
-    return load_npz(path, POSITION_KEYS, "checkpoint")
-
-
-def checkpoint_template(cfg, task):
-    """checkpoint_arrays of an agent built from the run's configuration: what each array of its
-    checkpoints must be (the agent's replay buffer is allocated, not touched: no memory)."""
-    agent = DDPG(cfg, task, np.random.default_rng(0), ONE_RANK)  # [MPI] one rank here
-    return checkpoint_arrays(agent, (0, 0, -1., 1), [0, 0])
-
-
-def check_checkpoint(arrays, path, template):
-    """BadFileError unless the checkpoint holds every array `template` names, of its dtype and
-    shape (the first dimension of a growing one aside), its checksum is its arrays' and its
-    settings are the configuration's (local: no MPI calls). A checkpoint from before the
-    checksum and run_config is held to the policy's settings (config_json) only."""
-    for key, want in template.items():
-        got = arrays.get(key)
-        if got is None and key in OPTIONAL:
-            continue
-        if got is None:
-            raise BadFileError(f"{path}: no {key!r} array; it is damaged or not from this run")
-        same_shape = (got.shape[1:] == want.shape[1:] and got.ndim == want.ndim
-                      if key.startswith(GROWING) else got.shape == want.shape)
-        if got.dtype.kind != want.dtype.kind or not same_shape or (
-                got.dtype != want.dtype and want.dtype.kind != "U"):
-            raise BadFileError(f"{path}: its {key!r} array is {got.dtype} {got.shape}, where this "
-                               f"run's config.json makes it {want.dtype} {want.shape}")
-    if "checksum" in arrays and str(arrays["checksum"]) != checksum(arrays):
-        raise BadFileError(f"{path}: its arrays are not those saved (checksum differs): edited "
-                           f"or damaged; resume from an untouched copy")
-    for key in ("config_json", "run_config"):
-        if key in arrays:
-            own = json.loads(str(template[key]))
-            try:
-                saved = dict(json.loads(str(arrays[key])))
-            except (ValueError, TypeError):
-                raise BadFileError(f"{path}: its {key} is damaged") from None
-            differ = [k for k in own if saved.get(k) != own[k]]
-            if differ:
-                raise BadFileError(f"{path} was saved with {differ[0]} {saved.get(differ[0])!r}, "
-                                   f"config.json says {own[differ[0]]!r}; they are not one run")
+def check_checkpoint(arrays, path, own, rows):
+    """BadFileError unless the checkpoint was saved with the run's settings (own: run_settings)
+    and, on rank 0 (rows: progress.csv's kept rows), its best test success rate is theirs."""
+    saved = json.loads(str(arrays.get("run_config", "{}")))
+    differ = [k for k in own if saved.get(k) != own[k]]
+    if differ:
+        raise BadFileError(f"{path} was saved with {differ[0]} {saved.get(differ[0])!r}, "
+                           f"config.json says {own[differ[0]]!r}; they are not one run")
+    best = max([float(row["test/success_rate"]) for row in rows or ()], default=-1.)
+    if rows is not None and float(arrays["best"]) != best:
+        raise BadFileError(f"{path}: its best test success rate {float(arrays['best'])} is not "
+                           f"progress.csv's {best}; they are not one run")
 
 
 # ---------------------------------------------------------------- what a stop looks for

@@ -2,173 +2,152 @@
 
 Mirrors the argument handling of openai/baselines `her/experiment/train.py` (its click options)
 and `prepare_params` of `her/experiment/config.py`: defaults, then the env's overrides, then
-the flags given. A value of the wrong type or out of the range its field's comment declares,
-flags that do not go together, a run no host's memory holds (check_fits) and a run folder's
-config.json not as written (saved_config) are one UsageError line each; rank 0 builds the
-configuration and every rank takes it (shared_config).
+the flags given. What a field takes is its type in config.py (an Interval, a Literal's choices,
+`X | None`); its comment is the flag's help. The flags (argparse's type and choices) and a run
+folder's config.json (saved_config) are read through the same check (checked). The rules
+between fields are check_rules', those between the fields and the task (a buffer that holds a
+rollout, a reward range the task's rewards fit, the memory a run needs) config_for_task's; each
+problem is one UsageError line. Rank 0 builds the configuration and every rank takes it
+(shared_config).
 
-Test: `python -m pytest -q tests/test_cli.py`.
+Test: `python -m pytest -q tests/test_cli.py tests/test_bad_input.py`.
 """
 import argparse
 import ast
 import contextlib
 import dataclasses
+import functools
 import inspect
-import io
 import json
 import math
 import os
+import re
+import socket
 import sys
-import textwrap
 import time
-import tokenize
 import types
 import typing
 
-import numpy as np
-
-from config import ENV_OVERRIDES, Config
+from config import ENV_OVERRIDES, Config, Interval
+from ddpg import discount
 from harness.errors import UsageError
+from harness.goal_env import describe_env
+from harness.mpi_util import raise_if_any_rank_failed
 from replay import episode_shapes
 
-
-def make_config(args):
-    """Defaults, then the env's overrides, then whatever was given on the command line (a bool
-    or a pair as its text: validate_config parses and checks every value).
-    As in baselines' her.py, a demo file turns the cloning loss on unless --bc_loss 0 is
-    given: demo rows without it reach the actor only through the critic."""
-    cfg = Config()
-    for prefix, overrides in ENV_OVERRIDES.items():
-        if (args.env or cfg.env).startswith(prefix):
-            cfg = dataclasses.replace(cfg, **overrides)
-    given = given_config_args(args)
-    if given.get("demo_file") and "bc_loss" not in given:
-        cfg = dataclasses.replace(cfg, bc_loss=True)
-    return dataclasses.replace(cfg, **given)
+# ---------------------------------------------------------------- what each field takes
 
 
-def given_config_args(args):
-    names = {f.name for f in dataclasses.fields(Config)}
-    return {k: v for k, v in vars(args).items() if v is not None and k in names}
+def field_type(f):
+    """(kind, rule, whether None is a value) of a Config field, from its annotation:
+    Annotated[int, Interval(1)] -> (int, Interval(1), False); Literal["a", "b"] -> (str, ("a",
+    "b"), False); float | None -> (float, None, True)."""
+    kind, rule, args = f.type, None, typing.get_args(f.type)
+    optional = type(None) in args and (isinstance(kind, types.UnionType)
+                                       or typing.get_origin(kind) is typing.Union)
+    if optional:
+        kind = next(a for a in args if a is not type(None))
+    if typing.get_origin(kind) is typing.Annotated:
+        kind, rule = typing.get_args(kind)[:2]
+    if typing.get_origin(kind) is typing.Literal:
+        kind, rule = str, typing.get_args(kind)
+    return kind, rule, optional
 
 
-# ---------------------------------------------------------------- every value's type and range
-
-def config_comments():
-    """{field: its trailing comment} from Config's source: the help text of each flag. ast
-    finds each field's line, tokenize the comment on it."""
-    source = textwrap.dedent(inspect.getsource(Config))
-    line_of = {node.end_lineno: node.target.id for node in ast.parse(source).body[0].body
-               if isinstance(node, ast.AnnAssign)}
-    return {line_of[tok.start[0]]: tok.string.lstrip("#").strip()
-            for tok in tokenize.generate_tokens(io.StringIO(source).readline)
-            if tok.type == tokenize.COMMENT and tok.start[0] in line_of}
+WHAT = {int: "an integer", float: "a finite number", bool: "0 or 1 (false or true)",
+        str: "a non-empty string"}
 
 
-def value_rule(comment):
-    """(test, words) of the values a field's comment opens with (>=1, >0, [0,1), {a, b}), or
-    None where it opens with none. The tests are written so that NaN fails each of them."""
-    head = comment.split(" ", 1)[0]
-    if head.startswith("{"):
-        choices = tuple(c.strip() for c in comment[1:comment.index("}")].split(","))
-        return (lambda v: v in choices), f"one of {', '.join(choices)}"
-    if head.startswith(">="):
-        return (lambda v: v >= float(head[2:])), f"at least {head[2:]}"
-    if head.startswith(">"):
-        return (lambda v: v > float(head[1:])), f"above {head[1:]}"
-    if head[:1] in "[(":
-        lo, hi = (float(end) for end in head[1:-1].split(","))
-        low_ok = (lambda v: v >= lo) if head[0] == "[" else (lambda v: v > lo)
-        high_ok = (lambda v: v <= hi) if head[-1] == "]" else (lambda v: v < hi)
-        return (lambda v: low_ok(v) and high_ok(v)), f"in {head}"
-    return None
-
-
-def field_kind(f):
-    """(type, whether None is a value) of a Config field: float | None -> (float, True)."""
-    if isinstance(f.type, types.UnionType):
-        kinds = [k for k in typing.get_args(f.type) if k is not type(None)]
-        return kinds[0], len(kinds) < len(typing.get_args(f.type))
-    return f.type, False
-
-
-def checked_value(f, value, rule):
-    """The value as the field's type holds it (an int for a float field: its float; '0' or '1'
-    for a bool: False or True; a list or 'R_MIN,R_MAX' for a pair: its tuple), or UsageError
-    naming the flag, what it takes and the value. type(), not isinstance(): a bool is no number
-    here."""
-    kind, may_be_none = field_kind(f)
-    if value is None and may_be_none:
+def checked(f, value):
+    """The value of field f as Config holds it, or ValueError saying what f takes. A value
+    comes as JSON holds it (config.json; flag_value turns a flag's text into one): an int
+    where a float is taken is that float; type(), not isinstance(): a bool is no number here."""
+    kind, rule, optional = field_type(f)
+    if value is None and optional:
         return None
-    if kind is bool and value in ("0", "1"):  # as the command line gives it
-        value = value == "1"
-    elif typing.get_origin(kind) is tuple and isinstance(value, (str, list, tuple)):
-        value = parse_range(value if isinstance(value, str) else ",".join(map(str, value)))
-    elif kind is float and type(value) in (int, float) and finite(value):
+    if typing.get_origin(kind) is tuple:  # a flag's R_MIN,R_MAX, or config.json's list
+        pair = value
+        with contextlib.suppress(ValueError, AttributeError):
+            pair = [float(v) for v in value.split(",")]
+        numbers = isinstance(pair, list | tuple) and [type(v) in (int, float) for v in pair]
+        if numbers != [True, True] or not pair[0] < pair[1]:  # NaN fails the <
+            raise ValueError(f"{value}: give two numbers R_MIN,R_MAX with R_MIN below R_MAX, "
+                             f"e.g. --{f.name}=-1,0 (with '=': it starts with '-')")
+        return float(pair[0]), float(pair[1])
+    if kind is float and type(value) is int and abs(value) < 1e308:
         value = float(value)
-    elif kind is float or typing.get_origin(kind) is tuple or type(value) is not kind:
-        what = {float: "a finite number", int: "an integer", bool: "0 or 1 (false or true)",
-                str: "a string"}.get(kind, "two numbers R_MIN,R_MAX")
-        raise UsageError(f"--{f.name} takes {what}, got {value!r}")
-    if kind is str and not value:
-        raise UsageError(f"--{f.name} takes a non-empty string, got ''")
-    if rule is not None and not rule[0](value):
-        raise UsageError(f"--{f.name} must be {rule[1]}, got {value!r}")
+    if type(value) is not kind or kind is float and not math.isfinite(value) or value == "":
+        raise ValueError(f"takes {WHAT[kind]}, got {value!r}")
+    if isinstance(rule, tuple) and value not in rule:
+        raise ValueError(f"takes one of {', '.join(rule)}, got {value!r}")
+    if isinstance(rule, Interval) and value not in rule:
+        raise ValueError(f"must be {rule}, got {value!r}")
     return value
 
 
-def finite(value):
+def flag_value(f, text):
+    """argparse's type of the flag --<f.name>: its text as the JSON value it stands for ('0' or
+    '1' for a bool), then checked."""
+    kind, _, _ = field_type(f)
+    parse = {int: int, float: float, bool: {"0": False, "1": True}.get}.get(kind, str)
     try:
-        return math.isfinite(value)
-    except OverflowError:  # an int too large for a float
-        return False
+        value = parse(text)
+    except (ValueError, OverflowError):
+        value = text  # refused by checked as what it is: text
+    try:
+        return checked(f, text if value is None else value)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"--{f.name} {e}") from None
 
 
-def validate_config(cfg):
-    """The Config with every value checked against its field's type and range (config.py's
-    comments), and the flags that must go together; the first problem is one UsageError line.
-    What needs the task too (a buffer that holds an episode, the memory a run needs) is
-    check_fits's; the files the flags name are checked in harness/run.py (Run.read_inputs)."""
-    comments = config_comments()
-    cfg = dataclasses.replace(cfg, **{
-        f.name: checked_value(f, getattr(cfg, f.name), value_rule(comments[f.name]))
-        for f in dataclasses.fields(Config)})
+# ---------------------------------------------------------------- the rules between values
+
+# The flags that act only with --demo_file, and of them those that act only with --bc_loss 1
+DEMO_FLAGS = ("num_demo", "demo_batch_size", "bc_loss", "q_filter", "prm_loss_weight",
+              "aux_loss_weight")
+BC_FLAGS = ("q_filter", "prm_loss_weight", "aux_loss_weight")
+
+
+def check_rules(cfg, given=()):
+    """UsageError for the first pair of values that contradict each other; `given`: the flags
+    given on the command line (a flag that acts only with another must not come without it)."""
     make = "make one with: python -m experiment.demos --env FetchPickAndPlace-v4 --out demos.npz"
-    if cfg.bc_loss and not cfg.demo_file:
-        raise UsageError(f"--bc_loss 1 clones demonstrations: give --demo_file PATH ({make})")
-    if cfg.q_filter and not cfg.bc_loss:
-        raise UsageError("--q_filter 1 filters the cloning loss of --bc_loss 1: give --bc_loss 1 "
-                         "too, or drop --q_filter")
+    alone = [name for name in DEMO_FLAGS if name in given]
+    if not cfg.demo_file and (cfg.bc_loss or alone):
+        flag = "bc_loss 1" if cfg.bc_loss and not alone else alone[0]
+        raise UsageError(f"--{flag} acts only on demonstrations: give --demo_file PATH too "
+                         f"({make}), or drop --{flag.split()[0]}")
+    alone = [name for name in BC_FLAGS if name in given or getattr(cfg, name) is True]
+    if not cfg.bc_loss and alone:
+        raise UsageError(f"--{alone[0]} acts only on the cloning loss of --bc_loss 1: drop "
+                         f"--bc_loss 0, or drop --{alone[0]}")
     if cfg.demo_file and cfg.demo_batch_size >= cfg.batch_size:
         raise UsageError(f"--demo_batch_size {cfg.demo_batch_size} must be below --batch_size "
                          f"{cfg.batch_size} (the rest of each batch is the rank's own data): "
                          f"lower --demo_batch_size or raise --batch_size")
-    return cfg
 
-
-def parse_range(text):
-    """'R_MIN,R_MAX' -> (r_min, r_max) with r_min below r_max, either end may be -inf or inf."""
-    try:
-        r_min, r_max = (float(v) for v in text.split(","))
-    except ValueError:
-        r_min = r_max = np.nan
-    if not r_min < r_max:  # written so that NaN fails too
-        raise UsageError(f"--reward_range {text}: give two numbers R_MIN,R_MAX with R_MIN below "
-                         "R_MAX, e.g. --reward_range=-1,0 (with '=': it starts with '-')")
-    return r_min, r_max
-
-
-# ---------------------------------------------------------------- what the task asks of a run
 
 # Resident memory of one process beside its arrays: Python, NumPy, MuJoCo and one env (113 MB
 # for FetchPush-v4, 136 MB for HandManipulateBlockRotateZ-v1, measured here), rounded up.
 PROCESS_MB = 150
 
 
-def check_fits(cfg, task, ranks_here):
-    """UsageError if the run cannot hold an episode or what it needs (the replay and demo
-    buffers, one batch through the networks, the env processes) is more than this host's memory
-    for `ranks_here` ranks on it; a warning line near it. An estimate, named in the line."""
+def config_for_task(cfg, ranks_here):
+    """(cfg, task): the task read off the env (goal_env.describe_env) and the configuration with
+    the values in force: the discount (baselines' 1 - 1/T unless given) and the reward range
+    (measured off the task unless given; the critic's targets are clipped to it). UsageError
+    where the flags contradict the task: a given range that leaves out rewards the task gives,
+    a buffer that holds no rollout, or more memory than this host has for `ranks_here` ranks
+    (the replay and demo buffers, one batch through the networks, the env processes: an
+    estimate, named in the line; a warning near it)."""
+    task = describe_env(cfg.env, need_range=cfg.reward_range is None)
+    given, measured = cfg.reward_range, task.r_range or (-math.inf, math.inf)
+    # an infinite end of a measured range (a dense reward's) is no bound a range can leave out
+    if given and (given[0] > measured[0] > -math.inf or given[1] < measured[1] < math.inf):
+        raise UsageError(f"--reward_range={given[0]:g},{given[1]:g} leaves out rewards "
+                         f"{cfg.env} gives (measured: {measured[0]:g} to {measured[1]:g}); give "
+                         f"a range that holds them, e.g. --reward_range={measured[0]:g},"
+                         f"{measured[1]:g}, or leave it out to use the measured one")
     if cfg.buffer_size < cfg.num_env * task.T:
         raise UsageError(f"--buffer_size {cfg.buffer_size} holds no {cfg.num_env} episode(s) of "
                          f"{cfg.env}'s T = {task.T} steps (one rollout): give at least "
@@ -182,17 +161,19 @@ def check_fits(cfg, task, ranks_here):
     # layer's activations and gradients, actor and critic, main and target; weights 6 times
     batch = 4 * cfg.batch_size * (2 * d["o"] + 3 * d["g"] + d["u"] + 16 * cfg.layers * cfg.hidden)
     processes = PROCESS_MB * 2**20 * (1 + (cfg.num_env if cfg.num_env > 1 else 0))
-    need = ranks_here * (buffer + batch + 24 * params + processes)
-    have = available_memory()
-    if have is None or need < 0.8 * have:
-        return
+    need, have = ranks_here * (buffer + batch + 24 * params + processes), available_memory()
     line = (f"the run needs about {need / 2**30:.1f} GiB on this host ({ranks_here} rank(s) x "
             f"{buffer / 2**30:.2f} GiB of replay buffer, {batch / 2**30:.2f} GiB for one batch, "
-            f"{processes / 2**30:.2f} GiB of processes), against {have / 2**30:.1f} GiB free")
-    if need > have:
+            f"{processes / 2**30:.2f} GiB of processes), against {(have or 0) / 2**30:.1f} GiB "
+            "free")
+    if have is not None and need > have:
         raise UsageError(f"{line}: lower --buffer_size, --batch_size or --num_env, or run fewer "
                          f"ranks on this host")
-    print(f"warning: {line}; it may run out of memory", file=sys.stderr, flush=True)
+    if have is not None and need > 0.8 * have:
+        print(f"warning: {line}; it may run out of memory", file=sys.stderr, flush=True)
+    task = dataclasses.replace(task, r_range=given or task.r_range)
+    return dataclasses.replace(cfg, gamma=discount(cfg.gamma, task.T),
+                               reward_range=task.r_range), task
 
 
 def available_memory():
@@ -212,56 +193,68 @@ def available_memory():
 
 class ArgumentParser(argparse.ArgumentParser):
     def error(self, message):
-        """One line, exit code 2 (argparse would also print the whole usage)."""
+        """One line, exit code 2 (argparse would also print the whole usage); where the line
+        names its flag itself (flag_value's), without argparse's 'argument --flag: ' before."""
+        message = re.sub(r"^argument (--\w+): (?=\1 )", "", message)
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
+def config_help():
+    """{field: the comment that ends its line in config.py}: the flag's help, and nothing else
+    (what a field takes is its type). ast finds where each field's code ends on its line."""
+    with open(inspect.getfile(Config)) as f:
+        source = f.read()
+    lines = source.splitlines()
+    body = next(node for node in ast.parse(source).body if getattr(node, "name", "") == "Config")
+    return {node.target.id: lines[node.end_lineno - 1][node.end_col_offset:].strip(" #")
+            for node in body.body if isinstance(node, ast.AnnAssign)}
+
+
 def config_flags(p, names=None):
-    """Add --<field> for every Config field (or for those in `names`). Every default is None,
-    so that make_config can tell a flag given from one left out (the env's overrides apply to
-    those). bool fields take 0 or 1, as baselines' --clip_return; every other value is checked
-    by validate_config (a comment's {a, b} too); a field typed X | None says its default in its
-    comment."""
-    comments = config_comments()
+    """Add --<field> for every Config field (or for those in `names`), its type and choices
+    from the field's annotation, its help from its comment. Every default is None, so that
+    make_config can tell a flag given from one left out (the env's overrides apply to those);
+    a field typed X | None says its default in its comment."""
+    helps = config_help()
     for f in dataclasses.fields(Config):
         if names is not None and f.name not in names:
             continue
-        kind, _ = field_kind(f)
-        default = int(f.default) if kind is bool else f.default
-        default = "" if default is None else f" (default {default!r})"
-        # argparse %-formats help texts: a literal % must be doubled
-        help_text = f"{comments[f.name]}{default}".replace("%", "%%")
-        if kind is bool:
-            flag = dict(type=str, metavar="{0,1}")  # parsed by checked_value
-        elif typing.get_origin(kind) is tuple:
-            flag = dict(type=str, metavar="R_MIN,R_MAX")  # parsed by checked_value
-        else:
-            flag = dict(type=kind)
-        p.add_argument(f"--{f.name}", default=None, help=help_text, **flag)
+        kind, rule, _ = field_type(f)
+        shown = int(f.default) if kind is bool else f.default
+        default = [str(rule)] * isinstance(rule, Interval) + [f"default {shown!r}"] * (
+            f.default is not None)
+        default = f" ({'; '.join(default)})" if default else ""
+        metavar = {bool: "{0,1}"}.get(kind, "R_MIN,R_MAX" if kind not in WHAT else None)
+        p.add_argument(f"--{f.name}", default=None, type=functools.partial(flag_value, f),
+                       choices=rule if isinstance(rule, tuple) else None, metavar=metavar,
+                       # argparse %-formats help texts: a literal % must be doubled
+                       help=f"{helps.get(f.name, '')}{default}".replace("%", "%%"))
 
 
-def config_for(args):
-    """The saved configuration on --resume, else a new one (its log dir named by default)."""
-    if args.resume:
-        cfg = saved_config(args.resume)
-        return dataclasses.replace(cfg, logdir=args.resume, **given_config_args(args))
-    cfg = make_config(args)
-    if cfg.logdir is None:
-        stamp = time.strftime("%Y%m%d-%H%M%S")
-        logdir = os.path.join("runs", f"{cfg.env}-seed{cfg.seed}-{stamp}")
-        cfg = dataclasses.replace(cfg, logdir=logdir)
+def make_config(args):
+    """Defaults, then the env's overrides, then the flags given (each checked by argparse),
+    then check_rules. As in baselines' her.py, a demo file turns the cloning loss on unless
+    --bc_loss 0 is given: demo rows without it reach the actor only through the critic."""
+    names = {f.name for f in dataclasses.fields(Config)}
+    given = {k: v for k, v in vars(args).items() if v is not None and k in names}
+    cfg = Config()
+    for prefix, overrides in ENV_OVERRIDES.items():
+        if (args.env or cfg.env).startswith(prefix):
+            cfg = dataclasses.replace(cfg, **overrides)
+    if given.get("demo_file") and "bc_loss" not in given:
+        cfg = dataclasses.replace(cfg, bc_loss=True)
+    cfg = dataclasses.replace(cfg, **given)
+    check_rules(cfg, given)
     return cfg
 
 
-# What config.json holds beside the Config: what ran it (mpirun's -np) and the task's T, which
-# also tells a file written before the fields typed X | None, whose defaults were 0. and ''.
+# What config.json holds beside the Config: what ran it (mpirun's -np) and the task's T
 RUN_FACTS = ("n_ranks", "T")
-OLD_DEFAULTS = {"gamma": 0., "reward_range": "", "demo_file": "", "logdir": ""}
 
 
 def saved_config(run_dir):
-    """The Config of a run folder's config.json, every value checked as a flag's is; any
-    problem one UsageError naming the file."""
+    """The Config of a run folder's config.json, every value checked as a flag's is (checked,
+    check_rules); any problem one UsageError naming the file."""
     path = os.path.join(run_dir, "config.json")
     try:
         with open(path) as f:
@@ -271,43 +264,67 @@ def saved_config(run_dir):
                          "the folder a run of train.py wrote") from None
     except (OSError, ValueError) as e:
         raise UsageError(f"{path}: cannot read it ({e}); not as train.py wrote it") from None
-    fields = {f.name for f in dataclasses.fields(Config)}
+    fields = {f.name: f for f in dataclasses.fields(Config)}
     keys = set(saved) - set(RUN_FACTS) if isinstance(saved, dict) else set()
-    if keys != fields:
-        raise UsageError(f"{path}: not as train.py wrote it (fields {sorted(keys ^ fields)} "
+    if keys != set(fields):
+        raise UsageError(f"{path}: not as train.py wrote it (fields {sorted(keys ^ set(fields))} "
                          "missing or unknown)")
-    if "T" not in saved:
-        for name, old in OLD_DEFAULTS.items():
-            saved[name] = None if saved[name] == old else saved[name]
-        if isinstance(saved["reward_range"], str):
-            saved["reward_range"] = saved["reward_range"].split(",")
+    values = {}
     try:
-        return validate_config(Config(**{name: saved[name] for name in fields}))
-    except UsageError as e:
-        raise UsageError(f"{path}: {str(e).lstrip('-')}; not as train.py wrote it") from None
+        for name, f in fields.items():
+            values[name] = checked(f, saved[name])
+        cfg = Config(**values)
+        check_rules(cfg)
+    except (ValueError, UsageError) as e:
+        where = "" if len(values) == len(fields) else f"{name} "  # a rule: the flags are named
+        raise UsageError(f"{path}: {where}{str(e).lstrip('-')}; not as train.py wrote it"
+                         ) from None
+    return cfg
 
 
-def shared_config(args, comm):
-    """Collective: rank 0 builds the configuration and every rank takes it from there: its
-    default log dir name holds a time stamp, and on --resume only rank 0's machine need hold
+def shared_config(argv, comm):
+    """Collective: (args, cfg, task) on every rank, every value checked. Each rank parses argv
+    (a bad flag: argparse's one line, exit code 2); rank 0 builds the configuration
+    (make_config, or saved_config on --resume) and every rank takes it from there: its default
+    log dir name holds a time stamp, and on --resume only rank 0's machine need hold
     config.json (ranks on other machines without a shared file system have just their
-    checkpoints)."""
+    checkpoints). Then every rank reads the task and the values in force (config_for_task),
+    and all raise the first problem any rank found."""
+    args = parse_train_args(argv)
     cfg, error = None, None
     if comm.Get_rank() == 0:
         try:
-            cfg = dataclasses.asdict(validate_config(config_for(args)))
+            if args.resume:
+                given = {name: getattr(args, name) for name in ("n_epochs", "mpi_timeout")}
+                cfg = dataclasses.replace(saved_config(args.resume), logdir=args.resume,
+                                          **{k: v for k, v in given.items() if v is not None})
+            else:
+                cfg = make_config(args)
+            if cfg.logdir is None:
+                stamp = time.strftime("%Y%m%d-%H%M%S")
+                cfg = dataclasses.replace(cfg, logdir=os.path.join(
+                    "runs", f"{cfg.env}-seed{cfg.seed}-{stamp}"))
+            cfg = dataclasses.asdict(cfg)
         except UsageError as e:
             error = str(e)
     cfg, error = comm.bcast((cfg, error), root=0)  # [MPI]
     if error:
         raise UsageError(error)
-    return Config(**cfg)
+    hosts = comm.allgather(socket.gethostname())  # [MPI] the ranks on each host
+    task = None
+    try:
+        cfg, task = config_for_task(Config(**cfg), hosts.count(hosts[comm.Get_rank()]))
+    except UsageError as e:
+        error = str(e)
+    raise_if_any_rank_failed(comm, error)  # [MPI]
+    return args, cfg, task
 
 
 # ---------------------------------------------------------------- train.py's command line
 
 # The flags a resumed run may change: how long it goes on, how long a call may wait on this
-# machine, and how many of its cycles are traced; none changes what is computed.
+# machine (both Config fields), and how many of its cycles are traced; none changes what is
+# computed.
 RESUME_FLAGS = {"n_epochs", "mpi_timeout", "trace"}
 
 
@@ -334,7 +351,9 @@ def parse_train_args(argv=None):
         p.error(f"--trace must be 0 (off) or a number of cycles, got {args.trace}")
     if args.resume and args.load_path:
         p.error("--resume cannot be combined with --load_path")
-    if args.resume and set(given_config_args(args)) - RESUME_FLAGS:
+    config_given = {f.name for f in dataclasses.fields(Config)
+                    if getattr(args, f.name) is not None}
+    if args.resume and config_given - RESUME_FLAGS:
         p.error("--resume continues the saved configuration; only --n_epochs, "
                 "--mpi_timeout and --trace may be given")
     return args

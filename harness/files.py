@@ -5,10 +5,10 @@ in place. Here every file is a plain .npz (or text, or a figure's PNG), written 
 read with allow_pickle=False, so a file from elsewhere can be refused but never runs code. A
 file that cannot be read is a one-line BadFileError, one that cannot be written a SaveError.
 
-Policy files are ddpg.DDPG.policy_arrays() (weights, targets, normaliser sums, and the JSON of
-what rebuilds the agent); what they hold, and how an agent is rebuilt from them, is ddpg.py's
-alone (DDPG.set_policy_arrays, DDPG.from_policy): this file only writes and reads them, and
-names the file in every error. Holds the demo file format of Nair et al. (2018) too
+Policy files are ddpg.DDPG.policy_arrays() (the JSON of what rebuilds the agent, and its
+weights, targets and normaliser sums); what they hold, and how an agent is rebuilt from them,
+is ddpg.py's alone (DDPG.arrays, DDPG.load_arrays, DDPG.from_policy): this file only writes and
+reads them, and names the file in every error. Holds the demo file format of Nair et al. (2018) too
 (experiment/demos.py writes it, train.py reads it):
 one float32 array per key in the replay buffer's own layout (replay.py), episodes first:
 o, ag (n, T+1, dim); g, u, info_is_success (n, T, dim); plus the env id and T.
@@ -16,13 +16,14 @@ o, ag (n, T+1, dim); g, u, info_is_success (n, T, dim); plus the env id and T.
 Test: `python -m pytest -q tests/test_files.py`.
 """
 import contextlib
+import hashlib
 import json
 import os
 
 import numpy as np
 
-from ddpg import DDPG, POLICY_KEYS
-from harness.errors import BadFileError, SaveError
+from ddpg import DDPG, POLICY_CONFIG
+from harness.errors import BadFileError, SaveError, UsageError
 from replay import EPISODE_KEYS, episode_shapes
 
 
@@ -89,6 +90,18 @@ def load_npz(path, required_keys, what, writer="train.py"):
                            f"the file is truncated, corrupt or not from {writer}") from None
 
 
+def checksum(arrays):
+    """sha256 over every array of a checkpoint but "checksum" (name, dtype, shape, bytes), so
+    that one edited by hand, one array or one number, is refused rather than resumed (its zip's
+    CRC is written anew with it)."""
+    digest = hashlib.sha256()
+    for key in sorted(set(arrays) - {"checksum"}):
+        value = np.ascontiguousarray(arrays[key])
+        digest.update(f"{key} {value.dtype.str} {value.shape}".encode())
+        digest.update(value.reshape(-1).view(np.uint8))
+    return digest.hexdigest()
+
+
 def atomic_write_text(path, text):
     with atomic_file(path, "w") as f:
         f.write(text)
@@ -101,31 +114,42 @@ def save_policy(policy, path):
     atomic_savez(path, policy.policy_arrays())
 
 
-# What a policy file's config_json must hold to be rebuilt (ddpg.DDPG.from_policy).
-NEEDED_CONFIG = ("dims", "target_range")
-
-
 def load_policy_arrays(path):
     """The arrays of a policy file and its parsed config_json (ddpg.DDPG.policy_config), or
     BadFileError."""
-    arrays = load_npz(path, POLICY_KEYS, "policy")
+    arrays = load_npz(path, ("config_json",), "policy")
     try:
         policy_config = json.loads(str(arrays["config_json"]))
     except ValueError as e:
         raise BadFileError(f"{path}: its config_json is not valid JSON ({e})") from None
-    missing = [key for key in NEEDED_CONFIG if key not in policy_config]
+    missing = [key for key in POLICY_CONFIG if key not in dict(policy_config)]
     if missing:
-        raise BadFileError(f"{path}: its config_json has no {missing[0]!r}; it was written by "
-                           "an older train.py, which this one cannot rebuild: train it again")
+        raise BadFileError(f"{path}: its config_json has no {missing[0]!r}; not a policy "
+                           "train.py wrote")
     return arrays, policy_config
 
 
 def set_policy_from_file(policy, arrays, path):
-    """policy.set_policy_arrays(arrays), any mismatch a BadFileError naming `path`."""
+    """policy.load_arrays(arrays), any mismatch a BadFileError naming `path`."""
     try:
-        policy.set_policy_arrays(arrays)
+        policy.load_arrays(arrays)
     except ValueError as e:
         raise BadFileError(f"{path}: {e}") from None
+
+
+def check_policy_fits(policy_config, path, env_id, dims, network=None):
+    """A policy runs only on a task with the dims it was trained on (policy_config: its parsed
+    config_json, ddpg.DDPG.policy_config), and goes on training only in networks of its size
+    (network: the run's (hidden, layers))."""
+    if dict(policy_config["dims"]) != dims:
+        raise UsageError(f"{path} was trained on {policy_config.get('env', '?')} with dims "
+                         f"{policy_config['dims']}, but {env_id} has dims {dims}; pass the "
+                         "matching --env")
+    saved = (policy_config["hidden"], policy_config["layers"])
+    if network is not None and saved != network:
+        raise UsageError(f"{path} holds networks of --hidden {saved[0]} --layers {saved[1]}, "
+                         f"and this run's are --hidden {network[0]} --layers {network[1]}: give "
+                         f"--hidden {saved[0]} --layers {saved[1]}, or no --load_path")
 
 
 def policy_on_task(arrays, policy_config, path, task, comm, rng):
@@ -161,7 +185,10 @@ def load_demos(path, env_id, dims, T, num_demo):
     """The first num_demo episodes of a demo file, checked against the task:
     {key: (num_demo, T or T+1, dim) float32}; every BadFileError names the fix too."""
     hint = (f"make demos with: python -m experiment.demos --env {env_id} --num_demo {num_demo} "
-            f"--out {path}")
+            f"--out {path}{' --force' * os.path.exists(path)}")
+    if not env_id.startswith("FetchPickAndPlace"):  # the scripted controller's only task
+        hint = (f"experiment/demos.py scripts FetchPickAndPlace only: demos of {env_id} must be "
+                "recorded another way, in its format (harness/files.py:save_demos)")
     try:
         arrays = load_npz(path, FILE_KEYS, "demo file", writer="demos.py")
     except BadFileError as e:
@@ -176,6 +203,9 @@ def load_demos(path, env_id, dims, T, num_demo):
                            f"{shapes['o'][-1:]}, g {shapes['g'][-1:]}, u {shapes['u'][-1:]}) "
                            f"do not fit {env_id} (T={T}, o ({dims['o']},), g ({dims['g']},), "
                            f"u ({dims['u']},)); pass --env {arrays['env']}, or {hint}")
+    if str(arrays["env"]) != env_id:
+        raise BadFileError(f"{path}: demos of {arrays['env']}, not of {env_id}; pass --env "
+                           f"{arrays['env']}, or {hint}")
     counts = {len(arrays[key]) for key in EPISODE_KEYS}
     if len(counts) != 1:
         raise BadFileError(f"{path}: its arrays hold different numbers of episodes; {hint}")

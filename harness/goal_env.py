@@ -56,9 +56,10 @@ class GoalTask:
     r_range: object  # (r_min, r_max) of the rewards, or None where not measured
 
 
-def describe_env(env_id, r_range=None, need_range=True):
-    """The GoalTask of env_id. r_range is measured unless given; with need_range=False, None
-    where it cannot be measured (play.py needs no range)."""
+def describe_env(env_id, need_range=True):
+    """The GoalTask of env_id, its reward range measured; with need_range=False, None where it
+    cannot be measured (a range given on the command line takes its place: cli.config_for_task;
+    play.py needs none)."""
     gym = import_gym()
     module, _, name = env_id.rpartition(":")
     if module:
@@ -88,10 +89,7 @@ def describe_env(env_id, r_range=None, need_range=True):
     # The env's own vectorised reward, used to relabel goals: r = compute_reward(ag_2, g).
     # The env stays open for it (baselines keeps a tmp env for the same reason).
     reward_fun = functools.partial(_compute_reward, env.unwrapped)
-    if r_range is None:
-        r_range = measure_reward_range(env, reward_fun)  # resets the env
-    else:
-        env.reset(seed=0)  # the step below, which tells the success key, needs one
+    r_range = measure_reward_range(env, reward_fun)  # resets the env
     if r_range is None and need_range:
         env.close()
         raise UsageError(f"env {env_id!r}: compute_reward gave one value for every goal and "
@@ -170,12 +168,3 @@ def build_venv(cfg, render_mode=None):
     if cfg.num_env == 1:
         return DummyVecEnv(env_fns)
     return VEC_ENVS[cfg.vec_env](env_fns, timeout=cfg.env_timeout)
-
-
-def check_policy_fits(policy_config, path, env_id, dims):
-    """A policy runs only on a task with the dims it was trained on (policy_config: its
-    parsed config_json, ddpg.DDPG.policy_config)."""
-    if dict(policy_config["dims"]) != dims:
-        raise UsageError(f"{path} was trained on {policy_config.get('env', '?')} with dims "
-                         f"{policy_config['dims']}, but {env_id} has dims {dims}; pass the "
-                         "matching --env")

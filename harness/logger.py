@@ -13,8 +13,10 @@ Test: `python -m pytest -q tests/test_logger.py`.
 """
 import contextlib
 import csv
+import dataclasses
 import hashlib
 import io
+import json
 import os
 import platform
 import subprocess
@@ -27,7 +29,8 @@ from threadpoolctl import threadpool_info
 
 from harness.errors import BadFileError
 from harness.files import atomic_write_text
-from harness.launch import launched, library_name
+from harness.launch import describe_job, launched, library_name
+from harness.mpi_util import raise_if_any_rank_failed, save_on_every_rank
 
 
 class EpochLogger:
@@ -98,6 +101,43 @@ def read_progress(path, n_epochs, digest):
             return rows
     raise BadFileError(f"{path}: its rows are not the {n_epochs} epoch(s) the checkpoint has "
                        f"done (missing, cut, edited or not numbers); put back the run's own file")
+
+
+def open_run_folder(cfg, comm, task, argv, inputs):
+    """Collective: the run's files, once every input is checked and the folder locked. Each
+    rank makes the folder it writes to (checkpoint/: ranks on machines without a shared file
+    system save into the same path on their own disk); rank 0 writes config.json (the Config
+    with the values in force, the number of ranks that ran it, mpirun's -np, and the task's T:
+    cli.RUN_FACTS), opens log.txt with its header and prints the run's setup. Every rank learns
+    if any of them could not. Returns the RunLog."""
+    rank, n_ranks, error = comm.Get_rank(), comm.Get_size(), None
+    try:
+        os.makedirs(os.path.join(cfg.logdir, "checkpoint"), exist_ok=True)
+    except OSError as e:
+        error = (f"cannot write to log dir {cfg.logdir!r} on rank {rank} ({e.strerror}); pass "
+                 "a --logdir that every rank can write")
+    raise_if_any_rank_failed(comm, error)  # [MPI]
+    config = json.dumps({**dataclasses.asdict(cfg), "n_ranks": n_ranks, "T": task.T}, indent=1)
+
+    def write_config():
+        if rank == 0:
+            atomic_write_text(os.path.join(cfg.logdir, "config.json"), config)
+    save_on_every_rank(comm, write_config)  # [MPI]
+    checkpoint = inputs["checkpoint"]
+    log = RunLog(cfg.logdir, enabled=rank == 0, argv=argv, resumed_at=None if checkpoint is None
+                 else (int(checkpoint["epoch"]), int(checkpoint["cycle"])))
+    job = describe_job(comm)  # [MPI] every rank's host and cores
+    if rank == 0 and inputs["resume_note"]:  # not every rank had its newest checkpoint
+        print(inputs["resume_note"], flush=True)
+    if rank == 0:
+        print(f"Logging to {cfg.logdir}\n{cfg}\ndims={task.dims} T={task.T} max_u={task.max_u} "
+              f"ranks={n_ranks}\n{job}", flush=True)
+    if rank == 0 and n_ranks == 1:
+        print("*** Warning: one MPI rank. This works (FetchReach learns), but Plappert et al. "
+              "(2018) used 19 ranks x 2 envs, and the harder tasks learn far worse with one; "
+              "to reproduce them run: mpirun -np 19 python train.py --num_env 2 ...",
+              flush=True)
+    return log
 
 
 class RunLog:
@@ -192,19 +232,20 @@ def machine():
     time: none under NPY_DISABLE_CPU_FEATURES), the BLAS with its kernels, MuJoCo,
     gymnasium-robotics, and the MPI where mpi4py has started it (this never starts it); an
     example is in docs/usage.md, what a seed reproduces."""
-    from numpy._core._multiarray_umath import __cpu_baseline__, __cpu_dispatch__, __cpu_features__
+    # NumPy's public report; "found": the dispatched loops in use (no key where none are)
+    simd = np.show_config(mode="dicts")["SIMD Extensions"]
+    simd = f"SIMD {' '.join(simd['baseline'])}, dispatched {' '.join(simd.get('found', ['none']))}"
     cpu = platform.machine()
     with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
         cpu = next((line.split(":", 1)[1].strip() for line in f
                     if line.startswith("model name")), cpu)
-    simd = " ".join(f for f in __cpu_dispatch__ if __cpu_features__.get(f)) or "none"
     blas = [f"{lib['internal_api']} {lib['version']} ({lib.get('architecture')})"
             for lib in threadpool_info() if lib["user_api"] == "blas"]
     packages = [f"{name} {version(name)}" for name in ("mujoco", "gymnasium-robotics")]
     mpi = sys.modules.get("mpi4py.MPI")
     mpi = [library_name(mpi.Get_library_version())] if mpi else []
-    return "; ".join([cpu, f"Python {platform.python_version()}", f"numpy {np.__version__} (SIMD "
-                      f"{' '.join(__cpu_baseline__)}, dispatched {simd})", *blas, *packages, *mpi])
+    return "; ".join([cpu, f"Python {platform.python_version()}",
+                      f"numpy {np.__version__} ({simd})", *blas, *packages, *mpi])
 
 
 def _fmt(v):

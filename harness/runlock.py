@@ -1,9 +1,11 @@
-"""One job per run folder: a lock that rank 0 holds in it for the whole run.
+"""One job per run folder, and never over another run: a lock that rank 0 holds for the run.
 
 No baselines counterpart: there two jobs given the same log dir both write it, and so did this
-code. The lock is the operating system's (flock on `<logdir>/run.lock`), so it is released
-when the process ends, however it ends: a killed job leaves no stale lock. The file itself
-stays, holding who had it last (pid, host, start time), which the refusal quotes.
+code. A fresh start into a folder that holds a run's files is refused (refuse_a_run_folder): a
+rerun of the same command loses no run. The lock is the operating system's (flock on
+`<logdir>/run.lock`), so it is released when the process ends, however it ends: a killed job
+leaves no stale lock. The file itself stays, holding who had it last (pid, host, start time),
+which the refusal quotes.
 
 Only rank 0 takes it: ranks on other machines without a shared file system write their own
 copies of the folder, where nothing else looks; with a shared file system every rank's folder
@@ -52,13 +54,15 @@ def lock_run_folder(logdir):
     return lock_file
 
 
-def hold_run_folder(logdir, comm):
+def hold_run_folder(logdir, comm, fresh):
     """Collective: rank 0 takes the run folder's lock (lock_run_folder; None on the other
-    ranks); if another job holds it, or the folder cannot be made, every rank raises that one
-    line."""
+    ranks), a fresh start (not --resume) only where the folder holds no run; if another job
+    holds it, it holds a run, or it cannot be made, every rank raises that one line."""
     lock, error = None, None
     if comm.Get_rank() == 0:
         try:
+            if fresh:
+                refuse_a_run_folder(logdir)
             lock = lock_run_folder(logdir)
         except UsageError as e:
             error = str(e)
@@ -67,3 +71,20 @@ def hold_run_folder(logdir, comm):
                      f"--logdir that every rank can write")
     raise_if_any_rank_failed(comm, error)  # [MPI]
     return lock
+
+
+# What a run writes in its folder (a run.lock alone is no run: a start stopped before writing)
+RUN_FILES = ("progress.csv", "config.json", "log.txt", "checkpoint", "trace")
+
+
+def refuse_a_run_folder(logdir):
+    """UsageError if logdir holds a run's files: a fresh start never writes over a run."""
+    try:
+        found = sorted(name for name in os.listdir(logdir) if name in RUN_FILES
+                       or name.startswith("policy") and name.endswith(".npz"))
+    except OSError:  # no folder yet, or none can be made there: hold_run_folder says which
+        return
+    if found:
+        raise UsageError(f"{logdir} holds a run already ({', '.join(found[:4])}); continue it "
+                         f"with --resume {logdir} (with --n_epochs to go past its last "
+                         f"epoch), or give a fresh --logdir: nothing in it was changed")

@@ -3,7 +3,7 @@
 No baselines counterpart (baselines logs scalars per epoch). The Tracer is the communicator
 proxy's second observer (mpi_util.ObservedComm, beside watchdog.py's Watchdog): a row per call,
 with the line that made it and the bytes this rank put in (a broadcast's receivers: 0). The
-pipes it sees from outside the vec env: watch() puts a TracedPipe on the rank's end of each,
+pipes it sees from outside the vec env: begin() puts a TracedPipe on the rank's end of each,
 which sends and receives multiprocessing's own pickles and times a command until its answer is
 read (--num_env 1 has no pipe). It records from the first cycle of this start to the end of
 the N-th (an epoch's end between them too); then every rank writes <logdir>/trace/rank-R.csv,
@@ -30,16 +30,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 class Tracer:
-    """One rank's recorder: rows (kind, name, site, bytes, start_us, end_us), none if n_cycles
-    is 0. Its own bcast and gather are made while it is off."""
+    """One rank's recorder: rows (kind, name, site, bytes, start_us, end_us), none without
+    --trace. Its own bcast and gather are made while it is off."""
 
-    def __init__(self, n_cycles):
-        self.n_cycles, self.cycles, self.on, self.zero, self.rows = n_cycles, 0, False, 0., []
-
-    def watch(self, venv):
-        if self.n_cycles and hasattr(venv, "remotes"):
-            venv.remotes = [TracedPipe(pipe, i, self) for i, pipe in enumerate(venv.remotes)]
-        return venv
+    def __init__(self):
+        self.n_cycles, self.cycles, self.on, self.zero, self.rows = 0, 0, False, 0., []
 
     def now(self):
         return round((time.time() - self.zero) * 1e6)  # microseconds since time 0
@@ -55,10 +50,13 @@ class Tracer:
         if self.on:
             self.rows.append((*self.call, self.now()))
 
-    def begin(self, comm, folder):
-        """Collective with --trace (a bcast): recording begins."""
-        if self.n_cycles:
-            self.comm, self.folder = comm, folder
+    def begin(self, comm, folder, n_cycles, venv):
+        """Collective with --trace (n_cycles > 0: a bcast): recording begins, of the collective
+        calls and of the pipes of the vec env's env processes (--num_env 1 has none)."""
+        if n_cycles:
+            self.comm, self.folder, self.n_cycles = comm, folder, n_cycles
+            if hasattr(venv, "remotes"):
+                venv.remotes = [TracedPipe(pipe, i, self) for i, pipe in enumerate(venv.remotes)]
             t_root = comm.bcast(time.time(), root=0)  # [MPI] --trace: rank 0's clock
             self.zero, self.on = t_root if comm.Get_rank() == 0 else time.time(), True
 

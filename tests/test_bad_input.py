@@ -19,7 +19,9 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -35,79 +37,119 @@ SMALL_RUN = ["--n_epochs", "2", "--n_cycles", "2", "--n_batches", "2", "--n_test
 
 
 def refusal(argv):
-    """The one line that cli's checks (argparse's, exit code 2, then validate_config's) give
-    argv, or None."""
+    """The one line that cli's checks (argparse's, exit code 2, then make_config's rules) give
+    argv, or None (and the Config made)."""
     err = io.StringIO()
     try:
         with contextlib.redirect_stderr(err):
             args = cli.parse_train_args(argv)
-        cli.validate_config(cli.make_config(args))
+        return None, cli.make_config(args)
     except SystemExit as e:
         assert e.code == 2 and len(err.getvalue().splitlines()) == 1, err.getvalue()
-        return err.getvalue()
+        return err.getvalue(), None
     except UsageError as e:
-        return str(e)
-    return None
+        return str(e), None
 
 
-def bad_values(f):
-    """Values of the wrong type and out of the range config.py declares for field f, as typed
-    on the command line, and the edge values it takes."""
-    comment = cli.config_comments()[f.name]
-    kind, _ = cli.field_kind(f)
-    if kind is bool:
-        return ["2", "-1", "yes", ""], ["0", "1"]
-    if comment.startswith("{"):
-        choices = comment[1:comment.index("}")].split(",")
-        return ["nope", "", "FUTURE"], [c.strip() for c in choices]
-    if kind is str:
-        return [""], ["x"]
-    if kind is not int and kind is not float:  # the reward range
-        return ["1,1", "0,nan", "a,b", "1", "", "2,1"], ["-1,0", "-inf,0", "0,inf"]
-    head = comment.split(" ", 1)[0]
-    bad = ["abc", "", "1e999" if kind is float else "1.5", "nan" if kind is float else "0x1"]
-    if kind is float:
-        bad += ["inf", "-inf"]
-    if head.startswith(">="):
-        lo = float(head[2:])
-        return bad + [repr(kind(lo) - 1), repr(-10**9)], [repr(kind(lo)), repr(kind(lo) + 1)]
-    if head.startswith(">"):
-        return bad + ["0", "-1e-9"], ["1e-9", "1"]
-    lo, hi = (float(end) for end in head[1:-1].split(","))
-    edges = ([repr(lo)] if head[0] == "[" else []) + ([repr(hi)] if head[-1] == "]" else [])
-    return bad + [repr(lo - 0.5), repr(hi + 0.5), repr(hi) if head[-1] == ")" else "2"], edges
+NOT_INT = ["abc", "", "1.5", "0x1", "1e3"]
+NOT_FINITE = ["abc", "", "nan", "inf", "-inf", "1e999"]
+NOT_BOOL = ["2", "-1", "yes", "true", ""]
+AT_LEAST_1 = (int, NOT_INT + ["0", "-1"], ["1", "2"])
+AT_LEAST_0 = (int, NOT_INT + ["-1"], ["0", "1"])
+NONNEGATIVE = (float, NOT_FINITE + ["-1e-9", "-1"], ["0", "1e-9", "3"])
+POSITIVE = (float, NOT_FINITE + ["0", "-1e-9"], ["1e-9", "1"])
+FRACTION = (float, NOT_FINITE + ["-1e-9", "1.000001", "1.5"], ["0", "0.5", "1"])
+BOOL = (lambda text: text == "1", NOT_BOOL, ["0", "1"])
+PATH = (str, [""], ["x.npz"])
+
+
+def pair(text):
+    return tuple(float(v) for v in text.split(","))
+
+
+# Every Config field: (how an accepted text reads, texts refused, texts at the edges accepted),
+# written from what docs/usage.md says each flag takes; a bound changed in config.py fails here.
+FIELDS = {
+    "env": (str, [""], ["FetchReach-v4"]), "num_env": AT_LEAST_1,
+    "vec_env": (str, ["nope", "", "SHMEM"], ["subproc", "shmem"]),
+    "env_timeout": NONNEGATIVE, "mpi_timeout": NONNEGATIVE, "n_epochs": AT_LEAST_1,
+    "n_cycles": AT_LEAST_1, "n_batches": AT_LEAST_1, "batch_size": AT_LEAST_1,
+    "n_test_rollouts": AT_LEAST_1, "buffer_size": AT_LEAST_1, "hidden": AT_LEAST_1,
+    "layers": AT_LEAST_1, "Q_lr": NONNEGATIVE, "pi_lr": NONNEGATIVE, "polyak": FRACTION,
+    "gamma": (float, NOT_FINITE + ["1", "-1e-9", "1.5"], ["0", "0.5", "0.999999"]),
+    "action_l2": NONNEGATIVE, "clip_obs": POSITIVE, "norm_eps": POSITIVE, "norm_clip": POSITIVE,
+    "noise_eps": NONNEGATIVE, "random_eps": FRACTION,
+    "replay_strategy": (str, ["later", "", "FUTURE"], ["future", "final", "episode", "random",
+                                                       "none"]),
+    "replay_k": AT_LEAST_0, "clip_return": BOOL,
+    "reward_range": (pair, ["1,1", "0,nan", "a,b", "1", "", "2,1", "0,1,2"],
+                     ["-1,0", "-inf,0", "0,inf"]),
+    "seed": AT_LEAST_0, "logdir": (str, [""], ["x"]), "policy_save_interval": AT_LEAST_0,
+    "sync_check_interval": AT_LEAST_0, "demo_file": PATH, "num_demo": AT_LEAST_1,
+    "demo_batch_size": (int, NOT_INT + ["0", "256"], ["1", "255"]), "bc_loss": BOOL,
+    "q_filter": BOOL, "prm_loss_weight": NONNEGATIVE, "aux_loss_weight": NONNEGATIVE,
+}
 
 
 class TestEveryField:
+    def test_every_field_has_its_row(self):
+        assert list(FIELDS) == [f.name for f in dataclasses.fields(Config)]
+
     def test_every_field_refuses_values_off_its_type_or_range_and_takes_its_edges(self):
-        """config.py's fields, each through its own table of values (bad_values): a bad one is
-        one line naming the flag (argparse's exit 2, or validate_config's UsageError); an edge
-        value is taken, and is what the Config holds."""
+        """config.py's fields, each through its own row of FIELDS: a bad value is one line
+        naming the flag (argparse's exit 2, or make_config's UsageError); an edge value is
+        taken, and is what the Config holds."""
         tried = 0
-        for f in dataclasses.fields(Config):
-            bad, edges = bad_values(f)
-            demo = f.name in ("num_demo", "demo_batch_size", "bc_loss", "q_filter")
-            extra = ["--demo_file", "d.npz"] if demo else []
+        for name, (read, bad, edges) in FIELDS.items():
+            demo = name in cli.DEMO_FLAGS or name == "demo_file"
+            extra = [] if name == "demo_file" else ["--demo_file", "d.npz"] * demo
             for text in bad:
-                line = refusal([f"--{f.name}={text}", *extra])
-                assert line is not None, (f.name, text)
+                line, _ = refusal([f"--{name}={text}", *extra])
+                assert line is not None and f"--{name}" in line, (name, text, line)
                 tried += 1
             for text in edges:
-                argv = [f"--{f.name}={text}", *extra]
-                assert refusal(argv) is None, (f.name, text, refusal(argv))
+                line, cfg = refusal([f"--{name}={text}", *extra])
+                assert line is None and getattr(cfg, name) == read(text), (name, text, line)
         assert tried > 150
 
-    def test_the_named_flag_and_fix_are_in_the_line(self, capsys):
+    def test_the_named_flag_and_fix_are_in_the_line(self):
         for argv, phrase in [(["--n_epochs", "0"], "--n_epochs must be at least 1, got 0"),
                              (["--gamma", "1"], "--gamma must be in [0,1), got 1.0"),
                              (["--gamma", "nan"], "--gamma takes a finite number"),
                              (["--n_test_rollouts", "0"], "--n_test_rollouts must be at least 1"),
                              (["--polyak", "1.5"], "--polyak must be in [0,1], got 1.5"),
                              (["--seed", "-1"], "--seed must be at least 0"),
+                             (["--vec_env", "fast"], "--vec_env takes one of subproc, shmem"),
                              (["--reward_range", "0,0"], "R_MIN below R_MAX"),
                              (["--demo_file", "d.npz", "--demo_batch_size", "256"],
                               "lower --demo_batch_size or raise --batch_size")]:
-            assert phrase in refusal(argv), (argv, refusal(argv))
+            line, _ = refusal(argv)
+            assert phrase in line, (argv, line)
+
+    def test_a_flag_that_acts_only_with_another_is_refused_without_it(self):
+        """Every demo flag without --demo_file, and the cloning loss's without --bc_loss 1."""
+        for argv, phrase in [(["--num_demo", "50"], "--num_demo acts only on demonstrations"),
+                             (["--demo_batch_size", "64"], "--demo_batch_size acts only on"),
+                             (["--prm_loss_weight", "0.5"], "--prm_loss_weight acts only on"),
+                             (["--aux_loss_weight", "0"], "--aux_loss_weight acts only on"),
+                             (["--bc_loss", "1"], "--bc_loss acts only on demonstrations"),
+                             (["--bc_loss", "0"], "--bc_loss acts only on demonstrations"),
+                             (["--q_filter", "0"], "--q_filter acts only on demonstrations"),
+                             (["--demo_file", "d", "--bc_loss", "0", "--q_filter", "1"],
+                              "--q_filter acts only on the cloning loss of --bc_loss 1"),
+                             (["--demo_file", "d", "--bc_loss", "0", "--aux_loss_weight", "1"],
+                              "--aux_loss_weight acts only on the cloning loss")]:
+            line, _ = refusal(argv)
+            assert line is not None and phrase in line, (argv, line)
+
+    @pytest.mark.slow
+    def test_the_demos_command_a_refusal_names_works_as_printed(self, tmp_path):
+        line, _ = refusal(["--num_demo", "50"])
+        command = line.split("make one with: ")[1].split(")")[0]  # with one demo: quicker
+        done = subprocess.run([sys.executable, *command.split()[1:], "--num_demo", "1"],
+                              cwd=tmp_path, env=dict(os.environ, PYTHONPATH=ROOT),
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0 and (tmp_path / "demos.npz").exists(), done.stderr
 
     def test_config_json_values_are_checked_as_flags_are(self, tmp_path):
         """A config.json edited to a value of the wrong type or range, a field dropped or added:
@@ -120,7 +162,10 @@ class TestEveryField:
                              ({"clip_return": 1}, "clip_return takes 0 or 1"),
                              ({"reward_range": [0, 0]}, "R_MIN below R_MAX"),
                              ({"polyak": None}, "polyak takes a finite number"),
+                             ({"polyak": 1.5}, "polyak must be in [0,1]"),
+                             ({"vec_env": "fast"}, "vec_env takes one of subproc, shmem"),
                              ({"hidden": True}, "hidden takes an integer"),
+                             ({"q_filter": True}, "q_filter acts only on the cloning loss"),
                              ({"bogus": 1}, "['bogus']")]:
             (tmp_path / "config.json").write_text(json.dumps({**good, **edit}))
             with pytest.raises(UsageError, match=None) as e:
@@ -137,6 +182,31 @@ class TestEveryField:
         assert "measured" in helps["reward_range"] and "''" not in helps["reward_range"]
         assert not any("(default None)" in h or "(default '')" in h for h in helps.values()
                        if h)
+
+    def test_a_comment_reworded_changes_nothing_accepted_and_help_still_works(self, tmp_path):
+        """config.py with every field's comment reworded as people write them (a parenthesis
+        first, an interval with a space, a bound in prose, a comment over two lines): the same
+        refusals, and --help."""
+        lines = []
+        for line in (Path(ROOT) / "config.py").read_text().splitlines():
+            if line.startswith("    ") and ": " in line.split("#")[0] and "  # " in line:
+                line = line.split("  # ")[0] + "  # (see baselines) [0, 1] >= 1 {a, b} at least"
+            lines.append(line)
+        (tmp_path / "config.py").write_text("\n".join(lines).replace(
+            "    env: str", "    # a comment above\n    env: str"))
+        code = ("import sys; sys.path[:0] = [sys.argv[1], sys.argv[2]]; from harness import cli; "
+                "from tests.test_bad_input import refusal; "
+                "print([refusal(a)[0] for a in ([], ['--polyak=1'], ['--polyak=1.5'], "
+                "['--n_epochs=0'], ['--gamma=0.5'], ['--vec_env=a'])]); cli.parse_train_args("
+                "['--help'])")
+        out = subprocess.run([sys.executable, "-c", code, str(tmp_path), ROOT], cwd=tmp_path,
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.splitlines()[0] == str(
+            [None, None, "train.py: error: --polyak must be in [0,1], got 1.5\n",
+             "train.py: error: --n_epochs must be at least 1, got 0\n", None,
+             "train.py: error: --vec_env takes one of subproc, shmem, got 'a'\n"])
+        assert "--polyak POLYAK" in out.stdout and "(see baselines) [0, 1]" in out.stdout
 
 
 def tree_hashes(folder):
@@ -171,11 +241,10 @@ def finished_run(tmp_path_factory):
 
 # Damage a resumed run may take: files it does not read (log.txt is appended to, a numbered
 # policy is not read), a newest checkpoint gone (the previous one, a whole epoch, is taken), a
-# flag a resume may change, the facts config.json notes (written anew), the optional arrays.
+# flag a resume may change, the facts config.json notes (written anew).
 MAY_RUN = ("log.txt", "policy_0.npz", "checkpoint/rank0.prev.npz", "checkpoint/rank0.npz removed",
            "config.json n_epochs", "config.json mpi_timeout", "config.json logdir",
-           "config.json n_ranks", "config.json T", "checksum dropped", "run_config dropped",
-           "log/progress_sha256 dropped")
+           "config.json n_ranks", "config.json T")
 
 
 def damaged_copies(run, root):
@@ -318,22 +387,3 @@ def children_of(pid):
             return [int(c) for c in f.read().split()]
     except OSError:
         return []
-
-
-def test_runs_from_before_the_fields_typed_none_resume(tmp_path, capsys):
-    """A run folder whose config.json names gamma's and the reward range's defaults by 0. and
-    '' (before they were typed X | None, and without 'T') resumes; the new config.json holds
-    the values in force."""
-    logdir = str(tmp_path / "run")
-    assert main_exit_code([*SMALL_RUN, "--n_epochs", "1", "--logdir", logdir]) == 0
-    path = os.path.join(logdir, "config.json")
-    with open(path) as f:
-        config = json.load(f)
-    assert (config["gamma"], config["reward_range"], config["T"]) == (0.98, [-1., 0.], 50)
-    del config["T"]
-    config.update(gamma=0., reward_range="", demo_file="")
-    with open(path, "w") as f:
-        json.dump(config, f)
-    assert main_exit_code(["--resume", logdir, "--n_epochs", "2"]) == 0, capsys.readouterr()
-    with open(path) as f:
-        assert json.load(f)["gamma"] == 0.98

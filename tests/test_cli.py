@@ -8,6 +8,7 @@ exit code 2, in this process (train.main) and once through a real one.
 Run: `python -m pytest -q tests/test_cli.py` (from the repository's root).
 """
 import dataclasses
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,7 +18,7 @@ from ddpg import DDPG
 from harness import cli
 from harness.goal_env import GoalTask
 from mpi_adam import ONE_RANK
-from tests.helpers import assert_main_refuses, assert_one_line_error, run_cmd, train_cmd
+from tests.helpers import ROOT, assert_main_refuses, assert_one_line_error, run_cmd, train_cmd
 
 # ---------------------------------------------------------------- cli.py: settings, command line
 
@@ -34,35 +35,22 @@ class TestConfig:
         assert (cfg.n_cycles, cfg.num_env, cfg.n_batches, cfg.replay_k) == (50, 2, 7, 4)
 
     def test_every_config_field_is_a_flag_with_its_comment_as_help(self):
-        comments = cli.config_comments()
+        """Each field's help is the comment that ends its line in config.py (read here as a
+        reader reads it), with what the field takes beside its default."""
+        comments = {}
+        for line in (Path(ROOT) / "config.py").read_text().splitlines():
+            code, _, comment = line.partition("  # ")
+            if code.startswith("    ") and ": " in code and " = " in code and comment:
+                comments[code.split(":")[0].strip()] = comment
         actions = {a.dest: a for a in cli.train_parser()._actions}
-        argv, expected = [], {}
         for f in dataclasses.fields(Config):
             action = actions[f.name]
             assert action.option_strings == [f"--{f.name}"] and action.default is None
             assert action.help.startswith(comments[f.name]) and len(comments[f.name]) > 10
-            # a value other than the default, of the field's type, through the command line
-            kind, _ = cli.field_kind(f)
-            if kind is bool:  # as given: validate_config parses it
-                value = text = str(int(not f.default))
-                assert cli.checked_value(f, text, None) is (not f.default)
-            elif comments[f.name].startswith("{"):  # the choices: checked by validate_config
-                choices = comments[f.name][1:comments[f.name].index("}")].split(", ")
-                value = text = next(c for c in choices if c != f.default)
-            elif kind is str:
-                value = text = f"x{f.name}"
-            elif kind is float and f.default is None:  # gamma
-                value, text = 0.5, "0.5"
-            elif kind in (int, float):
-                value = kind(f.default) + kind(3)
-                text = repr(value)
-            else:  # the reward range, as given: validate_config parses it
-                value = text = "-2,3"
-                assert cli.checked_value(f, text, None) == (-2., 3.)
-            argv += [f"--{f.name}={text}"]  # with '=': the reward range starts with '-'
-            expected[f.name] = value
-        cfg = cli.make_config(cli.parse_train_args(argv))
-        assert dataclasses.asdict(cfg) == expected
+        assert actions["n_epochs"].help.endswith("(at least 1; default 50)")
+        assert actions["gamma"].help.endswith("(in [0,1))")
+        assert actions["clip_return"].help.endswith("(default 1)")
+        assert actions["vec_env"].choices == ("subproc", "shmem")
 
     @pytest.mark.slow
     def test_bad_command_lines_get_one_line_errors(self, tmp_path, capsys):
@@ -100,7 +88,7 @@ class TestConfig:
     def test_a_demo_file_turns_the_cloning_loss_on_unless_bc_loss_0_is_given(self):
         """As baselines' her.py, which sets bc_loss = 1 whenever a demo file is given."""
         def bc_loss(*argv):
-            return cli.validate_config(cli.make_config(cli.parse_train_args(list(argv)))).bc_loss
+            return cli.make_config(cli.parse_train_args(list(argv))).bc_loss
         assert bc_loss("--demo_file", "d.npz") is True
         assert bc_loss("--demo_file", "d.npz", "--bc_loss", "0") is False
         assert bc_loss("--demo_file", "d.npz", "--bc_loss", "1") is True

@@ -14,7 +14,6 @@ import shutil
 import numpy as np
 import pytest
 
-import ddpg
 from harness import checkpoint, errors, files, goal_env
 from tests.helpers import (
     arrays_of,
@@ -95,13 +94,13 @@ class TestFiles:
         rc, out = run_cmd(play_cmd(good, "--env", "FetchPush-v4"), 120)
         assert_one_line_error(rc, out, 2, "FetchReach-v4", "FetchPush-v4")
 
-    def test_a_policy_file_without_its_target_range_is_refused_in_one_line(self, tmp_path):
-        """Policy files of train.py before the target range was saved: refused, not guessed."""
+    def test_a_policy_file_without_what_rebuilds_it_is_refused_in_one_line(self, tmp_path):
+        """A config_json that lacks a key the agent is rebuilt from: refused, not guessed."""
         path = str(tmp_path / "old.npz")
         policy_config = {"dims": {"o": 10, "g": 3, "u": 4}, "T": 50, "hidden": 8}
         np.savez(path, config_json=np.array(json.dumps(policy_config)),
-                 **{key: np.zeros(3, np.float32) for key in ddpg.POLICY_KEYS[1:]})
-        with pytest.raises(errors.BadFileError, match="no 'target_range'.*older train.py"):
+                 **{key: np.zeros(3, np.float32) for key in ("main/pi", "main/Q")})
+        with pytest.raises(errors.BadFileError, match="config_json has no 'max_u'; not a policy"):
             files.load_policy_arrays(path)
 
     @pytest.mark.slow

@@ -61,10 +61,10 @@ class TestTracer:
 
     def test_it_records_each_call_and_pipe_message_while_on_and_writes_its_files(self, tmp_path,
                                                                                  capsys):
-        tracer = tracing.Tracer(1)
+        tracer = tracing.Tracer()
         comm = ObservedComm(RecordingComm(), (tracer,))
         mpi_adam_update(comm, np.zeros(10, np.float32))  # [MPI] before the trace: not recorded
-        tracer.begin(comm, str(tmp_path / "trace"))  # [MPI] one rank here
+        tracer.begin(comm, str(tmp_path / "trace"), 1, None)  # [MPI] one rank here
         mpi_adam_update(comm, np.zeros(10, np.float32))  # [MPI] one rank here
         comm.allgather((False, []))  # [MPI] one rank here
         comm.bcast("x", root=0)  # [MPI] one rank here
@@ -111,14 +111,13 @@ class TestTracer:
             pickle.dumps([1, 2], pickle.HIGHEST_PROTOCOL))
 
     def test_off_it_records_nothing_and_leaves_the_pipes_alone(self):
-        tracer = tracing.Tracer(0)
+        tracer = tracing.Tracer()
 
         class Venv:
             remotes = ("pipe 0", "pipe 1")
-        venv = tracer.watch(Venv())
-        assert venv.remotes == ("pipe 0", "pipe 1")
         comm = ObservedComm(RecordingComm(), (tracer,))
-        tracer.begin(comm, "/nonexistent")  # [MPI] off: no call
+        tracer.begin(comm, "/nonexistent", 0, Venv)  # [MPI] off: no call
+        assert Venv.remotes == ("pipe 0", "pipe 1")
         mpi_adam_update(comm, np.zeros(3, np.float32))  # [MPI] one rank here
         tracer.end_cycle()  # [MPI] off: no call
         tracer.finish()  # [MPI] off: no call
