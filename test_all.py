@@ -1541,11 +1541,12 @@ class TestVecEnv:
 
     @PROCESS_VEC_ENVS
     def test_stop_signals_while_env_processes_start_are_held_not_lost(self, VecEnvClass):
-        """What scancel does at start-up: SIGINT, SIGTERM and SIGUSR1 sent to each env process
-        the moment it is started, and to the rank, in a fresh process (so that the first start
-        also starts multiprocessing's resource tracker, which unblocked SIGINT and SIGTERM and
-        let them kill env processes). Every env process lives and ends well; the rank's
-        handlers run, once all have started: each signal was held, not dropped."""
+        """What scancel or a closed terminal does at start-up: SIGINT, SIGTERM, SIGUSR1 and
+        SIGHUP sent to each env process the moment it is started, and to the rank, in a fresh
+        process (so that the first start also starts multiprocessing's resource tracker, which
+        unblocked SIGINT and SIGTERM and let them kill env processes). Every env process lives
+        and ends well; the rank's handlers run, once all have started: each signal was held,
+        not dropped."""
         script = f"""
 import functools, multiprocessing as mp, os, signal, sys
 sys.path.insert(0, {ROOT!r})
@@ -1570,7 +1571,8 @@ if __name__ == "__main__":
 """
         proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                               timeout=120, cwd=ROOT)
-        signals = sorted(int(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1))
+        signals = sorted(int(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1,
+                                          signal.SIGHUP))
         assert proc.stdout == f"got {signals} exit codes [0, 0]\n", proc.stdout + proc.stderr
 
     @PROCESS_VEC_ENVS

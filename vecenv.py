@@ -171,7 +171,8 @@ def shared_views(obs_buffers):
             for key, (buf, dtype, shape) in obs_buffers.items()}
 
 
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)  # the rank's, never an env's
+# the rank's, never an env's: Ctrl-C, kill or scancel, Slurm's warning, a closed terminal
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGHUP)
 
 
 @contextlib.contextmanager

@@ -79,7 +79,7 @@ def play(cfg, args, comm):
     try:
         (arrays, policy_config), error = load_policy_arrays(args.policy), None
         env_id = args.env or policy_config.get("env") or cfg.env  # the env it was trained on
-        task = describe_env(env_id, need_range=False)
+        task = describe_env(env_id)
         check_policy_fits(policy_config, args.policy, env_id, task.dims)
     except (UsageError, BadFileError) as e:
         error = str(e)

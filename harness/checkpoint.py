@@ -7,11 +7,9 @@ random generator, where the run is and the epoch's logs so far; one file per ran
 atomically (files.py) at the end of every epoch and on Ctrl-C, with the one before it kept
 beside it: a resumed run equals the run that was never stopped, byte for byte.
 
-What a resume checks, one check for each thing that happens to a run folder: a file cut or
-damaged does not load (zip's CRC, files.load_npz); a checkpoint whose arrays were edited fails
-its checksum; one of another configuration (config.json edited) differs in run_config; a
-progress.csv edited or cut fails its digest (logger.read_progress); the newest checkpoint lost
-in a stop mid-save leaves the one before it (common_position).
+A resume checks each thing that happens to a run folder once: a file cut does not load (zip's
+CRC), an array edited fails the checksum, config.json edited differs from run_config, a
+progress.csv edited or cut fails its digest, a stop mid-save leaves the checkpoint before.
 
 Test: `python -m pytest -q tests/test_checkpoint.py`.
 """
@@ -45,12 +43,11 @@ def checkpoint_path(logdir, rank, previous=False):
 
 
 def save_checkpoint(logdir, position, policy, workers, comm, losses=(), progress=""):
-    """Every rank writes its own complete state; position: (epoch, cycle), where training
-    resumes, and the best test success rate so far; progress: the digest of progress.csv as
-    rank 0 last wrote it. The checkpoint it replaces becomes rank<r>.prev.npz first: a rank
-    stopped mid-save, the others done, still has the position they all share
-    (save_on_every_rank's allgather after each save means no rank starts the next save before
-    every rank has finished this one)."""
+    """Every rank writes its own complete state; position: (epoch, cycle) where training
+    resumes, and the best test success rate; progress: progress.csv's digest as rank 0 last
+    wrote it. The checkpoint it replaces becomes rank<r>.prev.npz first: a rank stopped
+    mid-save, the others done, still has the position they all share (save_on_every_rank's
+    allgather means no rank starts a save before every rank has finished the last one)."""
     epoch, cycle, best = position
     # The epoch's logs so far (none at an epoch boundary, cycle 0): without them an epoch resumed
     # mid-way would log train/success_rate and the losses of its resumed cycles only.
@@ -137,11 +134,9 @@ def common_position(run_dir, positions, comm):
 
 def read_inputs(cfg, task, args, comm):
     """Collective: every file the flags name, read and checked on every rank before anything is
-    written or started, all ranks agreeing that they are good or all raising the first problem:
-    --resume's checkpoint (of the newest position every rank has: its checksum, its settings
-    against config.json; on rank 0 progress.csv and the policies too), --load_path's policy (its
-    task and networks against the flags), --demo_file's episodes (of this task). Returns what
-    the Run takes of them (its path, arrays and kept progress.csv rows for a checkpoint)."""
+    written or started, all agreeing or all raising the first problem: --resume's checkpoint
+    (of the newest position all ranks have; rank 0: progress.csv and the policies too),
+    --load_path's policy (task and networks), --demo_file's episodes. Returns what Run takes."""
     rank, resume, own = comm.Get_rank(), args.resume, run_settings(cfg)
     inputs = dict(load_path=args.load_path, init_policy=None, demos=None, checkpoint=None,
                   checkpoint_path=None, progress=(), resume_note=None)

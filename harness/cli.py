@@ -2,13 +2,10 @@
 
 Mirrors the argument handling of openai/baselines `her/experiment/train.py` (its click options)
 and `prepare_params` of `her/experiment/config.py`: defaults, then the env's overrides, then
-the flags given. What a field takes is its type in config.py (an Interval, a Literal's choices,
-`X | None`); its comment is the flag's help. The flags (argparse's type and choices) and a run
-folder's config.json (saved_config) are read through the same check (checked). The rules
-between fields are check_rules', those between the fields and the task (a buffer that holds a
-rollout, a reward range the task's rewards fit, the memory a run needs) config_for_task's; each
-problem is one UsageError line. Rank 0 builds the configuration and every rank takes it
-(shared_config).
+the flags given. What a field takes is its type in config.py, its comment is its help; flags and
+config.json are checked alike (checked), then the rules between fields (check_rules) and against
+the task (config_for_task), each problem one UsageError line. Rank 0 builds the configuration
+and every rank takes it (shared_config).
 
 Test: `python -m pytest -q tests/test_cli.py tests/test_bad_input.py`.
 """
@@ -25,13 +22,12 @@ import re
 import socket
 import sys
 import time
-import types
 import typing
 
 from config import ENV_OVERRIDES, Config, Interval
 from ddpg import discount
 from harness.errors import UsageError
-from harness.goal_env import describe_env
+from harness.goal_env import MAX_RANGE_RESETS, describe_env
 from harness.mpi_util import raise_if_any_rank_failed
 from replay import episode_shapes
 
@@ -43,8 +39,7 @@ def field_type(f):
     Annotated[int, Interval(1)] -> (int, Interval(1), False); Literal["a", "b"] -> (str, ("a",
     "b"), False); float | None -> (float, None, True)."""
     kind, rule, args = f.type, None, typing.get_args(f.type)
-    optional = type(None) in args and (isinstance(kind, types.UnionType)
-                                       or typing.get_origin(kind) is typing.Union)
+    optional = type(None) in args  # X | None
     if optional:
         kind = next(a for a in args if a is not type(None))
     if typing.get_origin(kind) is typing.Annotated:
@@ -59,9 +54,9 @@ WHAT = {int: "an integer", float: "a finite number", bool: "0 or 1 (false or tru
 
 
 def checked(f, value):
-    """The value of field f as Config holds it, or ValueError saying what f takes. A value
-    comes as JSON holds it (config.json; flag_value turns a flag's text into one): an int
-    where a float is taken is that float; type(), not isinstance(): a bool is no number here."""
+    """The value of field f as Config holds it, or ValueError saying what f takes; a value as
+    JSON holds it (an int where a float is taken is that float; type(), not isinstance(): a
+    bool is no number here)."""
     kind, rule, optional = field_type(f)
     if value is None and optional:
         return None
@@ -111,12 +106,12 @@ BC_FLAGS = ("q_filter", "prm_loss_weight", "aux_loss_weight")
 def check_rules(cfg, given=()):
     """UsageError for the first pair of values that contradict each other; `given`: the flags
     given on the command line (a flag that acts only with another must not come without it)."""
-    make = "make one with: python -m experiment.demos --env FetchPickAndPlace-v4 --out demos.npz"
     alone = [name for name in DEMO_FLAGS if name in given]
     if not cfg.demo_file and (cfg.bc_loss or alone):
-        flag = "bc_loss 1" if cfg.bc_loss and not alone else alone[0]
-        raise UsageError(f"--{flag} acts only on demonstrations: give --demo_file PATH too "
-                         f"({make}), or drop --{flag.split()[0]}")
+        flag = alone[0] if alone else "bc_loss"
+        raise UsageError(f"--{flag} acts only on demonstrations: give --demo_file PATH too (make "
+                         "one with: python -m experiment.demos --env FetchPickAndPlace-v4 --out "
+                         f"demos.npz), or drop --{flag}")
     alone = [name for name in BC_FLAGS if name in given or getattr(cfg, name) is True]
     if not cfg.bc_loss and alone:
         raise UsageError(f"--{alone[0]} acts only on the cloning loss of --bc_loss 1: drop "
@@ -133,14 +128,18 @@ PROCESS_MB = 150
 
 
 def config_for_task(cfg, ranks_here):
-    """(cfg, task): the task read off the env (goal_env.describe_env) and the configuration with
-    the values in force: the discount (baselines' 1 - 1/T unless given) and the reward range
-    (measured off the task unless given; the critic's targets are clipped to it). UsageError
-    where the flags contradict the task: a given range that leaves out rewards the task gives,
-    a buffer that holds no rollout, or more memory than this host has for `ranks_here` ranks
-    (the replay and demo buffers, one batch through the networks, the env processes: an
-    estimate, named in the line; a warning near it)."""
-    task = describe_env(cfg.env, need_range=cfg.reward_range is None)
+    """(cfg, task): the task read off the env and the values in force: the discount (1 - 1/T
+    unless given), the reward range (measured unless given). UsageError where the flags
+    contradict the task: a given range that leaves out rewards the task gives, a buffer that
+    holds no rollout, or (an estimate, named in the line) more memory than this host has for
+    `ranks_here` ranks: replay and demo buffers, one batch, the env processes."""
+    task = describe_env(cfg.env)
+    if task.r_range is None and cfg.reward_range is None:
+        raise UsageError(f"env {cfg.env!r}: compute_reward gave one value for every goal and "
+                         f"achieved goal of {MAX_RANGE_RESETS} resets, so the range of its "
+                         "rewards, which bounds the critic's target, cannot be measured; pass "
+                         "it as --reward_range=R_MIN,R_MAX (e.g. 0,1 for a maze's sparse "
+                         "reward, -1,0 for Fetch's)")
     given, measured = cfg.reward_range, task.r_range or (-math.inf, math.inf)
     # an infinite end of a measured range (a dense reward's) is no bound a range can leave out
     if given and (given[0] > measured[0] > -math.inf or given[1] < measured[1] < math.inf):
@@ -200,8 +199,7 @@ class ArgumentParser(argparse.ArgumentParser):
 
 
 def config_help():
-    """{field: the comment that ends its line in config.py}: the flag's help, and nothing else
-    (what a field takes is its type). ast finds where each field's code ends on its line."""
+    """{field: the comment that ends its line in config.py}: its flag's help, never a rule."""
     with open(inspect.getfile(Config)) as f:
         source = f.read()
     lines = source.splitlines()
@@ -211,24 +209,23 @@ def config_help():
 
 
 def config_flags(p, names=None):
-    """Add --<field> for every Config field (or for those in `names`), its type and choices
-    from the field's annotation, its help from its comment. Every default is None, so that
-    make_config can tell a flag given from one left out (the env's overrides apply to those);
-    a field typed X | None says its default in its comment."""
+    """Add --<field> for every Config field (or those in `names`): type and choices from its
+    annotation, help from its comment. Every default is None, so that make_config can tell a
+    flag given from one left out (the env's overrides apply to those)."""
     helps = config_help()
     for f in dataclasses.fields(Config):
         if names is not None and f.name not in names:
             continue
         kind, rule, _ = field_type(f)
-        shown = int(f.default) if kind is bool else f.default
-        default = [str(rule)] * isinstance(rule, Interval) + [f"default {shown!r}"] * (
-            f.default is not None)
-        default = f" ({'; '.join(default)})" if default else ""
+        notes = [str(rule)] if isinstance(rule, Interval) else []
+        if f.default is not None:  # X | None: the comment says what the run works out
+            notes.append(f"default {int(f.default) if kind is bool else f.default!r}")
+        notes = f" ({'; '.join(notes)})" if notes else ""
         metavar = {bool: "{0,1}"}.get(kind, "R_MIN,R_MAX" if kind not in WHAT else None)
         p.add_argument(f"--{f.name}", default=None, type=functools.partial(flag_value, f),
                        choices=rule if isinstance(rule, tuple) else None, metavar=metavar,
                        # argparse %-formats help texts: a literal % must be doubled
-                       help=f"{helps.get(f.name, '')}{default}".replace("%", "%%"))
+                       help=f"{helps.get(f.name, '')}{notes}".replace("%", "%%"))
 
 
 def make_config(args):
@@ -283,13 +280,11 @@ def saved_config(run_dir):
 
 
 def shared_config(argv, comm):
-    """Collective: (args, cfg, task) on every rank, every value checked. Each rank parses argv
-    (a bad flag: argparse's one line, exit code 2); rank 0 builds the configuration
-    (make_config, or saved_config on --resume) and every rank takes it from there: its default
-    log dir name holds a time stamp, and on --resume only rank 0's machine need hold
-    config.json (ranks on other machines without a shared file system have just their
-    checkpoints). Then every rank reads the task and the values in force (config_for_task),
-    and all raise the first problem any rank found."""
+    """Collective: (args, cfg, task) on every rank, every value checked. Each rank parses argv;
+    rank 0 builds the configuration (make_config, or saved_config on --resume) and every rank
+    takes it: its default log dir name holds a time stamp, and on --resume only rank 0's
+    machine need hold config.json. Then every rank reads the task (config_for_task), and all
+    raise the first problem any rank found."""
     args = parse_train_args(argv)
     cfg, error = None, None
     if comm.Get_rank() == 0:

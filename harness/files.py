@@ -5,13 +5,11 @@ in place. Here every file is a plain .npz (or text, or a figure's PNG), written 
 read with allow_pickle=False, so a file from elsewhere can be refused but never runs code. A
 file that cannot be read is a one-line BadFileError, one that cannot be written a SaveError.
 
-Policy files are ddpg.DDPG.policy_arrays() (the JSON of what rebuilds the agent, and its
-weights, targets and normaliser sums); what they hold, and how an agent is rebuilt from them,
-is ddpg.py's alone (DDPG.arrays, DDPG.load_arrays, DDPG.from_policy): this file only writes and
-reads them, and names the file in every error. Holds the demo file format of Nair et al. (2018) too
-(experiment/demos.py writes it, train.py reads it):
-one float32 array per key in the replay buffer's own layout (replay.py), episodes first:
-o, ag (n, T+1, dim); g, u, info_is_success (n, T, dim); plus the env id and T.
+What a policy file holds, and how an agent is rebuilt from it, is ddpg.py's alone
+(DDPG.policy_arrays, DDPG.load_arrays, DDPG.from_policy): this file writes and reads them, and
+names the file in every error. The demo file of Nair et al. (2018) (experiment/demos.py writes
+it, train.py reads it): a float32 array per key in the replay buffer's layout (replay.py),
+episodes first: o, ag (n, T+1, dim); g, u, info_is_success (n, T, dim); the env id and T.
 
 Test: `python -m pytest -q tests/test_files.py`.
 """

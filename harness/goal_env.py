@@ -5,9 +5,8 @@ env whose compute_reward relabels goals) and of `common/cmd_util.py` (make_vec_e
 are the multi-goal environments of Plappert et al. (2018), Sec. 1: a dict observation with
 `observation`, `achieved_goal` and `desired_goal`, and a vectorised `compute_reward(ag, g)`.
 Tasks differ in conventions (Fetch and Hand: rewards {-1, 0} and info['is_success']; PointMaze
-and AntMaze: {0, 1} and info['success']; the Dense variants: a distance), so describe_env
-reads them all, a GoalTask, off a temporary env. build_venv makes a rank's vec env of num_env
-such envs.
+and AntMaze: {0, 1} and info['success']; the Dense variants: a distance), so describe_env reads
+them, a GoalTask, off a temporary env. build_venv makes a rank's vec env of num_env envs.
 
 Test: `python -m pytest -q tests/test_goal_env.py`.
 """
@@ -56,10 +55,9 @@ class GoalTask:
     r_range: object  # (r_min, r_max) of the rewards, or None where not measured
 
 
-def describe_env(env_id, need_range=True):
-    """The GoalTask of env_id, its reward range measured; with need_range=False, None where it
-    cannot be measured (a range given on the command line takes its place: cli.config_for_task;
-    play.py needs none)."""
+def describe_env(env_id):
+    """The GoalTask of env_id, its reward range measured (None where it cannot be: what a run
+    does then is cli.config_for_task's)."""
     gym = import_gym()
     module, _, name = env_id.rpartition(":")
     if module:
@@ -90,13 +88,6 @@ def describe_env(env_id, need_range=True):
     # The env stays open for it (baselines keeps a tmp env for the same reason).
     reward_fun = functools.partial(_compute_reward, env.unwrapped)
     r_range = measure_reward_range(env, reward_fun)  # resets the env
-    if r_range is None and need_range:
-        env.close()
-        raise UsageError(f"env {env_id!r}: compute_reward gave one value for every goal and "
-                         f"achieved goal of {MAX_RANGE_RESETS} resets, so the range of its "
-                         "rewards, which bounds the critic's target, cannot be measured; pass "
-                         "it as --reward_range=R_MIN,R_MAX (e.g. 0,1 for a maze's sparse "
-                         "reward, -1,0 for Fetch's)")
     _, _, _, _, info = env.step(np.zeros(env.action_space.shape, env.action_space.dtype))
     return GoalTask(dims=dims, T=int(env.spec.max_episode_steps), max_u=float(high.flat[0]),
                     reward_fun=reward_fun, success_key=success_key(env_id, info),

@@ -1,11 +1,10 @@
 """How this process was started, and whether MPI agrees: one job of N ranks, or N jobs of one.
 
 No baselines counterpart: baselines trusts the launcher. A launcher tells each process it starts
-its place in environment variables, and the MPI library finds its peers through a process
-management interface (PMI) that the launcher must speak. When they do not match (plain
-`srun -n 2` with MPICH, any `srun` with an Open MPI that takes no PMI from this Slurm) every
-process is rank 0 of a world of 1, trains alone and writes into the same run folder as the
-others, and nothing complains. check_launch() compares the two before anything is written.
+its place in environment variables, and MPI finds its peers through a process management
+interface (PMI) the launcher must speak. Where they do not match (plain `srun -n 2` with MPICH,
+any `srun` with an Open MPI that takes no PMI from this Slurm) every process is rank 0 of a world
+of 1, training alone into the same run folder. check_launch() compares the two first.
 
 The variables, the launcher nearest to the process first (docs/usage.md, "On a Slurm cluster"):
   * Open MPI's mpirun (PRRTE): OMPI_COMM_WORLD_RANK and OMPI_COMM_WORLD_SIZE;

@@ -1,13 +1,11 @@
 """What a run prints and logs: progress.csv, the epoch table, log.txt, where the progress bar goes.
 
 Mirrors openai/baselines `common/logger.py` (record_tabular, dump_tabular, the CSV output
-format) as far as HER uses it. Rank 0 alone writes (every logged value is already averaged or
-summed over ranks by the caller, train.epoch_logs); the CSV is rewritten
-atomically each epoch, so a reader never sees half a row. log.txt (baselines' logger writes
-one too) holds what rank 0 printed, appended to on every --resume, each start headed by the
-commit the code ran at. The in-epoch progress bar is tqdm's (harness/run.py), drawn
-only where the output is a terminal; elsewhere (a file, a pipe, a Slurm job's output) a few
-short lines an epoch take its place.
+format) as far as HER uses it. Rank 0 alone writes (train.epoch_logs has averaged or summed
+every value over ranks); the CSV is rewritten atomically each epoch. log.txt (baselines' logger
+writes one too) holds what rank 0 printed, appended to on every --resume, each start headed by
+the commit the code ran at. The progress bar (harness/run.py) is drawn only where the output is
+a terminal; elsewhere (a file, a pipe, a Slurm job's output) a few lines an epoch stand in.
 
 Test: `python -m pytest -q tests/test_logger.py`.
 """
@@ -75,9 +73,8 @@ def progress_digest(rows):
 
 def read_progress(path, n_epochs, digest):
     """The rows of epochs 0 to n_epochs - 1 of a run's progress.csv, which a resumed run keeps
-    (a later row, logged before its checkpoint was saved, is logged again), or BadFileError:
-    rows missing, cut, not numbers, epochs out of order, or (digest: the checkpoint's
-    progress_digest; '' in older checkpoints) not the rows the run wrote."""
+    (a later row, logged before its checkpoint, is logged again), or BadFileError: rows missing,
+    cut, not numbers, out of order, or not the rows the run wrote (digest: progress_digest's)."""
     if n_epochs == 0:
         return []
     try:
@@ -97,7 +94,7 @@ def read_progress(path, n_epochs, digest):
         if numbers is None or None in row or row.get("epoch") != str(epoch):
             break
     else:
-        if len(rows) == n_epochs and (not digest or progress_digest(rows) == digest):
+        if len(rows) == n_epochs and progress_digest(rows) == digest:
             return rows
     raise BadFileError(f"{path}: its rows are not the {n_epochs} epoch(s) the checkpoint has "
                        f"done (missing, cut, edited or not numbers); put back the run's own file")
@@ -105,11 +102,9 @@ def read_progress(path, n_epochs, digest):
 
 def open_run_folder(cfg, comm, task, argv, inputs):
     """Collective: the run's files, once every input is checked and the folder locked. Each
-    rank makes the folder it writes to (checkpoint/: ranks on machines without a shared file
-    system save into the same path on their own disk); rank 0 writes config.json (the Config
-    with the values in force, the number of ranks that ran it, mpirun's -np, and the task's T:
-    cli.RUN_FACTS), opens log.txt with its header and prints the run's setup. Every rank learns
-    if any of them could not. Returns the RunLog."""
+    rank makes checkpoint/ (without a shared file system, on its own disk); rank 0 writes
+    config.json (the Config in force, mpirun's -np and T: cli.RUN_FACTS), opens log.txt with
+    its header and prints the setup; every rank learns if any could not. Returns the RunLog."""
     rank, n_ranks, error = comm.Get_rank(), comm.Get_size(), None
     try:
         os.makedirs(os.path.join(cfg.logdir, "checkpoint"), exist_ok=True)
@@ -227,12 +222,12 @@ def code_version(folder):
 
 
 def machine():
-    """What decides a run's last digits, where a seed and a commit do not: the CPU model,
-    Python, NumPy with its SIMD loops (the baseline it was built for, the ones dispatched at run
-    time: none under NPY_DISABLE_CPU_FEATURES), the BLAS with its kernels, MuJoCo,
-    gymnasium-robotics, and the MPI where mpi4py has started it (this never starts it); an
-    example is in docs/usage.md, what a seed reproduces."""
-    # NumPy's public report; "found": the dispatched loops in use (no key where none are)
+    """What decides a run's last digits, where a seed and a commit do not (docs/usage.md, what
+    a seed reproduces): the CPU, Python, NumPy with its SIMD loops (the baseline it was built
+    for, those dispatched at run time), the BLAS with its kernels, MuJoCo, gymnasium-robotics,
+    and the MPI where mpi4py has started it (this never starts it)."""
+    # NumPy's public report; "found": the dispatched loops in use (no key where none are:
+    # NPY_DISABLE_CPU_FEATURES)
     simd = np.show_config(mode="dicts")["SIMD Extensions"]
     simd = f"SIMD {' '.join(simd['baseline'])}, dispatched {' '.join(simd.get('found', ['none']))}"
     cpu = platform.machine()

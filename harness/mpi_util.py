@@ -2,13 +2,11 @@
 
 Mirrors openai/baselines `common/mpi_util.py` and `common/mpi_moments.py` (mpi_average): what a
 job of N ranks (Plappert et al. 2018, Sec. 2.2, run 19) needs to log one number per epoch, stop
-together and clean up after itself. mpi4py is imported on first use (launch.start_mpi says why).
-Every line that talks to other ranks carries the comment tag `[MPI]`.
+together and clean up after itself. Every line that talks to other ranks is tagged `[MPI]`.
 
-A job that ends in MPI_Abort or is killed by a signal (MPICH), or whose mpirun is killed too
-(Open MPI), never unlinks its shared segments: /dev/shm/mpich_shm_* (about 1 MB per rank) or
-Open MPI's sm_segment.* (16 MB per rank; docs/faults.md). They stay until the machine
-reboots, or until this deletes those no process uses:
+A job ended by MPI_Abort or a signal (MPICH), or whose mpirun is killed too (Open MPI), leaves
+its shared segments in /dev/shm (docs/faults.md) until the machine reboots, or until this
+deletes those no process uses:
     python -c "from harness import mpi_util; print(mpi_util.remove_orphaned_mpi_segments())"
 
 Test: `python -m pytest -q tests/test_mpi_util.py`.
@@ -31,11 +29,9 @@ from harness.errors import EXIT_CODES, SaveError, UsageError
 
 class ObservedComm:
     """An MPI communicator whose collective calls its observers see: each gets entering(name,
-    frame, args) before the call (frame: the caller's; args: the call's) and left() after it,
-    also when it raised. train.py's observers are harness/watchdog.py's Watchdog (a time limit
-    on every call) and harness/tracing.py's Tracer (--trace: a row per call); they only look,
-    so nothing they do changes what is computed.
-    Every other attribute (Get_rank, Get_size) is the communicator's own."""
+    frame, args) before the call (frame: the caller's) and left() after it, also when it
+    raised. train.py's observers, the Watchdog and the Tracer, only look: nothing they do
+    changes what is computed. Every other attribute (Get_rank, Get_size) is the comm's own."""
     COLLECTIVE = ("Allreduce", "Bcast", "allgather", "bcast", "gather", "Abort")
 
     def __init__(self, comm, observers):
@@ -103,10 +99,9 @@ def raise_first(errors, error_class):
 @contextlib.contextmanager
 def exits_together(comm, prog, exit_codes=EXIT_CODES):
     """Collective (every rank enters it): around the work of a whole run. An exception of a
-    class in exit_codes ({class: (code, prefix)}) is one that every rank raises together (bad
-    input, a stop agreed on once per cycle): rank 0 prints one line `prog: prefix message` and
-    every rank raises SystemExit with the code. Any other exception is this rank's alone: under
-    mpirun it ends the whole job (abort_job)."""
+    class in exit_codes ({class: (code, prefix)}) every rank raises together (bad input, a
+    stop agreed on once per cycle): rank 0 prints `prog: prefix message`, every rank exits
+    with the code. Any other is this rank's alone: under mpirun it ends the job (abort_job)."""
     try:
         yield
     except tuple(exit_codes) as e:
@@ -121,9 +116,8 @@ def exits_together(comm, prog, exit_codes=EXIT_CODES):
 
 
 def abort_job(comm):
-    """Collective in effect (MPI's Abort ends every rank): this rank raised while the others
-    may be waiting for it in an Allreduce, which would hang the job for ever: print this
-    rank's traceback and take the whole job down."""
+    """Collective in effect (MPI's Abort ends every rank): this rank raised while the others may
+    wait for it in an Allreduce for ever: print its traceback and take the whole job down."""
     sys.stderr.write(f"[rank {comm.Get_rank()} of {comm.Get_size()}] {traceback.format_exc()}")
     for stream in (sys.stdout, sys.stderr):
         stream.flush()

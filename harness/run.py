@@ -1,20 +1,14 @@
-"""One rank's run around train.py's learn(): its start-up, its run folder, what train() hands it.
+"""One rank's run around train.py's learn(): its start-up, and what train() hands it.
 
 Mirrors what openai/baselines `her/experiment/train.py` (launch) and `her/her.py` do beside the
 algorithm: start MPI, check the input, make the log dir, write the logs and the policies.
-Added here (baselines has none of it): the launch check, a time limit on every collective call
-and stop signals that work inside one (watchdog.py), every rank agreeing on bad input before
-anything collective can hang, one job per run folder (runlock.py), log.txt, a progress bar,
-checkpoints and resume (deviation 10 of docs/deviations.md), and a stop that every rank makes
-after the same cycle.
-
-train.py uses two things of this file:
-    with start_run(args) as run:     # main(): everything before the agent exists
-        learn(run)                   # the agent, its workers, train()
-start_run() is the start-up, top to bottom in one function; it yields a Run: the
+Added here (baselines has none of it): the launch check, every rank agreeing on bad input
+before anything collective can hang, a progress bar, checkpoints and resume (deviation 10 of
+docs/deviations.md), and a stop that every rank makes after the same cycle. train.py's main()
+enters start_run(argv), the start-up top to bottom in one function, which yields a Run: the
 configuration, the communicator (a proxy that the watchdog and, with --trace, the tracer
-observe), the task, the vec env (whose pipes the tracer times), the files the flags named;
-train() calls its restore(), save_start(), end_cycle() and end_epoch().
+observe), the task, the vec env, the files the flags named; train() calls its restore(),
+save_start(), end_cycle() and end_epoch().
 
 Test: `python -m pytest -q tests/test_checkpoint.py tests/test_logger.py`.
 """
@@ -77,9 +71,7 @@ def start_run(argv):
             args, cfg, task = shared_config(argv, comm)  # [MPI] rank 0's, on every rank
             watchdog.limit_s, watchdog.logdir = cfg.mpi_timeout, cfg.logdir
             inputs = read_inputs(cfg, task, args, comm)  # [MPI]
-            lock = hold_run_folder(cfg.logdir, comm, fresh=not args.resume)  # [MPI]
-            if lock is not None:  # rank 0's
-                opened.callback(lock.close)
+            opened.enter_context(hold_run_folder(cfg.logdir, comm, not args.resume))  # [MPI]
             venv = opened.enter_context(contextlib.closing(build_venv(cfg)))
             # From here a stop signal waits for the end of a cycle, saving (watchdog.py)
             watchdog.starting = False
@@ -94,8 +86,7 @@ def start_run(argv):
 
 
 class Run:
-    """One rank's run, made by start_run once its inputs are read, its env processes started
-    and its folder written: the epoch's progress bar, its files and checkpoints."""
+    """One rank's run once start_run is done: the epoch's progress bar, files and checkpoints."""
 
     def __init__(self, cfg, comm, watchdog, tracer, task, venv, log, trace, inputs):
         self.cfg, self.comm, self.watchdog, self.tracer = cfg, comm, watchdog, tracer
@@ -109,9 +100,8 @@ class Run:
     # -------------------------------------------------------------- what train() calls
 
     def restore(self, policy, workers):
-        """Where train() starts. A resumed run's agent and workers (rollout_worker, evaluator)
-        come back from this rank's checkpoint (local: no MPI call). The Run keeps both, to save
-        them."""
+        """Where train() starts; a resumed run's agent and workers (rollout_worker, evaluator)
+        from this rank's checkpoint (local: no MPI call). The Run keeps both, to save them."""
         self.policy, self.workers = policy, workers
         self.logger = EpochLogger(self.cfg.logdir, enabled=self.rank0, rows=self.progress)
         if self.checkpoint is None:
@@ -119,9 +109,8 @@ class Run:
         return Start(*restore_checkpoint(self.checkpoint, self.checkpoint_path, policy, workers))
 
     def save_start(self, start):
-        """Collective: a new run saves a checkpoint of its state before any training, so that
-        a failure always has one to resume from (a resumed run has its own already). The first
-        epoch's bar begins here, and with --trace its recording."""
+        """Collective: a new run's checkpoint before any training, so that a failure always has
+        one to resume from; then the first epoch's bar, and with --trace its recording."""
         if self.checkpoint is None:
             save_on_every_rank(self.comm, save_checkpoint, self.cfg.logdir, (0, 0, -1.),  # [MPI]
                                self.policy, self.workers, self.comm, (), self.logger.digest)
@@ -137,12 +126,11 @@ class Run:
                         unit="cycle", leave=False, file=self.screen, disable=not self.draw_bar)
 
     def end_cycle(self, epoch, cycle, losses, best_success_rate):
-        """Collective, after every cycle: all ranks learn whether any saw a stop signal
-        (watchdog.py takes them) or a non-finite loss or weight, and all stop after this same
-        cycle or none does, instead of one rank leaving the others waiting in an Allreduce for
-        ever. On a signal every rank saves first; on a non-finite value nothing is saved: the
-        checkpoint from before this epoch is the last good one. With --trace, the trace is
-        written after its last cycle, or after a stop's save. Then the bar moves on."""
+        """Collective, after every cycle: all ranks learn whether any saw a stop signal or a
+        non-finite loss or weight, and all stop after this same cycle or none does (no rank
+        left waiting in an Allreduce for ever). On a signal every rank saves first; on a
+        non-finite value nothing is saved: the checkpoint before this epoch is the last good
+        one. With --trace, the trace is written after its last cycle or a stop's save."""
         bad = nonfinite_names(losses, self.policy)
         statuses = self.comm.allgather((self.watchdog.requested, bad))  # [MPI]
         nonfinite = [(rank, names) for rank, (_, names) in enumerate(statuses) if names]

@@ -7,14 +7,14 @@ rerun of the same command loses no run. The lock is the operating system's (floc
 leaves no stale lock. The file itself stays, holding who had it last (pid, host, start time),
 which the refusal quotes.
 
-Only rank 0 takes it: ranks on other machines without a shared file system write their own
-copies of the folder, where nothing else looks; with a shared file system every rank's folder
-is rank 0's. flock works across NFS clients on Linux (since 2.6.12, as a POSIX lock) where the
+Only rank 0 takes it (ranks without a shared file system write their own copies, where nothing
+else looks). flock works across NFS clients on Linux (since 2.6.12, as a POSIX lock) where the
 NFS lock service runs, and across Lustre clients mounted with `-o flock` (mount.lustre(8)); a
 file system without locks refuses the run with one line rather than run it unlocked.
 
 Test: `python -m pytest -q tests/test_launch.py`.
 """
+import contextlib
 import fcntl
 import os
 import socket
@@ -55,10 +55,11 @@ def lock_run_folder(logdir):
 
 
 def hold_run_folder(logdir, comm, fresh):
-    """Collective: rank 0 takes the run folder's lock (lock_run_folder; None on the other
-    ranks), a fresh start (not --resume) only where the folder holds no run; if another job
-    holds it, it holds a run, or it cannot be made, every rank raises that one line."""
-    lock, error = None, None
+    """Collective: rank 0 takes the run folder's lock (lock_run_folder), a fresh start (not
+    --resume) only where the folder holds no run; if another job holds it, it holds a run, or
+    it cannot be made, every rank raises that one line. Returns what releases it on closing
+    (on the other ranks nothing)."""
+    lock, error = contextlib.nullcontext(), None
     if comm.Get_rank() == 0:
         try:
             if fresh:

@@ -180,7 +180,7 @@ def straight_run(root, n_epochs=4):
 
 def reach_task():
     """FetchReach-v4 as train.py reads it (its reward range is not needed here)."""
-    return goal_env.describe_env("FetchReach-v4", need_range=False)
+    return goal_env.describe_env("FetchReach-v4")
 
 
 def random_demo_file(path, env_id, dims, T, n, seed=0):

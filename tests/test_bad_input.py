@@ -354,6 +354,36 @@ class TestBeforeAnythingIsMade:
             assert rc == 2 and phrase in err and len(err.strip().splitlines()) == 1, (argv, err)
             assert not os.path.exists(logdir), argv
 
+    def test_a_given_reward_range_that_leaves_out_the_tasks_rewards_is_refused(self, tmp_path,
+                                                                                capsys):
+        """FetchReach's rewards are -1 and 0: a range without either would clip every target
+        the critic learns from to a value the task cannot give; a wider range is taken."""
+        for text in ("0,1", "-2,-0.5", "-0.5,0"):
+            logdir = str(tmp_path / "run")
+            rc = main_exit_code([f"--reward_range={text}", "--logdir", logdir])
+            err = capsys.readouterr().err
+            assert rc == 2 and f"--reward_range={text}" in err and "measured: -1 to 0" in err, err
+            assert len(err.strip().splitlines()) == 1 and not os.path.exists(logdir)
+        rc = main_exit_code(["--reward_range=-2,1", *SMALL_RUN, "--n_epochs", "1", "--logdir",
+                             str(tmp_path / "wider")])
+        assert rc == 0, capsys.readouterr().err
+
+    def test_a_policy_of_other_networks_or_task_is_refused_before_the_folder(
+            self, finished_run, tmp_path, capsys):
+        """--load_path of a FetchReach policy of 256 x 3 networks with other networks or on
+        FetchPush: one line naming the flags that fit; nothing made, so the corrected command
+        runs into the same --logdir."""
+        policy = os.path.join(finished_run, "policy_best.npz")
+        logdir = str(tmp_path / "warm")
+        for argv, phrase in [(["--hidden", "64"], "give --hidden 256 --layers 3"),
+                             (["--layers", "2"], "give --hidden 256 --layers 3"),
+                             (["--env", "FetchPush-v4"], "pass the matching --env")]:
+            rc = main_exit_code(["--load_path", policy, *argv, "--logdir", logdir])
+            err = capsys.readouterr().err
+            assert rc == 2 and phrase in err and len(err.strip().splitlines()) == 1, (argv, err)
+            assert not os.path.exists(logdir), argv
+        assert main_exit_code(["--load_path", policy, *SMALL_RUN, "--logdir", logdir]) == 0
+
     @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
     def test_a_stop_while_env_processes_start_ends_at_once_and_writes_nothing(self, tmp_path,
                                                                                signum):

@@ -29,7 +29,7 @@ class TestDemos:
         out = capsys.readouterr().out
         rate = float(out.split("success rate ")[1].split()[0])
         assert rate >= 0.8, out
-        task = goal_env.describe_env("FetchPickAndPlace-v4", need_range=False)
+        task = goal_env.describe_env("FetchPickAndPlace-v4")
         dims, T = task.dims, task.T
         with np.load(path, allow_pickle=False) as data:
             assert str(data["env"]) == "FetchPickAndPlace-v4" and int(data["T"]) == T

@@ -117,22 +117,25 @@ class TestFiles:
                  info=np.array([[{}]], dtype=object))
         foreign = str(tmp_path / "foreign.npz")
         np.savez(foreign, weights=np.ones(3))
-        push_dims = goal_env.describe_env("FetchPush-v4", need_range=False).dims
+        push_dims = goal_env.describe_env("FetchPush-v4").dims
         push = random_demo_file(str(tmp_path / "push.npz"), "FetchPush-v4", push_dims, T, n=3)
-        fix = "make demos with: python -m experiment.demos"
+        fix = "experiment/demos.py scripts FetchPickAndPlace only"  # FetchReach: none to make
+        other_task = random_demo_file(str(tmp_path / "other.npz"), "FetchPush-v4", dims, T, n=3)
         cases = [(["--demo_file", str(tmp_path / "none.npz")], ["no such file", fix]),
                  (["--demo_file", truncated], ["truncated", fix]),
                  (["--demo_file", pickled], ["cannot read it", fix]),
                  (["--demo_file", baselines_format], ["baselines' format", fix]),
                  (["--demo_file", foreign], ["no 'o' array", fix]),
                  (["--demo_file", push], ["do not fit FetchReach-v4", "--env FetchPush-v4"]),
+                 (["--demo_file", other_task], ["demos of FetchPush-v4, not of FetchReach-v4",
+                                                "--env FetchPush-v4"]),
                  (["--demo_file", good, "--num_demo", "5"],
                   ["holds 3 episodes, fewer than --num_demo 5", "--num_demo 3"]),
                  (["--demo_file", good, "--num_demo", "3", "--batch_size", "64"],
                   ["--demo_batch_size 128 must be below --batch_size 64"]),
-                 (["--bc_loss", "1"], ["--bc_loss 1 clones demonstrations: give --demo_file"]),
+                 (["--bc_loss", "1"], ["--bc_loss acts only on demonstrations: give --demo_file"]),
                  (["--demo_file", good, "--num_demo", "3", "--bc_loss", "0", "--q_filter", "1"],
-                  ["--q_filter 1 filters the cloning loss of --bc_loss 1"]),
+                  ["--q_filter acts only on the cloning loss of --bc_loss 1"]),
                  (["--random_eps", "2"], ["--random_eps must be in [0,1]"]),
                  (["--gamma", "1"], ["--gamma must be in [0,1)"]),
                  (["--gamma", "-0.5"], ["--gamma must be in [0,1)"]),

@@ -188,7 +188,7 @@ class TestGoalEnv:
         for env_id, message in (("FetchPush-v9", "did you mean"),
                                 ("CartPole-v1", "dict observation")):
             try:
-                goal_env.describe_env(env_id, need_range=False)
+                goal_env.describe_env(env_id)
                 raise AssertionError(f"{env_id} was accepted")
             except errors.UsageError as e:
                 assert message in str(e)
