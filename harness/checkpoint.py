@@ -52,7 +52,7 @@ def save_checkpoint(logdir, position, policy, workers, comm, losses=(), progress
     # The epoch's logs so far (none at an epoch boundary, cycle 0): without them an epoch resumed
     # mid-way would log train/success_rate and the losses of its resumed cycles only.
     history = list(workers[0].success_history) if cycle > 0 else []
-    arrays = policy.arrays(CHECKPOINT_PARTS)
+    arrays = {**policy.policy_arrays(), **policy.arrays(CHECKPOINT_PARTS)}  # config_json too
     arrays.update({"n_updates": np.array(policy.n_updates),
                    "rng_json": np.array(json.dumps(policy.rng.bit_generator.state)),
                    "log/train_success_history": np.array(history, np.float64),

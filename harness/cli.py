@@ -317,9 +317,8 @@ def shared_config(argv, comm):
 
 # ---------------------------------------------------------------- train.py's command line
 
-# The flags a resumed run may change: how long it goes on, how long a call may wait on this
-# machine (both Config fields), and how many of its cycles are traced; none changes what is
-# computed.
+# The flags a resumed run may change (none changes what is computed): how long it goes on,
+# how long a call may wait on this machine (both Config fields), how many cycles are traced
 RESUME_FLAGS = {"n_epochs", "mpi_timeout", "trace"}
 
 

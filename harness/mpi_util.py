@@ -99,11 +99,14 @@ def raise_first(errors, error_class):
 @contextlib.contextmanager
 def exits_together(comm, prog, exit_codes=EXIT_CODES):
     """Collective (every rank enters it): around the work of a whole run. An exception of a
-    class in exit_codes ({class: (code, prefix)}) every rank raises together (bad input, a
-    stop agreed on once per cycle): rank 0 prints `prog: prefix message`, every rank exits
-    with the code. Any other is this rank's alone: under mpirun it ends the job (abort_job)."""
+    class in exit_codes ({class: (code, prefix)}) every rank raises together (bad input, a stop
+    agreed on once per cycle): rank 0 prints `prog: prefix message`, every rank exits with the
+    code; argparse's exit too (every rank parses the same argv). Any other is this rank's
+    alone: under mpirun it ends the job (abort_job)."""
     try:
         yield
+    except SystemExit:
+        raise
     except tuple(exit_codes) as e:
         code, prefix = next(v for cls, v in exit_codes.items() if isinstance(e, cls))
         if comm.Get_rank() == 0:

@@ -42,10 +42,8 @@ Start = collections.namedtuple("Start", "epoch cycle best_success_rate losses")
 @contextlib.contextmanager
 def start_run(argv):
     """Collective: every rank's start-up, top to bottom, then the Run it yields:
-    1. MPI and the launch check (N one-rank copies exit 2 before anything is written:
-       launch.py); the watchdog and the tracer on the communicator;
-    2. every value: the flags (or config.json on --resume), checked against each other and
-       against the task (cli.py);
+    1. MPI, the launch check (launch.py), the watchdog and the tracer on the communicator;
+    2. every value: the flags (or config.json), checked against each other and the task;
     3. every file the flags name, read and checked (checkpoint.read_inputs);
     4. the run folder: refused if a fresh start finds a run there, then locked (runlock.py);
     5. the env processes; before anything is written, so that a stop while they start (the

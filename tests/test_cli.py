@@ -71,6 +71,12 @@ class TestConfig:
         # and once through a real process: exit code 2, one line, no traceback
         rc, out = run_cmd(train_cmd("--num_env", "0"), 120)
         assert_one_line_error(rc, out, 2, "--num_env")
+        # under mpirun every rank parses the same flags and exits alike: none aborts the job
+        rc, out = run_cmd(train_cmd("--num_env", "0", n_ranks=2), 120)
+        assert rc == 2 and "Traceback" not in out and "Abort" not in out, out[-3000:]
+        assert "train.py: error: --num_env must be at least 1, got 0" in out, out
+        rc, out = run_cmd(train_cmd("--help", n_ranks=2), 120)
+        assert rc == 0 and "Traceback" not in out and "usage: train.py" in out, out
 
     def test_gamma_flag_replaces_one_minus_one_over_T_and_its_target_range(self):
         task = GoalTask(dims={"o": 4, "g": 2, "u": 2}, T=300, max_u=1.0, reward_fun=None,
