@@ -140,13 +140,14 @@ def config_for_task(cfg, ranks_here):
                          "rewards, which bounds the critic's target, cannot be measured; pass "
                          "it as --reward_range=R_MIN,R_MAX (e.g. 0,1 for a maze's sparse "
                          "reward, -1,0 for Fetch's)")
-    given, measured = cfg.reward_range, task.r_range or (-math.inf, math.inf)
-    # an infinite end of a measured range (a dense reward's) is no bound a range can leave out
-    if given and (given[0] > measured[0] > -math.inf or given[1] < measured[1] < math.inf):
+    given, (lo, hi) = cfg.reward_range, task.r_range or (-math.inf, math.inf)
+    # the measured range's finite ends, and past them where it is open (a dense reward's)
+    if given and not ((given[0] <= lo if lo > -math.inf else given[0] < hi)
+                      and (hi <= given[1] if hi < math.inf else given[1] > lo)):
         raise UsageError(f"--reward_range={given[0]:g},{given[1]:g} leaves out rewards "
-                         f"{cfg.env} gives (measured: {measured[0]:g} to {measured[1]:g}); give "
-                         f"a range that holds them, e.g. --reward_range={measured[0]:g},"
-                         f"{measured[1]:g}, or leave it out to use the measured one")
+                         f"{cfg.env} gives (measured: {lo:g} to {hi:g}); give a range that holds "
+                         f"them, e.g. --reward_range={lo:g},{hi:g}, or leave it out to use the "
+                         "measured one")
     if cfg.buffer_size < cfg.num_env * task.T:
         raise UsageError(f"--buffer_size {cfg.buffer_size} holds no {cfg.num_env} episode(s) of "
                          f"{cfg.env}'s T = {task.T} steps (one rollout): give at least "
@@ -161,14 +162,14 @@ def config_for_task(cfg, ranks_here):
     batch = 4 * cfg.batch_size * (2 * d["o"] + 3 * d["g"] + d["u"] + 16 * cfg.layers * cfg.hidden)
     processes = PROCESS_MB * 2**20 * (1 + (cfg.num_env if cfg.num_env > 1 else 0))
     need, have = ranks_here * (buffer + batch + 24 * params + processes), available_memory()
-    line = (f"the run needs about {need / 2**30:.1f} GiB on this host ({ranks_here} rank(s) x "
-            f"{buffer / 2**30:.2f} GiB of replay buffer, {batch / 2**30:.2f} GiB for one batch, "
-            f"{processes / 2**30:.2f} GiB of processes), against {(have or 0) / 2**30:.1f} GiB "
-            "free")
-    if have is not None and need > have:
-        raise UsageError(f"{line}: lower --buffer_size, --batch_size or --num_env, or run fewer "
-                         f"ranks on this host")
     if have is not None and need > 0.8 * have:
+        line = (f"the run needs about {need / 2**30:.1f} GiB on this host ({ranks_here} rank(s) x "
+                f"{buffer / 2**30:.2f} GiB of replay buffer, {batch / 2**30:.2f} GiB for one "
+                f"batch, {processes / 2**30:.2f} GiB of processes), against {have / 2**30:.1f} "
+                "GiB free")
+        if need > have:
+            raise UsageError(f"{line}: lower --buffer_size, --batch_size or --num_env, or run "
+                             "fewer ranks on this host")
         print(f"warning: {line}; it may run out of memory", file=sys.stderr, flush=True)
     task = dataclasses.replace(task, r_range=given or task.r_range)
     return dataclasses.replace(cfg, gamma=discount(cfg.gamma, task.T),

@@ -34,8 +34,7 @@ from harness.watchdog import Watchdog
 
 PROGRESS_LINES = 4  # an epoch's cycles in about this many parts, where no bar is drawn
 
-# Where train() starts: epoch 0, cycle 0 for a new run; a resumed run's from its checkpoint,
-# with the best test success rate so far and the epoch's (critic, actor) losses so far.
+# Where train() starts: (0, 0) for a new run; a resumed run's, its best and its epoch's losses
 Start = collections.namedtuple("Start", "epoch cycle best_success_rate losses")
 
 

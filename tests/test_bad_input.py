@@ -367,6 +367,14 @@ class TestBeforeAnythingIsMade:
         rc = main_exit_code(["--reward_range=-2,1", *SMALL_RUN, "--n_epochs", "1", "--logdir",
                              str(tmp_path / "wider")])
         assert rc == 0, capsys.readouterr().err
+        # a dense reward, minus a distance: its range is open below the reached reward, 0
+        for text, refused in (("0,1", True), ("-2,-1", True), ("-50,0", False)):
+            cfg = Config(env="FetchReachDense-v4", reward_range=pair(text))
+            if refused:
+                with pytest.raises(UsageError, match="measured: -inf to 0"):
+                    cli.config_for_task(cfg, 1)
+            else:
+                assert cli.config_for_task(cfg, 1)[1].r_range == (-50., 0.)
 
     def test_a_policy_of_other_networks_or_task_is_refused_before_the_folder(
             self, finished_run, tmp_path, capsys):
