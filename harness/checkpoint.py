@@ -140,7 +140,7 @@ def read_inputs(cfg, task, args, comm):
     rank, resume, own = comm.Get_rank(), args.resume, run_settings(cfg)
     inputs = dict(load_path=args.load_path, init_policy=None, demos=None, checkpoint=None,
                   checkpoint_path=None, progress=(), resume_note=None)
-    positions, error = {}, None
+    error = None
     try:
         positions = checkpoint_positions(resume, rank, comm.Get_size()) if resume else {}
     except (UsageError, BadFileError) as e:

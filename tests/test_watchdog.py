@@ -166,7 +166,7 @@ class TestWatchdog:
     @pytest.mark.parametrize("n_ranks", [1, 2])
     def test_sighup_stops_the_run_saved_at_the_cycle_end_without_ucx_debug_lines(self, tmp_path,
                                                                                   n_ranks):
-        """A closed terminal or a dropped ssh session (SIGHUP) is a stop like SIGTERM: to the
+        """A closed terminal or a dropped ssh connection (SIGHUP) is a stop like SIGTERM: to the
         process of a one-rank run, or to rank 1 alone of two (the ranks agree on the stop at
         the cycle's end). Before, MPICH's UCX had its own handler there, which turns UCX's log
         to DEBUG: the run went on, and at its end came some 240 lines 'UCX  DEBUG ...'."""
