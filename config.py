@@ -80,7 +80,7 @@ class Config:
     seed: NonNegativeInt = 0  # base seed; rank r uses seed + 1000000 * r
     logdir: str | None = None  # the run folder; default runs/<env>-seed<seed>-<time>
     policy_save_interval: NonNegativeInt = 5  # policy_<epoch>.npz every this many epochs; 0: never
-    sync_check_interval: NonNegativeInt = 100  # compare the ranks' weights every this many updates
+    sync_check_interval: NonNegativeInt = 100  # check weights and normaliser sums every N updates
     # Demonstrations (Nair et al. 2018; baselines' demo_file, bc_loss, q_filter, ...)
     demo_file: str | None = None  # demos .npz from demos.py: the last rows of every batch
     num_demo: PositiveInt = 100  # demo episodes read from --demo_file (its first num_demo)

@@ -13,15 +13,15 @@ baselines uses.
 "Bitwise equal" rests on two assumptions: Allreduce hands every rank the same bits of the sum
 (the MPI standard recommends it; the runs here, 2 to 19 ranks with MPICH, and the tests' 2-
 and 3-rank jobs under Open MPI 5 found it so), and every rank runs the same binaries (NumPy,
-BLAS). check_same_bits holds both, here on the weights and in DDPG.check_synced on the
-normalisers' sums too (which the weights cannot show), so ranks that part stop, never drift.
+BLAS). check_same_bits holds both (MpiAdam.check_synced on the weights, DDPG.check_synced on
+the normalisers' sums too, which the weights cannot show), so ranks that part stop, never drift.
 
-Deviations from baselines (8, 28 and 33 in docs/deviations.md): check_synced's verdict
+Deviations from baselines (8, 28 and 33 in docs/deviations.md): check_same_bits' verdict
 reaches every rank; grad_clip and mpi_rank_weight are not ported; the communicator has no
 default (baselines: MPI.COMM_WORLD), so this file never imports mpi4py: train.py passes
 harness/mpi_util.py's ObservedComm over COMM_WORLD, a single process ONE_RANK (below). update,
-sync and check_synced are collective: every rank must call them in the same order. Every line
-that talks to other ranks carries the comment tag `[MPI]`.
+sync, check_synced are collective (every rank calls them in the same order); a line whose call
+reaches other ranks, by a comm method or a collective function, carries the tag `[MPI]`.
 
 Test: `python -m pytest -q test_all.py::TestMpiAdam` (runs `mpirun -np 2` and `-np 3` itself).
 """
@@ -77,14 +77,14 @@ class MpiAdam:
         if localg.shape != (self.size,):
             raise ValueError(f"MpiAdam.update got a gradient of shape {localg.shape}, "
                              f"expected ({self.size},): pass one flat gradient of all params")
-        # THE gradient aggregation of the whole program: g = sum over ranks of g_rank.
+        # THE gradient aggregation: g = sum over ranks of g_rank (Allreduce's default op, SUM).
         self.comm.Allreduce(localg, self._globalg)  # [MPI]
         g = self._globalg
+        # HER passes scale_grad_by_procs=False and keeps the sum: with g_sum = N g_mean, m_t and
+        # sqrt(v_t) below both grow N-fold, so the step on the sum is the step on the mean with
+        # epsilon / N (plain SGD, by contrast, would step N times as far).
         if self.scale_grad_by_procs:
-            # g = (1 / N) * sum_rank g_rank. HER passes False and sums: with g_sum = N g_mean,
-            # m_t and sqrt(v_t) below both grow N-fold, so the step on the sum is the step on
-            # the mean with epsilon / N (plain SGD, by contrast, would step N times as far).
-            g /= self.comm.Get_size()
+            g /= self.comm.Get_size()  # g = (1 / N) * sum_rank g_rank: the mean
         self.t += 1
         # a_t = stepsize * sqrt(1 - beta2^t) / (1 - beta1^t)   (both bias corrections folded in)
         # (a Python float: a NumPy float64 scalar would promote the float32 arrays below)

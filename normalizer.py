@@ -1,4 +1,4 @@
-"""The running input normaliser: mean and std of o and g, summed over every MPI rank.
+"""The running input normaliser: mean and std of o and g, from sums over every MPI rank.
 
 Mirrors openai/baselines `her/normalizer.py` (Normalizer). Implements the input normalisation
 of Andrychowicz et al. (2017), Appendix A, and Plappert et al. (2018), Sec. 2.2: each input
@@ -19,7 +19,7 @@ import numpy as np
 
 
 class Normalizer:
-    """Running mean/std of a feature vector, summed over all MPI ranks (baselines normalizer.py).
+    """Running mean/std of a feature vector from sums over all MPI ranks (baselines normalizer.py).
 
     update() only accumulates this rank's local sums; recompute_stats() Allreduces them into the
     global sums, so every rank ends with identical mean and std.

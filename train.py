@@ -11,7 +11,7 @@ What is not learning (MPI's start, the launch check, the watchdog, the run folde
 checkpoints and resume) is harness/run.py's: main() enters it once, and train() hands it the
 stop check after each cycle and the epoch's logs to write. The loop deviates from
 baselines' in three places: two calls, each marked where it is made (the stop check after
-every cycle, deviations 9 and 10 of docs/deviations.md; check_synced after every epoch, 8),
+every cycle, deviations 9 and 10 of docs/deviations.md; DDPG.check_synced after every epoch, 8),
 and one call left out, baselines' per-epoch check that the ranks' seeds differ (34: train()
 has no line to mark for it, the list says why); its files add resumable runs (10) and
 policy_latest.npz every epoch (15).
@@ -64,7 +64,7 @@ def train(cfg, policy, rollout_worker, evaluator, run, start):
         evaluator.clear_history()
         for _ in range(cfg.n_test_rollouts):
             evaluator.generate_rollouts()
-        # Not in baselines: every rank holds rank 0's weights, or the run stops
+        # Not in baselines: every rank holds rank 0's weights and normaliser sums, or the run stops
         policy.check_synced()  # [MPI]
         logs = epoch_logs(epoch, policy, rollout_worker, evaluator, losses, run.comm)  # [MPI]
         logs["time/epoch_s"] = time.time() - t_start

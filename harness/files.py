@@ -1,9 +1,10 @@
 """The files a run reads and writes: written atomically, read without pickle.
 
 No baselines counterpart as such: baselines pickles its policies and demo files and writes them
-in place. Here every file is a plain .npz (or text, or a figure's PNG), written atomically and
-read with allow_pickle=False, so a file from elsewhere can be refused but never runs code. A
-file that cannot be read is a one-line BadFileError, one that cannot be written a SaveError.
+in place. Here every file but log.txt (appended to) and run.lock is a plain .npz (or text, or a
+figure's PNG or a GIF), written atomically and read with allow_pickle=False, so a file from
+elsewhere can be refused but never runs code. A file that cannot be read is a one-line
+BadFileError, one that cannot be written a SaveError.
 
 What a policy file holds, and how an agent is rebuilt from it, is ddpg.py's alone
 (DDPG.policy_arrays, DDPG.load_arrays, DDPG.from_policy): this file writes and reads them, and

@@ -2,7 +2,8 @@
 
 Mirrors openai/baselines `common/mpi_util.py` and `common/mpi_moments.py` (mpi_average): what a
 job of N ranks (Plappert et al. 2018, Sec. 2.2, run 19) needs to log one number per epoch, stop
-together and clean up after itself. Every line that talks to other ranks is tagged `[MPI]`.
+together and clean up after itself. Every line whose call reaches other ranks, by a comm method
+or through a function that says "Collective", is tagged `[MPI]`.
 
 A job ended by MPI_Abort or a signal (MPICH), or whose mpirun is killed too (Open MPI), leaves
 its shared segments in /dev/shm (docs/faults.md) until the machine reboots, or until this

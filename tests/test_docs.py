@@ -363,9 +363,9 @@ class TestDocs:
         assert given == computed, (given, computed)
 
     def test_every_mpi_call_is_tagged_and_in_the_docs_table(self):
-        """docs/mpi.md promises that `grep "# [MPI]"` lists every line that talks to other ranks
-        and that its table names every comm method the code calls: a new call must keep both
-        true."""
+        """docs/mpi.md promises that `grep "# [MPI]"` lists every line that calls a comm method
+        (its tests too) and that its table names every comm method the code calls: a new call
+        must keep both true."""
         table = doc_section(*MPI_TABLE)
         local = {"Get_rank", "Get_size"}  # queries: no communication
         methods = set()

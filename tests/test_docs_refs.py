@@ -12,7 +12,8 @@ So: every dotted name whose first part is one of the project's modules or classe
 every project path named (harness/files.py) exists or is a file of baselines'; every deviation
 number is an entry of docs/deviations.md, whose entries run 1, 2, ... without a gap; and the
 README's sentence on what a rank sends per cycle states what docs/mpi.md's table of every
-call says, and what Config's defaults give.
+call says, what Config's defaults give, and the gradients' sizes that the default networks
+have on FetchPush and FetchReach.
 
 Run: `python -m pytest -q tests/test_docs_refs.py` (from the repository's root).
 """
@@ -24,13 +25,16 @@ import inspect
 import os
 import re
 
+import numpy as np
+
+from actor_critic import ActorCritic
 from config import Config
 from tests.helpers import MPI_TABLE, ROOT, doc_section, table_rows
 
 # Files of openai/baselines that docstrings cite where they name the counterpart of ours.
 BASELINES_FILES = {"common/cmd_util.py", "common/mpi_moments.py", "common/mpi_adam.py",
                    "common/mpi_adam_optimizer.py"}
-FILE_ENDINGS = ("py", "md", "npz", "npy", "csv", "json", "txt", "png", "gif", "sh", "ini")
+FILE_ENDINGS = ("py", "md", "npz", "npy", "csv", "json", "txt", "png", "gif", "sh", "ini", "lock")
 
 
 # ---------------------------------------------------------------- the texts and what they name
@@ -180,9 +184,22 @@ def deviation_numbers(text):
 WORDS = {"one": 1, "two": 2, "three": 3, "four": 4}
 
 TRAFFIC = re.compile(
-    r"Per cycle a rank sends (\d+) gradients of [\d.]+ MB into `Allreduce` \([\d.]+ MB\), "
+    r"Per cycle a rank sends (\d+) gradients of ([\d.]+) MB into `Allreduce` \(([\d.]+) MB: "
+    r"FetchPush's networks; FetchReach's ([\d.]+) MB, ([\d.]+) MB\), "
     r"(\w+) normaliser sums and (\w+) `allgather`; every (\d+) updates \(([\d.]+) cycles\) "
-    r"`check_synced` adds its (\d+) calls; the rest comes once an epoch or a run")
+    r"`DDPG.check_synced` adds its (\d+) calls; the rest comes once an epoch or a run")
+
+# The dimensions (o, g, u) of the two tasks whose gradient sizes the README gives.
+TASK_DIMS = {"FetchPush": {"o": 25, "g": 3, "u": 4}, "FetchReach": {"o": 10, "g": 3, "u": 4}}
+
+
+def gradient_megabytes(dims):
+    """(MB of the larger of one update's two gradients, MB of a cycle's 2 x n_batches) of the
+    default networks (Config's hidden and layers) on a task of these dims: MpiAdam.update sends
+    each network's flat gradient as float32."""
+    ac = ActorCritic(dims, Config.hidden, Config.layers, 1.0, np.random.default_rng(0))
+    sizes = [net.theta.size * np.dtype(np.float32).itemsize for net in (ac.Q, ac.pi)]
+    return max(sizes) / 1e6, Config.n_batches * sum(sizes) / 1e6
 
 
 def per_cycle_calls():
@@ -262,7 +279,14 @@ class TestDocsRefs:
             readme = " ".join(f.read().split())
         match = TRAFFIC.search(readme)
         assert match, "README.md's sentence 'Per cycle a rank sends ...' is not found"
-        gradients, sums, allgathers, every, cycles, check_calls = match.groups()
+        gradients, push_mb, push_cycle_mb, reach_mb, reach_cycle_mb, sums, allgathers, every, \
+            cycles, check_calls = match.groups()
+        # the sizes, as the README rounds them, of the default networks on each task
+        for task, one, cycle in (("FetchPush", push_mb, push_cycle_mb),
+                                 ("FetchReach", reach_mb, reach_cycle_mb)):
+            got_one, got_cycle = gradient_megabytes(TASK_DIMS[task])
+            assert (f"{got_one:.2f}", f"{got_cycle:.0f}") == (one, cycle), (task, got_one,
+                                                                             got_cycle)
         rows, check = per_cycle_calls()
         allgather_rows = [site for site, (_, method) in rows.items() if method == "allgather"]
         assert set(rows) == {"mpi_adam.py:MpiAdam.update",
