@@ -5,7 +5,8 @@ bit for bit: the agent's arrays as ddpg.DDPG.arrays names them (CHECKPOINT_PARTS
 targets, normaliser sums, both Adams' moments, this rank's replay buffer), its update count and
 random generator, where the run is and the epoch's logs so far; one file per rank, written
 atomically (files.py) at the end of every epoch and on Ctrl-C, with the one before it kept
-beside it: a resumed run equals the run that was never stopped, byte for byte.
+beside it: a resumed run's weights and every progress.csv column but time/epoch_s are those of
+the run that was never stopped, bit for bit.
 
 A resume checks each thing that happens to a run folder once: a file cut does not load (zip's
 CRC), an array edited fails the checksum, config.json edited differs from run_config, a
