@@ -16,7 +16,9 @@ import difflib
 import functools
 import importlib
 import io
+import warnings
 
+import gymnasium as gym
 import numpy as np
 
 from harness.errors import UsageError
@@ -30,7 +32,6 @@ def import_gym():
     """gymnasium with the robotics envs registered. gymnasium-robotics 1.4.2 prints a notice
     about its Adroit envs (not used here) to stderr on import; it is swallowed so that errors
     stay one line."""
-    import gymnasium as gym
     with contextlib.redirect_stderr(io.StringIO()):
         import gymnasium_robotics
     gym.register_envs(gymnasium_robotics)
@@ -38,10 +39,33 @@ def import_gym():
 
 
 def make_env(env_id, render_mode=None):
-    """One env. Module-level (not a lambda) so the spawn start method can pickle it.
-    `module:EnvId` ids import `module` first, which may register EnvId (gymnasium's rule)."""
+    """One env, held at its end where an episode ends early (HeldAtEnd). Module-level (not a
+    lambda) so the spawn start method can pickle it. `module:EnvId` ids import `module` first,
+    which may register EnvId (gymnasium's rule)."""
     gym = import_gym()
-    return gym.make(env_id, render_mode=render_mode) if render_mode else gym.make(env_id)
+    env = gym.make(env_id, render_mode=render_mode) if render_mode else gym.make(env_id)
+    return HeldAtEnd(env)
+
+
+class HeldAtEnd(gym.Wrapper):
+    """Not in baselines (deviation 35 of docs/deviations.md): HER here stores episodes of
+    exactly T steps, so an episode the env ends before T (terminated or truncated) is held at
+    its end: the env is not stepped again, and every later step until the rollout's reset
+    returns its last observation, reward and info. A task that ends on success so has an
+    absorbing goal state; one that ends on failure repeats its last reward."""
+
+    def reset(self, **kwargs):
+        self.end = None
+        return self.env.reset(**kwargs)
+
+    def step(self, action):
+        if self.end is None:
+            answer = self.env.step(action)
+            if answer[2] or answer[3]:
+                self.end = answer
+            return answer
+        obs, r, terminated, truncated, info = self.end
+        return {k: v.copy() for k, v in obs.items()}, r, terminated, truncated, dict(info)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,42 +80,158 @@ class GoalTask:
 
 
 def describe_env(env_id):
-    """The GoalTask of env_id, its reward range measured (None where it cannot be: what a run
-    does then is cli.config_for_task's)."""
+    """The GoalTask of env_id, after checking that the env keeps a goal task's contract (each
+    rule one UsageError line; docs/usage.md, "Your own goal task"): its module imports, its id
+    is registered with a time limit, and one env gives a dict observation of flat arrays, a
+    symmetric action box, a compute_reward(ag, g, None) that takes batches and agrees with
+    step's reward, and the success in info. Its reward range is measured (None where it cannot
+    be: what a run does then is cli.config_for_task's). The env stays open: it computes the
+    rewards of relabelled goals (baselines keeps a tmp env for the same reason)."""
     gym = import_gym()
     module, _, name = env_id.rpartition(":")
     if module:
-        try:
-            importlib.import_module(module)
-        except ImportError as e:
-            raise UsageError(f"--env {env_id}: cannot import module {module!r} ({e})") from None
+        import_task_module(env_id, module)
     if name not in gym.registry:
         close = difflib.get_close_matches(name, list(gym.registry), n=3, cutoff=0.6)
         hint = f"; did you mean {' or '.join(close)}?" if close else \
             "; see the Fetch*-v4, HandReach-v3 and HandManipulate* ids of gymnasium-robotics"
         raise UsageError(f"unknown env id {name!r}{hint}")
-    env = make_env(env_id)
-    space = env.observation_space
-    keys = ("observation", "achieved_goal", "desired_goal")
-    if not all(k in getattr(space, "spaces", {}) for k in keys):
-        env.close()
-        raise UsageError(f"env {env_id!r} has no dict observation with keys {', '.join(keys)}; "
-                         "HER needs a goal task such as FetchReach-v4")
-    low, high = env.action_space.low, env.action_space.high
-    if not (np.allclose(low, -high) and np.allclose(high, high.flat[0])):
-        env.close()
+    T = gym.registry[name].max_episode_steps
+    if type(T) is not int or T < 1:
+        raise UsageError(f"env {env_id!r} has no time limit, and HER here trains on episodes of "
+                         "T steps: register it with max_episode_steps=T (gymnasium.register("
+                         f"{name!r}, ..., max_episode_steps=50))")
+    # gymnasium's own checker would warn, in lines of its own, of what is checked here
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        env = calling(env_id, "gymnasium.make", make_env, env_id)
+        try:
+            dims = observation_dims(env_id, env.observation_space)
+            max_u = action_bound(env_id, env.action_space)
+            dims["u"] = int(env.action_space.shape[0])
+            reward_fun = functools.partial(_compute_reward, env.unwrapped)
+            checked_reward = functools.partial(batch_rewards, env_id, reward_fun)
+            r_range = measure_reward_range(env_id, env, dims, checked_reward)  # resets the env
+            key = first_steps(env_id, env, dims, T, max_u, checked_reward)
+        except BaseException:
+            env.close()
+            raise
+    return GoalTask(dims=dims, T=T, max_u=max_u, reward_fun=reward_fun, success_key=key,
+                    r_range=r_range)
+
+
+def import_task_module(env_id, module):
+    """Import the module of --env module:EnvId; whatever it raises is one UsageError line."""
+    try:
+        importlib.import_module(module)
+    except ModuleNotFoundError as e:
+        if e.name is None or not f"{module}.".startswith(f"{e.name}."):
+            raise UsageError(f"--env {env_id}: importing {module!r} failed: {one_line(e)}; "
+                             f"install what it imports") from None
+        raise UsageError(f"--env {env_id}: no module {module!r} on Python's path; add the "
+                         "folder that holds it to PYTHONPATH (exported, so that every rank and "
+                         "env process has it)") from None
+    except Exception as e:
+        raise UsageError(f"--env {env_id}: importing {module!r} raised {type(e).__name__}: "
+                         f"{one_line(e)}") from None
+
+
+def one_line(error):
+    lines = str(error).strip().splitlines()
+    return lines[0] if lines else "(no message)"
+
+
+def calling(env_id, what, fn, *args, **kwargs):
+    """fn(*args, **kwargs); anything it raises but a UsageError is one UsageError line naming
+    `what`."""
+    try:
+        return fn(*args, **kwargs)
+    except UsageError:
+        raise
+    except Exception as e:
+        raise UsageError(f"env {env_id!r}: {what} raised {type(e).__name__}: {one_line(e)}"
+                         ) from None
+
+
+GOAL_KEYS = ("observation", "achieved_goal", "desired_goal")
+
+
+def observation_dims(env_id, space):
+    """{'o': dim_o, 'g': dim_g} of a dict observation of three flat boxes, its two goals of one
+    shape."""
+    boxes = getattr(space, "spaces", {})
+    if not all(isinstance(boxes.get(k), gym.spaces.Box) for k in GOAL_KEYS):
+        raise UsageError(f"env {env_id!r} has no dict observation with Box entries "
+                         f"{', '.join(GOAL_KEYS)}; HER needs a goal task such as FetchReach-v4")
+    shapes = {k: boxes[k].shape for k in GOAL_KEYS}
+    if any(len(shape) != 1 for shape in shapes.values()) or \
+            shapes["achieved_goal"] != shapes["desired_goal"]:
+        raise UsageError(f"env {env_id!r}: observation shapes {shapes}; each must be flat, (n,), "
+                         "and achieved_goal's the same as desired_goal's")
+    return {"o": shapes["observation"][0], "g": shapes["desired_goal"][0]}
+
+
+def action_bound(env_id, space):
+    """max_u of an action box [-max_u, max_u]^dim_u."""
+    if not isinstance(space, gym.spaces.Box) or len(space.shape) != 1:
+        raise UsageError(f"env {env_id!r} has the action space {space}; DDPG's actor needs a "
+                         "flat Box [-a, a]^n (a discrete choice can be a continuous action, "
+                         "e.g. bit i flips where a_i > 0)")
+    low, high = space.low, space.high
+    if not (np.all(np.isfinite(high)) and np.allclose(low, -high)
+            and np.allclose(high, high.flat[0]) and high.flat[0] > 0):
         raise UsageError(f"env {env_id!r} has an action box that is not [-a, a] in every "
                          "dimension; the tanh actor needs a symmetric box")
-    dims = {"o": int(space["observation"].shape[0]), "g": int(space["desired_goal"].shape[0]),
-            "u": int(env.action_space.shape[0])}
-    # The env's own vectorised reward, used to relabel goals: r = compute_reward(ag_2, g).
-    # The env stays open for it (baselines keeps a tmp env for the same reason).
-    reward_fun = functools.partial(_compute_reward, env.unwrapped)
-    r_range = measure_reward_range(env, reward_fun)  # resets the env
-    _, _, _, _, info = env.step(np.zeros(env.action_space.shape, env.action_space.dtype))
-    return GoalTask(dims=dims, T=int(env.spec.max_episode_steps), max_u=float(high.flat[0]),
-                    reward_fun=reward_fun, success_key=success_key(env_id, info),
-                    r_range=r_range)
+    return float(high.flat[0])
+
+
+def batch_rewards(env_id, reward_fun, ag, g):
+    """reward_fun(ag, g) on K pairs, checked: K finite numbers, one for each pair."""
+    r = calling(env_id, "compute_reward(achieved_goal, desired_goal, None)", reward_fun, ag, g)
+    r = np.asarray(r)
+    if r.shape != (len(ag),) or r.dtype.kind not in "fiub" or not np.all(np.isfinite(r)):
+        raise UsageError(f"env {env_id!r}: compute_reward gave {r.dtype} rewards of shape "
+                         f"{r.shape} for {len(ag)} goals; it must take arrays of goals, (K, "
+                         f"{ag.shape[1]}), and return K finite rewards, one for each")
+    return r
+
+
+def checked_obs(env_id, what, obs, dims):
+    """obs of reset or step, checked against the dims its space gives."""
+    dim = {"observation": dims["o"], "achieved_goal": dims["g"], "desired_goal": dims["g"]}
+    want = {k: (d,) for k, d in dim.items()}
+    if not isinstance(obs, dict):
+        raise UsageError(f"env {env_id!r}: {what} gave a {type(obs).__name__}, not a dict "
+                         f"observation with keys {', '.join(GOAL_KEYS)}")
+    got = {k: np.shape(obs.get(k)) for k in GOAL_KEYS}
+    if got != want or not all(np.all(np.isfinite(obs[k])) for k in GOAL_KEYS):
+        raise UsageError(f"env {env_id!r}: {what} gave an observation of shapes {got} (or not "
+                         f"finite), where its space says {want}")
+    return obs
+
+
+# Steps of the first episode that are checked (step's reward against compute_reward's, the
+# success key in info): enough to see a reward move, few for a slow task.
+FIRST_STEPS = 5
+
+
+def first_steps(env_id, env, dims, T, max_u, reward_fun):
+    """The success key, from up to FIRST_STEPS random steps, each checked: the observation's
+    shapes, and step's reward equal to compute_reward's, which relabels HER's goals."""
+    space, rng = env.action_space, np.random.default_rng(0)
+    calling(env_id, "reset", env.reset, seed=0)
+    for _ in range(min(T, FIRST_STEPS)):
+        u = rng.uniform(-max_u, max_u, space.shape).astype(space.dtype)
+        obs, r, terminated, truncated, info = calling(env_id, "step", env.step, u)
+        checked_obs(env_id, "step", obs, dims)
+        r_g = reward_fun(obs["achieved_goal"][None], obs["desired_goal"][None])[0]
+        if not np.isclose(r, r_g, rtol=1e-5, atol=1e-6):
+            raise UsageError(f"env {env_id!r}: step's reward {r} and compute_reward's {r_g} "
+                             "differ for the same goals; HER relabels with compute_reward, so "
+                             "make step return what compute_reward gives")
+        if terminated or truncated:
+            break
+    return success_key(env_id, info)
 
 
 # Resets whose goals measure the reward range: 5 tell every task of gymnasium-robotics apart;
@@ -99,13 +239,14 @@ def describe_env(env_id):
 MIN_RANGE_RESETS, MAX_RANGE_RESETS = 5, 50
 
 
-def measure_reward_range(env, reward_fun):
-    """reward_range() over the goals of more and more resets (seeds 0, 1, ...); None if
-    MAX_RANGE_RESETS resets show only one value (a range measured from one value would clip
-    every critic target to one constant, and nothing learns)."""
+def measure_reward_range(env_id, env, dims, reward_fun):
+    """reward_range() over the goals of more and more resets (seeds 0, 1, ...), each reset's
+    observation checked; None if MAX_RANGE_RESETS resets show only one value (a range measured
+    from one value would clip every critic target to one constant, and nothing learns)."""
     goals, achieved = [], []
     for seed in range(MAX_RANGE_RESETS):
-        obs = env.reset(seed=seed)[0]
+        obs = calling(env_id, "reset", env.reset, seed=seed)[0]
+        checked_obs(env_id, "reset", obs, dims)
         goals.append(obs["desired_goal"])
         achieved.append(obs["achieved_goal"])
         if seed + 1 >= MIN_RANGE_RESETS:

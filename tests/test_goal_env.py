@@ -85,6 +85,111 @@ class FixedGoal(PointGoal):
         return self._obs(), info
 
 
+class OneFault(PointGoal):
+    """PointGoal with exactly one thing of a goal task's contract wrong (docs/usage.md, "Your own
+    goal task"), named by `fault`; registered as tests.test_goal_env:OneFault-<fault>-v0."""
+
+    def __init__(self, fault):
+        super().__init__()
+        self.fault, self.t = fault, 0
+        box = gym.spaces.Box(-.5, .5, (2,), np.float64)
+        if fault == "discrete":
+            self.action_space = gym.spaces.Discrete(4)
+        if fault == "box01":
+            self.action_space = gym.spaces.Box(0., 1., (2,), np.float32)
+        if fault == "nokey":
+            self.observation_space = gym.spaces.Dict(observation=box, desired_goal=box)
+        if fault == "goal3":
+            self.observation_space["achieved_goal"] = gym.spaces.Box(-.5, .5, (3,), np.float64)
+        if fault == "boom":
+            raise RuntimeError("no such robot")
+
+    def compute_reward(self, achieved_goal, desired_goal, info):
+        r = super().compute_reward(achieved_goal, desired_goal, info)
+        return {"scalar": lambda: float(np.mean(r)), "n3": lambda: np.stack([r, r, r], -1),
+                "nan": lambda: r * np.nan, "info": lambda: r + info["bonus"]
+                }.get(self.fault, lambda: r)()
+
+    def reset(self, seed=None, options=None):
+        obs, info = super().reset(seed=seed)
+        self.t = 0
+        if self.fault == "resetshape":
+            obs["observation"] = np.zeros(3)
+        return obs, info
+
+    def step(self, u):
+        self.t += 1
+        obs, r, terminated, truncated, info = super().step(u)
+        if self.fault == "stepreward":
+            r += 1.
+        if self.fault == "nosuccess":
+            info = {}
+        return obs, r, self.fault == "end3" and self.t >= 3, truncated, info
+
+
+# {fault: what the one line says}; each also names the env's id
+FAULTS = {"discrete": "action space Discrete(4)", "box01": "symmetric box",
+          "nokey": "no dict observation", "goal3": "observation shapes",
+          "resetshape": "reset gave an observation", "boom": "gymnasium.make raised RuntimeError",
+          "scalar": "rewards of shape () for", "n3": "rewards of shape (",
+          "nan": "K finite rewards", "info": "compute_reward(achieved_goal, desired_goal, None) "
+          "raised TypeError", "stepreward": "compute_reward's", "nosuccess": "info['is_success']"}
+for fault in [*FAULTS, "end3"]:
+    gym.register(f"OneFault-{fault}-v0", entry_point="tests.test_goal_env:OneFault",
+                 max_episode_steps=10, kwargs=dict(fault=fault))
+gym.register("NoTimeLimit-v0", entry_point="tests.test_goal_env:PointGoal")
+
+
+class TestContract:
+    """A goal task of one's own that breaks one rule of the contract is refused in one line,
+    before any file or env process is made; one that ends its episodes early is held at its
+    end (HeldAtEnd), as docs/usage.md says."""
+
+    @pytest.mark.parametrize("fault", FAULTS)
+    def test_each_broken_rule_is_one_line_before_the_run_folder(self, fault, tmp_path, capsys):
+        env = f"tests.test_goal_env:OneFault-{fault}-v0"
+        logdir = tmp_path / "run"
+        assert_main_refuses(["--env", env, "--logdir", str(logdir)], capsys, FAULTS[fault],
+                            f"OneFault-{fault}-v0")
+        assert not logdir.exists()
+
+    def test_a_task_without_a_time_limit_is_one_line(self, tmp_path, capsys):
+        assert_main_refuses(["--env", "tests.test_goal_env:NoTimeLimit-v0", "--logdir",
+                             str(tmp_path / "run")], capsys, "no time limit",
+                            "max_episode_steps=T")
+        assert not (tmp_path / "run").exists()
+
+    @pytest.mark.parametrize("body, phrases", [
+        ("raise ValueError('bad table')", ("importing 'my_task' raised ValueError: bad table",)),
+        ("import not_installed_anywhere", ("importing 'my_task' failed", "not_installed_any")),
+        ("1 +", ("importing 'my_task' raised SyntaxError",))])
+    def test_a_module_that_fails_to_import_is_one_line_naming_it(self, body, phrases, tmp_path,
+                                                                  capsys, monkeypatch):
+        (tmp_path / "my_task.py").write_text(body + "\n")
+        monkeypatch.syspath_prepend(str(tmp_path))
+        assert_main_refuses(["--env", "my_task:Mine-v0", "--logdir", str(tmp_path / "run")],
+                            capsys, *phrases)
+        assert_main_refuses(["--env", "not_on_the_path:Mine-v0"], capsys,
+                            "no module 'not_on_the_path' on Python's path", "PYTHONPATH")
+        assert not (tmp_path / "run").exists()
+
+    def test_an_episode_that_ends_early_is_held_at_its_end(self):
+        """terminated at step 3 of T = 10: the env is stepped 3 times, and steps 4 to 10 repeat
+        step 3's observation, reward and info."""
+        env = goal_env.make_env("tests.test_goal_env:OneFault-end3-v0")
+        env.reset(seed=1)
+        answers = [env.step(np.full(2, .5, np.float32)) for _ in range(10)]
+        assert env.unwrapped.t == 3
+        obs_3, r_3, terminated_3, _, info_3 = answers[2]
+        assert terminated_3 and not any(a[2] for a in answers[:2])
+        for obs, r, _, _, info in answers[3:]:
+            assert all(np.array_equal(obs[k], obs_3[k]) for k in obs_3)
+            assert (r, info) == (r_3, info_3)
+        env.reset(seed=2)  # a new episode steps the env again
+        env.step(np.zeros(2, np.float32))
+        assert env.unwrapped.t == 1
+
+
 class TestGoalEnv:
     """harness/goal_env.py: goal tasks, rewards."""
 
