@@ -33,6 +33,7 @@ from harness.files import (
 )
 from harness.logger import read_progress
 from harness.mpi_util import raise_if_any_rank_failed
+from harness.runlock import run_files
 
 # Where a checkpoint is in the run, read before the rest
 POSITION_KEYS = ("epoch", "cycle", "n_ranks")
@@ -112,6 +113,9 @@ def checkpoint_positions(run_dir, rank, n_ranks):
             raise UsageError(f"{path} was written by a run of {ranks} ranks; resume it with "
                              f"mpirun -np {ranks}, not {n_ranks}")
         positions.setdefault((epoch, cycle), path)
+    if not positions and run_files(run_dir)[1]:
+        raise UsageError(f"{run_dir}: no checkpoint, its start ended before the first one; run "
+                         "its command again (log.txt's header), without --resume")
     if not positions:  # neither file: the one-line "no such file" of the newest
         load_npz(checkpoint_path(run_dir, rank), POSITION_KEYS, "checkpoint")
     return positions
@@ -140,7 +144,7 @@ def read_inputs(cfg, task, args, comm):
     --load_path's policy (task and networks), --demo_file's episodes. Returns what Run takes."""
     rank, resume, own = comm.Get_rank(), args.resume, run_settings(cfg)
     inputs = dict(load_path=args.load_path, init_policy=None, demos=None, checkpoint=None,
-                  checkpoint_path=None, progress=(), resume_note=None)
+                  checkpoint_path=None, progress=(), note=None)
     error = None
     try:
         positions = checkpoint_positions(resume, rank, comm.Get_size()) if resume else {}
@@ -148,7 +152,7 @@ def read_inputs(cfg, task, args, comm):
         error = str(e)
     raise_if_any_rank_failed(comm, error)  # [MPI]
     if resume:  # the newest position every rank has
-        position, inputs["resume_note"] = common_position(resume, positions, comm)  # [MPI]
+        position, inputs["note"] = common_position(resume, positions, comm)  # [MPI]
     try:
         if resume:
             path = inputs["checkpoint_path"] = positions[position]

@@ -19,6 +19,7 @@ import json
 import math
 import os
 import re
+import resource
 import socket
 import sys
 import time
@@ -125,14 +126,22 @@ def check_rules(cfg, given=()):
 # Resident memory of one process beside its arrays: Python, NumPy, MuJoCo and one env (113 MB
 # for FetchPush-v4, 136 MB for HandManipulateBlockRotateZ-v1, measured here), rounded up.
 PROCESS_MB = 150
+# Files a rank and each env process hold open (ulimit -n), measured with a margin: docs/faults.md
+FILES, FILES_PER_ENV = 32, 4
 
 
 def config_for_task(cfg, ranks_here):
     """(cfg, task): the task read off the env and the values in force: the discount (1 - 1/T
-    unless given), the reward range (measured unless given). UsageError where the flags
-    contradict the task: a given range that leaves out rewards the task gives, a buffer that
-    holds no rollout, or (an estimate, named in the line) more memory than this host has for
-    `ranks_here` ranks: replay and demo buffers, one batch, the env processes."""
+    unless given), the reward range (measured unless given). UsageError where this process may
+    open too few files for the run (ulimit -n: checked first, reading the env opens some), or
+    the flags contradict the task: a given range that leaves out rewards the task gives, a
+    buffer that holds no rollout, or more memory than there is (check_memory)."""
+    soft, need = resource.getrlimit(resource.RLIMIT_NOFILE)[0], FILES + FILES_PER_ENV * cfg.num_env
+    if 0 <= soft < need:  # RLIM_INFINITY is -1
+        fewer = (soft - FILES) // FILES_PER_ENV
+        raise UsageError(f"--num_env {cfg.num_env} needs about {need} open files in each process, "
+                         f"and this one may open {soft} (ulimit -n): raise the limit with ulimit "
+                         f"-n {need}" + (f", or give --num_env {fewer}" if fewer > 0 else ""))
     task = describe_env(cfg.env)
     if task.r_range is None and cfg.reward_range is None:
         raise UsageError(f"env {cfg.env!r}: compute_reward gave one value for every goal and "
@@ -152,6 +161,16 @@ def config_for_task(cfg, ranks_here):
         raise UsageError(f"--buffer_size {cfg.buffer_size} holds no {cfg.num_env} episode(s) of "
                          f"{cfg.env}'s T = {task.T} steps (one rollout): give at least "
                          f"{cfg.num_env * task.T}")
+    check_memory(cfg, task, ranks_here)
+    task = dataclasses.replace(task, r_range=given or task.r_range)
+    return dataclasses.replace(cfg, gamma=discount(cfg.gamma, task.T),
+                               reward_range=task.r_range), task
+
+
+def check_memory(cfg, task, ranks_here):
+    """UsageError where the run needs (an estimate, named in the line) more memory than this
+    host has free for `ranks_here` ranks (replay and demo buffers, one batch, the env
+    processes), or more than this process's own limit (ulimit -v) leaves it; a warning at 80%."""
     episode = sum(steps * dim for steps, dim in episode_shapes(task.dims, task.T).values())
     buffer = 4 * episode * (cfg.buffer_size // task.T + (cfg.num_demo if cfg.demo_file else 0))
     d = task.dims
@@ -161,7 +180,13 @@ def config_for_task(cfg, ranks_here):
     # layer's activations and gradients, actor and critic, main and target; weights 6 times
     batch = 4 * cfg.batch_size * (2 * d["o"] + 3 * d["g"] + d["u"] + 16 * cfg.layers * cfg.hidden)
     processes = PROCESS_MB * 2**20 * (1 + (cfg.num_env if cfg.num_env > 1 else 0))
-    need, have = ranks_here * (buffer + batch + 24 * params + processes), available_memory()
+    arrays, room = buffer + batch + 24 * params, address_space_left()
+    if room is not None and arrays + PROCESS_MB * 2**20 > room:  # a margin: threads, buffers
+        raise UsageError(f"the replay buffer and one batch need about {arrays / 2**30:.2f} GiB "
+                         f"in this process, and its address-space limit (ulimit -v) leaves it "
+                         f"{room / 2**30:.2f} GiB: raise the limit (ulimit -v unlimited), or "
+                         "lower --buffer_size or --batch_size")
+    need, have = ranks_here * (arrays + processes), available_memory()
     if have is not None and need > 0.8 * have:
         line = (f"the run needs about {need / 2**30:.1f} GiB on this host ({ranks_here} rank(s) x "
                 f"{buffer / 2**30:.2f} GiB of replay buffer, {batch / 2**30:.2f} GiB for one "
@@ -171,9 +196,15 @@ def config_for_task(cfg, ranks_here):
             raise UsageError(f"{line}: lower --buffer_size, --batch_size or --num_env, or run "
                              "fewer ranks on this host")
         print(f"warning: {line}; it may run out of memory", file=sys.stderr, flush=True)
-    task = dataclasses.replace(task, r_range=given or task.r_range)
-    return dataclasses.replace(cfg, gamma=discount(cfg.gamma, task.T),
-                               reward_range=task.r_range), task
+
+
+def address_space_left():
+    """Bytes this process may still map under its own limit (ulimit -v), or None: no limit."""
+    limit = resource.getrlimit(resource.RLIMIT_AS)[0]
+    with contextlib.suppress(OSError, ValueError, StopIteration), open("/proc/self/status") as f:
+        if limit != resource.RLIM_INFINITY:
+            return limit - 1024 * int(next(ln for ln in f if ln.startswith("VmSize:")).split()[1])
+    return None
 
 
 def available_memory():
@@ -342,6 +373,9 @@ def parse_train_args(argv=None):
     for flag in ("resume", "load_path"):
         if getattr(args, flag) == "":
             p.error(f"--{flag} takes a path, got ''")
+    closed = [name for name in ("stdout", "stderr") if getattr(sys, name) is None]
+    if closed:  # a run reports on both, and ends where one takes no more (logger._Tee)
+        p.error(f"{closed[0]} is closed: give it a file or /dev/null (>out.txt, 2>err.txt)")
     if args.trace < 0:
         p.error(f"--trace must be 0 (off) or a number of cycles, got {args.trace}")
     if args.resume and args.load_path:

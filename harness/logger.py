@@ -27,7 +27,7 @@ from importlib.metadata import version
 import numpy as np
 from threadpoolctl import threadpool_info
 
-from harness.errors import BadFileError
+from harness.errors import BadFileError, SaveError
 from harness.files import atomic_write_text
 from harness.launch import describe_job, launched, library_name
 from harness.mpi_util import raise_if_any_rank_failed, save_on_every_rank
@@ -124,8 +124,8 @@ def open_run_folder(cfg, comm, task, argv, inputs):
     log = RunLog(cfg.logdir, enabled=rank == 0, argv=argv, resumed_at=None if checkpoint is None
                  else (int(checkpoint["epoch"]), int(checkpoint["cycle"])))
     job = describe_job(comm)  # [MPI] every rank's host and cores
-    if rank == 0 and inputs["resume_note"]:  # not every rank had its newest checkpoint
-        print(inputs["resume_note"], flush=True)
+    if rank == 0 and inputs["note"]:  # a start taken over, or not every rank's newest checkpoint
+        print(inputs["note"], flush=True)
     if rank == 0:
         print(f"Logging to {cfg.logdir}\n{cfg}\ndims={task.dims} T={task.T} max_u={task.max_u} "
               f"ranks={n_ranks}\n{job}", flush=True)
@@ -146,7 +146,7 @@ class RunLog:
 
     def __init__(self, logdir, enabled, argv, resumed_at=None):
         self.enabled, self.path, self.file = enabled, os.path.join(logdir, "log.txt"), None
-        self.screen = sys.stdout  # where the progress bar goes: not into the log
+        self.screen = _Tee(sys.stdout, "stdout")  # where the progress bar goes: not into the log
         self.screen_is_terminal = output_is_terminal(self.screen)
         if not enabled:
             return
@@ -163,7 +163,7 @@ class RunLog:
             self._drop(e)
             return
         self.write("\n".join(header) + "\n")
-        sys.stdout, sys.stderr = (_Tee(stream, self) for stream in self.streams)
+        sys.stdout, sys.stderr = _Tee(sys.stdout, "stdout", self), _Tee(sys.stderr, "stderr", self)
 
     def write(self, text):
         if self.file is None:
@@ -196,16 +196,33 @@ class RunLog:
 
 
 class _Tee:
-    """A text stream that writes to `stream` and to the run log."""
+    """A text stream that writes to `stream` (named `name`) and, given one, to the run log. One
+    that takes no more (a full disk, a pipe whose reader left: `| head`) becomes /dev/null (what
+    it holds is flushed there at exit) and SaveError names it: one line where one can go."""
 
-    def __init__(self, stream, log):
-        self.stream, self.log = stream, log
+    def __init__(self, stream, name, log=None):
+        self.stream, self.name, self.log = stream, name, log
 
     def write(self, text):
-        self.log.write(text)
-        return self.stream.write(text)
+        written = self._call("write", text)
+        if self.log is not None:
+            self.log.write(text)
+        return written
 
-    def __getattr__(self, name):  # flush, fileno, isatty, ...: the stream's own
+    def flush(self):
+        return self._call("flush")
+
+    def _call(self, method, *args):
+        try:
+            return getattr(self.stream, method)(*args)
+        except OSError as e:
+            with contextlib.suppress(OSError, ValueError):
+                os.dup2(os.open(os.devnull, os.O_WRONLY), self.stream.fileno())
+            raise SaveError(f"cannot write {self.name} ({e.strerror}): the run stopped; give it "
+                            f"a file with space, /dev/null, or a reader that reads to the end"
+                            ) from None
+
+    def __getattr__(self, name):  # fileno, isatty, ...: the stream's own
         return getattr(self.stream, name)
 
 

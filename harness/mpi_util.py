@@ -111,7 +111,8 @@ def exits_together(comm, prog, exit_codes=EXIT_CODES):
     except tuple(exit_codes) as e:
         code, prefix = next(v for cls, v in exit_codes.items() if isinstance(e, cls))
         if comm.Get_rank() == 0:
-            print(f"{prog}: {prefix}{e}", file=sys.stderr, flush=True)
+            with contextlib.suppress(OSError):  # a full stderr: log.txt has the line
+                print(f"{prog}: {prefix}{e}", file=sys.stderr, flush=True)
         raise SystemExit(code) from None
     except BaseException:
         if comm.Get_size() == 1:

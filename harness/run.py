@@ -66,9 +66,9 @@ def start_run(argv):
         # Abort if one rank raises alone; the stack closes what was opened, last first
         with exits_together(comm, "train.py"), contextlib.ExitStack() as opened:  # [MPI]
             args, cfg, task = shared_config(argv, comm)  # [MPI] rank 0's, on every rank
-            watchdog.limit_s, watchdog.logdir = cfg.mpi_timeout, cfg.logdir
+            watchdog.limit_s, watchdog.logdir = cfg.mpi_timeout, args.resume  # a checkpoint
             inputs = read_inputs(cfg, task, args, comm)  # [MPI]
-            opened.enter_context(hold_run_folder(cfg.logdir, comm, not args.resume))  # [MPI]
+            opened.enter_context(hold_run_folder(cfg.logdir, comm, inputs))  # [MPI]
             venv = opened.enter_context(contextlib.closing(build_venv(cfg)))
             # From here a stop signal waits for the end of a cycle, saving (watchdog.py)
             watchdog.starting = False
@@ -90,7 +90,7 @@ class Run:
         self.task, self.venv, self.log, self.trace, self.bar = task, venv, log, trace, None
         self.screen, self.rank0 = log.screen, comm.Get_rank() == 0
         self.draw_bar = self.rank0 and log.screen_is_terminal
-        # load_path, init_policy, demos, checkpoint, checkpoint_path, progress, resume_note
+        # load_path, init_policy, demos, checkpoint, checkpoint_path, progress, note
         for name, value in inputs.items():
             setattr(self, name, value)
 
@@ -111,6 +111,7 @@ class Run:
         if self.checkpoint is None:
             save_on_every_rank(self.comm, save_checkpoint, self.cfg.logdir, (0, 0, -1.),  # [MPI]
                                self.policy, self.workers, self.comm, (), self.logger.digest)
+            self.watchdog.logdir = self.cfg.logdir  # its second signal's line: --resume
         if start.epoch < self.cfg.n_epochs:
             self.begin_epoch(start.epoch, start.cycle)
             self.tracer.begin(self.comm, os.path.join(self.cfg.logdir, "trace"),  # [MPI] --trace

@@ -2,7 +2,8 @@
 
 No baselines counterpart: there two jobs given the same log dir both write it, and so did this
 code. A fresh start into a folder that holds a run's files is refused (refuse_a_run_folder): a
-rerun of the same command loses no run. The lock is the operating system's (flock on
+rerun of the same command loses no run; one whose start ended before its first checkpoint holds
+no run, and the same command takes it. The lock is the operating system's (flock on
 `<logdir>/run.lock`), so it is released when the process ends, however it ends: a killed job
 leaves no stale lock. The file itself stays, holding who had it last (pid, host, start time),
 which the refusal quotes.
@@ -54,16 +55,16 @@ def lock_run_folder(logdir):
     return lock_file
 
 
-def hold_run_folder(logdir, comm, fresh):
-    """Collective: rank 0 takes the run folder's lock (lock_run_folder), a fresh start (not
-    --resume) only where the folder holds no run; if another job holds it, it holds a run, or
-    it cannot be made, every rank raises that one line. Returns what releases it on closing
-    (on the other ranks nothing)."""
+def hold_run_folder(logdir, comm, inputs):
+    """Collective: rank 0 takes the run folder's lock (lock_run_folder), a fresh start (inputs:
+    no checkpoint) only where the folder holds no run (inputs["note"]: the line that says it
+    takes a start that ended early); if another job holds it, it holds a run, or it cannot be made,
+    every rank raises that one line. Returns what releases it on closing (elsewhere nothing)."""
     lock, error = contextlib.nullcontext(), None
     if comm.Get_rank() == 0:
         try:
-            if fresh:
-                refuse_a_run_folder(logdir)
+            if inputs["checkpoint"] is None:
+                inputs["note"] = refuse_a_run_folder(logdir)
             lock = lock_run_folder(logdir)
         except UsageError as e:
             error = str(e)
@@ -78,14 +79,31 @@ def hold_run_folder(logdir, comm, fresh):
 RUN_FILES = ("progress.csv", "config.json", "log.txt", "checkpoint", "trace")
 
 
-def refuse_a_run_folder(logdir):
-    """UsageError if logdir holds a run's files: a fresh start never writes over a run."""
+def run_files(logdir):
+    """The names of a run's files in logdir (none where there is no folder), and whether they
+    are those of a start that ended (an error, a signal, a kill) before its first checkpoint:
+    config.json, log.txt, a checkpoint/ without one; such a start holds no run."""
     try:
-        found = sorted(name for name in os.listdir(logdir) if name in RUN_FILES
-                       or name.startswith("policy") and name.endswith(".npz"))
+        names = os.listdir(logdir)
+        saved = [name for name in os.listdir(os.path.join(logdir, "checkpoint"))
+                 if name.endswith(".npz")] if "checkpoint" in names else []
     except OSError:  # no folder yet, or none can be made there: hold_run_folder says which
-        return
+        return [], False
+    found = sorted(name for name in names if name in RUN_FILES
+                   or name.startswith("policy") and name.endswith(".npz"))
+    return found, not saved and set(found) <= {"config.json", "log.txt", "checkpoint"}
+
+
+def refuse_a_run_folder(logdir):
+    """UsageError if logdir holds a run's files: a fresh start never writes over a run. Where a
+    start ended before its first checkpoint, returns the line that says this one takes its
+    folder (config.json is written anew, log.txt appended to)."""
+    found, ended_early = run_files(logdir)
+    if found and ended_early:
+        return (f"note: {logdir} holds a start that ended before its first checkpoint "
+                f"({', '.join(found)}): this start takes it, its log.txt kept")
     if found:
         raise UsageError(f"{logdir} holds a run already ({', '.join(found[:4])}); continue it "
                          f"with --resume {logdir} (with --n_epochs to go past its last "
                          f"epoch), or give a fresh --logdir: nothing in it was changed")
+    return None

@@ -46,7 +46,7 @@ class Watchdog:
         self.limit_s, self.prog = limit_s, prog
         self.requested = False  # a first stop signal asked to stop after this cycle
         self.starting = True  # nothing written yet: a stop signal ends the start-up at once
-        self.logdir = None  # named in the second signal's line, once known
+        self.logdir = None  # named in the second signal's line, once it holds a checkpoint
         self.comm = None  # the communicator MPI_Abort ends the job through (not observed)
         self._call = None  # [frame of the caller, call name, seconds waited, warned]
         self._lock = threading.Lock()
@@ -165,8 +165,8 @@ class Watchdog:
         # A second signal: now, also if the main thread is blocked in an MPI call. Env
         # processes ignore SIGINT, so they are killed; the last checkpoint stays as it is.
         kill_env_processes()
-        resume = f"; --resume {self.logdir} continues from the last checkpoint" \
-            if self.logdir else ""
+        resume = f"; --resume {self.logdir} continues from the last checkpoint" if self.logdir \
+            else "; no checkpoint yet: the same command starts the run again"
         self._say(f"{signal.Signals(signum).name} again: stopped at once, without saving"
                   f"{resume}", announce_only=True)
         os._exit(130)

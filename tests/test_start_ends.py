@@ -1,0 +1,127 @@
+"""A start that ends early: one line, no traceback, and no folder left that the same command
+cannot start again (docs/faults.md: a start that ends before its first checkpoint).
+
+Each case runs `python train.py` through bash (its redirections and limits), then the same
+command as a user would type it again, without the fault.
+
+Test: `python -m pytest -q tests/test_start_ends.py`.
+"""
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.helpers import ROOT, remove_orphans_of_job, shm_entries
+
+TINY = ["--n_epochs", "1", "--n_cycles", "1", "--n_batches", "1", "--n_test_rollouts", "1",
+        "--hidden", "8"]
+
+
+def train_line(logdir, *args):
+    return shlex.join([sys.executable, os.path.join(ROOT, "train.py"), *TINY, *args,
+                       "--logdir", logdir])
+
+
+def bash(script, timeout=300):
+    """(exit code, stderr) of a bash script run from the repository's root."""
+    done = subprocess.run(["bash", "-c", script], cwd=ROOT, stderr=subprocess.PIPE, text=True,
+                          timeout=timeout)
+    return done.returncode, done.stderr
+
+
+def signalled_once_config_is_written(signals):
+    """A start sent `signals` (10 ms apart) the moment its config.json is there: after the
+    folder is written and before its first checkpoint. MPICH's segment in /dev/shm, which a
+    job ended so keeps (docs/faults.md), is removed."""
+    def run(logdir, args):
+        before = shm_entries()
+        proc = subprocess.Popen(["bash", "-c", f"exec {train_line(logdir, *args)} >/dev/null"],
+                                cwd=ROOT, stderr=subprocess.PIPE, text=True)
+        deadline = time.time() + 120
+        while not os.path.exists(os.path.join(logdir, "config.json")) and time.time() < deadline:
+            time.sleep(0.005)
+        for sig in signals:
+            os.kill(proc.pid, sig)  # bash exec'd python: its pid is python's
+            time.sleep(0.01)
+        _, err = proc.communicate(timeout=120)
+        remove_orphans_of_job(before)
+        return proc.returncode, err
+    return run
+
+
+def in_bash(before, after):
+    def run(logdir, args):
+        return bash(f"{before} exec {train_line(logdir, *args)} {after}")
+    return run
+
+
+# (case, how the start runs, its extra flags, its exit code, the one line's words or None)
+WAYS_TO_END = [
+    ("stdout on a full device", in_bash("", ">/dev/full"), [], 1,
+     "cannot write stdout (No space left on device)"),
+    ("stdout closed", in_bash("", ">&-"), [], 2, "stdout is closed: give it a file"),
+    ("stderr closed", in_bash("", ">/dev/null 2>&-"), [], 2, None),
+    ("an address-space limit the replay buffer does not fit",
+     in_bash("ulimit -v 1500000;", ">/dev/null"), ["--buffer_size", "30000000"], 2,
+     "ulimit -v"),
+    ("too few open files for the env processes", in_bash("ulimit -n 24;", ">/dev/null"),
+     ["--num_env", "4"], 2, "ulimit -n"),
+    ("SIGTERM twice after the folder is written",
+     signalled_once_config_is_written([signal.SIGTERM, signal.SIGTERM]), [], 130,
+     "SIGTERM again: stopped at once, without saving; no checkpoint yet: the same command"),
+    ("SIGKILL after the folder is written", signalled_once_config_is_written([signal.SIGKILL]),
+     [], -signal.SIGKILL, None),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case, start, args, code, words", WAYS_TO_END,
+                         ids=[row[0] for row in WAYS_TO_END])
+def test_a_start_that_ends_early_is_one_line_and_the_same_command_starts_again(
+        tmp_path, case, start, args, code, words):
+    logdir = str(tmp_path / "run")
+    rc, err = start(logdir, args)
+    assert rc == code and "Traceback" not in err, err[-3000:]
+    lines = err.strip().splitlines()
+    assert lines == ([] if words is None else [lines[-1]]) and (words or "") in err, err[-3000:]
+    checkpoints = os.listdir(os.path.join(logdir, "checkpoint")) if os.path.exists(
+        os.path.join(logdir, "checkpoint")) else []
+    assert not [name for name in checkpoints if name.endswith(".npz")], checkpoints
+    rc, err = bash(train_line(logdir, *args) + " >/dev/null")
+    assert rc == 0 and err == "", err[-3000:]
+    rc, err = bash(train_line(logdir, *args) + " >/dev/null")
+    assert rc == 2 and "holds a run already" in err, err  # now it holds a run
+
+
+@pytest.mark.slow
+def test_a_folder_left_before_its_first_checkpoint_is_taken_and_its_log_kept(tmp_path):
+    """The note names what was there; log.txt keeps the first start's header and line; a
+    --resume of such a folder names the command to run instead."""
+    logdir = str(tmp_path / "run")
+    rc, _ = bash(train_line(logdir) + " >/dev/full")
+    assert rc == 1
+    rc, err = bash(f"{sys.executable} {ROOT}/train.py --resume {logdir}")
+    assert rc == 2 and err.strip() == (
+        f"train.py: error: {logdir}: no checkpoint, its start ended before the first one; run "
+        "its command again (log.txt's header), without --resume"), err
+    rc, err = bash(train_line(logdir) + " | grep '^note: ' >/dev/null")
+    assert rc == 0 and err == "", err
+    with open(os.path.join(logdir, "log.txt")) as f:
+        log = f.read()
+    assert log.count("# code: ") == 2 and "cannot write stdout" in log, log
+    assert (f"note: {logdir} holds a start that ended before its first checkpoint (checkpoint, "
+            "config.json, log.txt): this start takes it, its log.txt kept") in log, log
+
+
+@pytest.mark.slow
+def test_a_reader_that_leaves_ends_the_run_in_one_line(tmp_path):
+    """`| true`: a pipe whose reader is gone before the first line (as `| head -3` after its
+    third): BrokenPipeError was a traceback, also at the interpreter's exit."""
+    rc, err = bash(f"set -o pipefail; {train_line(str(tmp_path / 'run'))} | true")
+    assert rc == 1 and err.strip() == (
+        "train.py: error: cannot write stdout (Broken pipe): the run stopped; give it a file "
+        "with space, /dev/null, or a reader that reads to the end"), err
