@@ -153,6 +153,19 @@ def calling(env_id, what, fn, *args, **kwargs):
                          ) from None
 
 
+# What gymnasium's reset and step return
+ANSWERS = {"reset": ("observation", "info"),
+           "step": ("observation", "reward", "terminated", "truncated", "info")}
+
+
+def api(env_id, what, answer):
+    """reset's or step's answer, if it is the tuple gymnasium's API has (not gym's older one)."""
+    if not (isinstance(answer, tuple) and len(answer) == len(ANSWERS[what])):
+        raise UsageError(f"env {env_id!r}: {what} returned a {type(answer).__name__}, not "
+                         f"gymnasium's ({', '.join(ANSWERS[what])})")
+    return answer
+
+
 GOAL_KEYS = ("observation", "achieved_goal", "desired_goal")
 
 
@@ -161,8 +174,11 @@ def observation_dims(env_id, space):
     shape."""
     boxes = getattr(space, "spaces", {})
     if not all(isinstance(boxes.get(k), gym.spaces.Box) for k in GOAL_KEYS):
+        kinds = ", ".join(f"{k}: {type(boxes.get(k)).__name__}" for k in GOAL_KEYS) \
+            if boxes else f"a {type(space).__name__} space"
         raise UsageError(f"env {env_id!r} has no dict observation with Box entries "
-                         f"{', '.join(GOAL_KEYS)}; HER needs a goal task such as FetchReach-v4")
+                         f"{', '.join(GOAL_KEYS)} ({kinds}); HER needs a goal task such as "
+                         "FetchReach-v4")
     shapes = {k: boxes[k].shape for k in GOAL_KEYS}
     if any(len(shape) != 1 for shape in shapes.values()) or \
             shapes["achieved_goal"] != shapes["desired_goal"]:
@@ -218,19 +234,24 @@ FIRST_STEPS = 5
 def first_steps(env_id, env, dims, T, max_u, reward_fun):
     """The success key, from up to FIRST_STEPS random steps, each checked: the observation's
     shapes, and step's reward equal to compute_reward's, which relabels HER's goals."""
-    space, rng = env.action_space, np.random.default_rng(0)
+    space, rng, steps = env.action_space, np.random.default_rng(0), []
     calling(env_id, "reset", env.reset, seed=0)
     for _ in range(min(T, FIRST_STEPS)):
         u = rng.uniform(-max_u, max_u, space.shape).astype(space.dtype)
-        obs, r, terminated, truncated, info = calling(env_id, "step", env.step, u)
-        checked_obs(env_id, "step", obs, dims)
-        r_g = reward_fun(obs["achieved_goal"][None], obs["desired_goal"][None])[0]
+        obs, r, terminated, truncated, info = api(env_id, "step",
+                                                  calling(env_id, "step", env.step, u))
+        steps.append((checked_obs(env_id, "step", obs, dims), r))
+        if terminated or truncated:
+            break
+    # (FIRST_STEPS, dim_g) each, the steps repeated: HandManipulatePen's compute_reward fails on
+    # fewer than 3 rows (it sets euler[2], a row, where it means the z angle of every row)
+    ag, g = (np.array([obs[k] for obs, _ in steps] * FIRST_STEPS)[:FIRST_STEPS]
+             for k in GOAL_KEYS[1:])
+    for (_, r), r_g in zip(steps, reward_fun(ag, g)[:len(steps)], strict=True):
         if not np.isclose(r, r_g, rtol=1e-5, atol=1e-6):
             raise UsageError(f"env {env_id!r}: step's reward {r} and compute_reward's {r_g} "
                              "differ for the same goals; HER relabels with compute_reward, so "
                              "make step return what compute_reward gives")
-        if terminated or truncated:
-            break
     return success_key(env_id, info)
 
 
@@ -245,7 +266,7 @@ def measure_reward_range(env_id, env, dims, reward_fun):
     from one value would clip every critic target to one constant, and nothing learns)."""
     goals, achieved = [], []
     for seed in range(MAX_RANGE_RESETS):
-        obs = calling(env_id, "reset", env.reset, seed=seed)[0]
+        obs = api(env_id, "reset", calling(env_id, "reset", env.reset, seed=seed))[0]
         checked_obs(env_id, "reset", obs, dims)
         goals.append(obs["desired_goal"])
         achieved.append(obs["achieved_goal"])
@@ -257,7 +278,7 @@ def measure_reward_range(env_id, env, dims, reward_fun):
 
 
 def _compute_reward(env, ag_2, g):
-    return env.compute_reward(ag_2, g, None)
+    return np.asarray(env.compute_reward(ag_2, g, None))
 
 
 def success_key(env_id, info):

@@ -99,6 +99,10 @@ class OneFault(PointGoal):
             self.action_space = gym.spaces.Box(0., 1., (2,), np.float32)
         if fault == "nokey":
             self.observation_space = gym.spaces.Dict(observation=box, desired_goal=box)
+        if fault == "multibinary":
+            bits = gym.spaces.MultiBinary(2)
+            self.observation_space = gym.spaces.Dict(observation=bits, achieved_goal=bits,
+                                                     desired_goal=bits)
         if fault == "goal3":
             self.observation_space["achieved_goal"] = gym.spaces.Box(-.5, .5, (3,), np.float64)
         if fault == "boom":
@@ -115,7 +119,7 @@ class OneFault(PointGoal):
         self.t = 0
         if self.fault == "resetshape":
             obs["observation"] = np.zeros(3)
-        return obs, info
+        return obs if self.fault == "oldreset" else (obs, info)
 
     def step(self, u):
         self.t += 1
@@ -130,6 +134,8 @@ class OneFault(PointGoal):
 # {fault: what the one line says}; each also names the env's id
 FAULTS = {"discrete": "action space Discrete(4)", "box01": "symmetric box",
           "nokey": "no dict observation", "goal3": "observation shapes",
+          "multibinary": "(observation: MultiBinary, achieved_goal: MultiBinary",
+          "oldreset": "reset returned a dict, not gymnasium's (observation, info)",
           "resetshape": "reset gave an observation", "boom": "gymnasium.make raised RuntimeError",
           "scalar": "rewards of shape () for", "n3": "rewards of shape (",
           "nan": "K finite rewards", "info": "compute_reward(achieved_goal, desired_goal, None) "
