@@ -6,7 +6,10 @@ are the multi-goal environments of Plappert et al. (2018), Sec. 1: a dict observ
 `observation`, `achieved_goal` and `desired_goal`, and a vectorised `compute_reward(ag, g)`.
 Tasks differ in conventions (Fetch and Hand: rewards {-1, 0} and info['is_success']; PointMaze
 and AntMaze: {0, 1} and info['success']; the Dense variants: a distance), so describe_env reads
-them, a GoalTask, off a temporary env. build_venv makes a rank's vec env of num_env envs.
+them, a GoalTask, off a temporary env, after checking that it keeps the contract a task of a
+user's own must keep (docs/own-task.md; baselines checks nothing and fails later, or learns
+nothing). build_venv makes a rank's vec env of num_env envs; an episode an env ends early is
+held at its end (HeldAtEnd).
 
 Test: `python -m pytest -q tests/test_goal_env.py`.
 """
@@ -81,7 +84,7 @@ class GoalTask:
 
 def describe_env(env_id):
     """The GoalTask of env_id, after checking that the env keeps a goal task's contract (each
-    rule one UsageError line; docs/usage.md, "Your own goal task"): its module imports, its id
+    rule one UsageError line; docs/own-task.md): its module imports, its id
     is registered with a time limit, and one env gives a dict observation of flat arrays, a
     symmetric action box, a compute_reward(ag, g, None) that takes batches and agrees with
     step's reward, and the success in info. Its reward range is measured (None where it cannot
@@ -94,6 +97,7 @@ def describe_env(env_id):
     if name not in gym.registry:
         close = difflib.get_close_matches(name, list(gym.registry), n=3, cutoff=0.6)
         hint = f"; did you mean {' or '.join(close)}?" if close else \
+            f"; importing {module!r} registered no such id" if module else \
             "; see the Fetch*-v4, HandReach-v3 and HandManipulate* ids of gymnasium-robotics"
         raise UsageError(f"unknown env id {name!r}{hint}")
     T = gym.registry[name].max_episode_steps
