@@ -12,6 +12,7 @@ import dataclasses
 import functools
 import json
 import os
+import re
 
 import gymnasium as gym
 import numpy as np
@@ -23,7 +24,16 @@ from ddpg import DDPG
 from harness import errors, goal_env
 from mpi_adam import ONE_RANK
 from rollout import RolloutWorker
-from tests.helpers import arrays_of, assert_main_refuses, read_progress, run_cmd, train_cmd
+from tests.helpers import (
+    arrays_of,
+    assert_main_refuses,
+    doc_section,
+    main_exit_code,
+    read_progress,
+    run_cmd,
+    table_rows,
+    train_cmd,
+)
 from vecenv import DummyVecEnv
 
 # ---------------------------------------------------------------- goal_env.py: goal tasks, rewards
@@ -178,6 +188,28 @@ class TestContract:
         assert_main_refuses(["--env", "not_on_the_path:Mine-v0"], capsys,
                             "no module 'not_on_the_path' on Python's path", "PYTHONPATH")
         assert not (tmp_path / "run").exists()
+
+    def test_every_line_the_contract_table_quotes_is_one_a_broken_rule_gives(
+            self, tmp_path, capsys, monkeypatch):
+        """docs/own-task.md's table quotes each line (`...` where it elides): every quote is
+        part of a line that one of the envs above, each with one rule broken, is refused with."""
+        (tmp_path / "my_task.py").write_text("raise ValueError('bad table')\n")
+        (tmp_path / "my_deps.py").write_text("import not_installed_anywhere\n")
+        monkeypatch.syspath_prepend(str(tmp_path))
+        envs = [f"tests.test_goal_env:OneFault-{fault}-v0" for fault in FAULTS] + [
+            "tests.test_goal_env:NoTimeLimit-v0", "tests.test_goal_env:StartAtGoal-v0",
+            "my_task:Mine-v0", "my_deps:Mine-v0", "no_such_module:Mine-v0"]
+        lines = []
+        for env in envs:
+            assert main_exit_code(["--env", env, "--logdir", str(tmp_path / "run")]) == 2, env
+            lines.append(capsys.readouterr().err.replace("my_deps", "my_task")
+                         .replace("no_such_module", "my_task"))
+        rows = table_rows(doc_section("own-task.md", "## The contract"))[2:]
+        quotes = [q for row in rows for q in re.findall(r"`([^`]*)`", row[2])]
+        for quote in quotes:
+            parts = [part.strip() for part in re.split(r"\.\.\.|\{\.\.\.\}", quote)]
+            assert any(all(part in line for part in parts) for line in lines), quote
+        assert len(quotes) >= len(rows) and not (tmp_path / "run").exists()
 
     def test_an_episode_that_ends_early_is_held_at_its_end(self):
         """terminated at step 3 of T = 10: the env is stepped 3 times, and steps 4 to 10 repeat
