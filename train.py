@@ -100,8 +100,8 @@ def learn(run):
     # each rank its own data
     rng = np.random.default_rng(cfg.seed + 1000000 * comm.Get_rank())
     policy = DDPG(cfg, task, rng, comm)  # [MPI] every rank takes rank 0's weights
-    if run.init_policy is not None:  # --load_path: every rank reads the same file
-        set_policy_from_file(policy, run.init_policy, run.load_path)
+    if run.inputs.init_policy is not None:  # --load_path: every rank reads the same file
+        set_policy_from_file(policy, run.inputs.init_policy, run.inputs.load_path)
     # Training and test rollouts share the envs, as in baselines (eval_env = env).
     rollout_worker = RolloutWorker(run.venv, policy, rng, noise_eps=cfg.noise_eps,
                                    random_eps=cfg.random_eps, success_key=task.success_key)
@@ -109,10 +109,11 @@ def learn(run):
                               success_key=task.success_key)
     # --resume: this rank's checkpoint (agent, buffer, counters); no MPI call
     start = run.restore(policy, (rollout_worker, evaluator))
-    if run.demos is not None:
+    if run.inputs.demos is not None:
         # Nair et al. (2018): every rank's buffer holds the demos; a resumed run's normaliser
         # sums hold them already (its checkpoint has them)
-        policy.init_demo_buffer(run.demos, update_stats=run.checkpoint is None)  # [MPI]
+        policy.init_demo_buffer(run.inputs.demos,  # [MPI]
+                                update_stats=run.inputs.checkpoint is None)
     # a new run's checkpoint before any training
     run.save_start(start)  # [MPI]
     best = train(cfg, policy, rollout_worker, evaluator, run, start)  # [MPI]

@@ -25,6 +25,7 @@ from experiment.plot_tables import gap_table, results_table, runs_table, scaling
 from experiment.runs import group_runs, has_epochs, median_and_band, seeds_and_epochs, with_variant
 from experiment.stats import iqm_interval
 from harness.cli import ArgumentParser
+from harness.errors import BadFileError, UsageError
 from harness.files import pyplot, save_figure
 
 X_LABELS = {"epoch": "epoch (row e: after e + 1 epochs)", "steps": "total env steps (all ranks)",
@@ -242,7 +243,9 @@ def main(argv=None):
         try:
             os.stat(run_dir)  # FileNotFoundError where there is nothing
             if has_epochs(run_dir):  # a glob such as results/* names other files too
-                plot_tables.read_run(run_dir)  # runs.read_run
+                plot_tables.read_run(run_dir)  # runs.read_run: a resume's checks
+        except (UsageError, BadFileError) as e:
+            p.error(str(e))
         except Exception as e:  # whatever fails, it fails on run_dir's files
             p.error(f"{run_dir}: not a run folder of train.py ({type(e).__name__}: {e}); give "
                     "folders that train.py wrote")

@@ -10,7 +10,6 @@ is a row index.
 Run: `python -m experiment.plot ... --table` (with --suite, --runs, --gap or --scaling).
 Test: `python -m pytest -q tests/test_plot_bench.py tests/test_docs.py`.
 """
-import csv
 import os
 import sys
 
@@ -20,6 +19,7 @@ import numpy as np
 from experiment import not_a_command
 from experiment.runs import group_runs, median_and_band, read_run, seeds_and_epochs, with_variant
 from experiment.stats import iqm_interval, median_iqr
+from harness.runfolder import WALL_CLOCK, read_progress
 
 not_a_command(__name__)
 
@@ -208,11 +208,8 @@ def run_name(run):
 def counted(runs):
     """runs less each start under first-starts/ that another run of its seed repeats, equal in
     every column of progress.csv but time/epoch_s over all its epochs: one run, counted once."""
-    rows = {}
-    for run in runs:
-        with open(os.path.join(run["dir"], "progress.csv"), newline="") as f:
-            rows[run["dir"]] = [{k: v for k, v in r.items() if k != "time/epoch_s"}
-                                for r in csv.DictReader(f)]
+    rows = {run["dir"]: [{k: v for k, v in r.items() if k != WALL_CLOCK}
+                         for r in read_progress(run["dir"])] for run in runs}
     return [run for run in runs if not run_name(run).startswith("first-starts/") or not any(
         other is not run and other["seed"] == run["seed"]
         and rows[other["dir"]][:len(rows[run["dir"]])] == rows[run["dir"]] for other in runs)]

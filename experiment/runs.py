@@ -9,8 +9,6 @@ first line), so that two starts of one seed can be told apart.
 
 Test: `python -m pytest -q tests/test_plot_bench.py`.
 """
-import csv
-import json
 import os
 import sys
 
@@ -18,25 +16,29 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))  # run as a file 
 import numpy as np
 
 from experiment import not_a_command
+from harness.errors import UsageError
+from harness.runfolder import LOG, PROGRESS, read_run_folder
 
 not_a_command(__name__)
+PLOTTED = ("env", "num_env", "seed", "n_epochs", "n_cycles", "n_batches")  # config.json's
 
 
 def has_epochs(run_dir):
     """Whether run_dir's progress.csv holds an epoch (a run just started has only its header)."""
-    path = os.path.join(run_dir, "progress.csv")
+    path = os.path.join(run_dir, PROGRESS)
     with open(path if os.path.exists(path) else os.devnull) as f:  # none: no epoch either
         return sum(1 for _ in f) > 1
 
 
 def read_run(run_dir):
-    """A run's settings and, per epoch, its test success, episodes, env steps and seconds."""
-    with open(os.path.join(run_dir, "config.json")) as f:
-        cfg = json.load(f)
-    with open(os.path.join(run_dir, "progress.csv"), newline="") as f:
-        rows = list(csv.DictReader(f))
-    if not rows:
-        raise ValueError(f"{run_dir}/progress.csv has no epochs yet")
+    """A run's settings and, per epoch, its test success, episodes, env steps and seconds, read
+    through the checks a resume makes (runfolder.read_run_folder): any problem one UsageError
+    or BadFileError naming the file."""
+    cfg, rows = read_run_folder(run_dir)
+    missing = [key for key in PLOTTED if key not in cfg] if rows else ["epochs"]
+    if missing:
+        raise UsageError(f"{run_dir}: its config.json or progress.csv has no {missing[0]}; "
+                         "not as train.py wrote them")
     # older runs lack n_ranks: after epoch e total/episodes = (e + 1) n_cycles num_env n_ranks
     first, episodes = rows[0], int(rows[0]["total/episodes"])
     n_ranks = cfg.get("n_ranks") or episodes // (
@@ -44,7 +46,7 @@ def read_run(run_dir):
     T = int(first["total/timesteps"]) // episodes
     # when it first started, "YYYY-MM-DD HH:MM:SS" off log.txt's first line, which train.py
     # writes as "# <date> <time>: <command>"; "" for a run without log.txt (older runs)
-    log = os.path.join(run_dir, "log.txt")
+    log = os.path.join(run_dir, LOG)
     with open(log if os.path.exists(log) else os.devnull) as f:
         started = f.readline()
 

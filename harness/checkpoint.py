@@ -30,18 +30,19 @@ from harness.files import (
     load_demos,
     load_npz,
     load_policy_arrays,
+    policy_config,
 )
-from harness.logger import read_progress
 from harness.mpi_util import raise_if_any_rank_failed
-from harness.runlock import run_files
-
-# Where a checkpoint is in the run, read before the rest
-POSITION_KEYS = ("epoch", "cycle", "n_ranks")
-
-
-def checkpoint_path(logdir, rank, previous=False):
-    """rank<r>.npz: this rank's newest checkpoint; rank<r>.prev.npz: the one before it."""
-    return os.path.join(logdir, "checkpoint", f"rank{rank}{'.prev' if previous else ''}.npz")
+from harness.runfolder import (
+    CHECKPOINT_KEYS,
+    CHECKPOINTS,
+    POSITION_KEYS,
+    STATE_KEYS,
+    checkpoint_path,
+    policy_path,
+    read_progress,
+    run_files,
+)
 
 
 def save_checkpoint(logdir, position, policy, workers, comm, losses=(), progress=""):
@@ -54,17 +55,15 @@ def save_checkpoint(logdir, position, policy, workers, comm, losses=(), progress
     # The epoch's logs so far (none at an epoch boundary, cycle 0): without them an epoch resumed
     # mid-way would log train/success_rate and the losses of its resumed cycles only.
     history = list(workers[0].success_history) if cycle > 0 else []
-    arrays = {**policy.policy_arrays(), **policy.arrays(CHECKPOINT_PARTS)}  # config_json too
-    arrays.update({"n_updates": np.array(policy.n_updates),
-                   "rng_json": np.array(json.dumps(policy.rng.bit_generator.state)),
-                   "log/train_success_history": np.array(history, np.float64),
-                   # (critic, actor) per update
-                   "log/train_losses": np.array(losses, np.float64).reshape(-1, 2),
-                   "log/progress_sha256": np.array(progress),
-                   "run_config": np.array(json.dumps(run_settings(policy.cfg))),
-                   "epoch": np.array(epoch), "cycle": np.array(cycle), "best": np.array(best),
-                   "n_ranks": np.array(comm.Get_size()),
-                   "n_episodes": np.array([w.n_episodes for w in workers])})
+    values = (epoch, cycle, comm.Get_size(), best, policy.n_updates,
+              json.dumps(policy.rng.bit_generator.state), [w.n_episodes for w in workers],
+              np.array(history, np.float64),
+              np.array(losses, np.float64).reshape(-1, 2),  # (critic, actor) per update
+              progress, json.dumps(run_settings(policy.cfg)))
+    # the policy file's keys too: config_json, which a resume checks (read_inputs)
+    arrays = {**policy.policy_arrays(), **policy.arrays(CHECKPOINT_PARTS)}
+    arrays.update((key, np.array(value)) for key, value in
+                  zip(CHECKPOINT_KEYS[:-1], values, strict=True))
     arrays["checksum"] = np.array(checksum(arrays))
     rank = comm.Get_rank()
     atomic_savez(checkpoint_path(logdir, rank), arrays,
@@ -86,14 +85,15 @@ def restore_checkpoint(arrays, path, policy, workers):
         policy.load_arrays(arrays, CHECKPOINT_PARTS)
     except ValueError as e:
         raise BadFileError(f"{path}: {e}") from None
-    policy.n_updates = int(arrays["n_updates"])
-    policy.rng.bit_generator.state = json.loads(str(arrays["rng_json"]))
-    for worker, n_episodes in zip(workers, arrays["n_episodes"], strict=True):
-        worker.n_episodes = int(n_episodes)
+    best, n_updates, rng_json, n_episodes, history, losses = (arrays[k] for k in STATE_KEYS)
+    policy.n_updates = int(n_updates)
+    policy.rng.bit_generator.state = json.loads(str(rng_json))
+    for worker, count in zip(workers, n_episodes, strict=True):
+        worker.n_episodes = int(count)
     # the epoch so far: its training success history and (critic, actor) losses
-    workers[0].success_history.extend(arrays["log/train_success_history"])
-    losses = [tuple(row) for row in arrays["log/train_losses"]]
-    return int(arrays["epoch"]), int(arrays["cycle"]), float(arrays["best"]), losses
+    workers[0].success_history.extend(history)
+    losses = [tuple(row) for row in losses]
+    return int(arrays["epoch"]), int(arrays["cycle"]), float(best), losses
 
 
 def checkpoint_positions(run_dir, rank, n_ranks):
@@ -127,7 +127,7 @@ def common_position(run_dir, positions, comm):
     everyone = comm.allgather(sorted(positions))  # [MPI]
     shared = set.intersection(*map(set, everyone))
     if not shared:
-        raise UsageError(f"the checkpoints in {run_dir}/checkpoint share no epoch (ranks at "
+        raise UsageError(f"the checkpoints in {run_dir}/{CHECKPOINTS} share no epoch (ranks at "
                          f"{[max(p) for p in everyone]}); start a new run")
     epoch, cycle = max(shared)
     note = None
@@ -137,51 +137,68 @@ def common_position(run_dir, positions, comm):
     return (epoch, cycle), note
 
 
+@dataclasses.dataclass(frozen=True)
+class Inputs:
+    """What the files the flags name hold, read and checked (read_inputs): what Run starts from."""
+    load_path: str | None = None  # --load_path, named in its errors
+    init_policy: dict | None = None  # its arrays
+    demos: dict | None = None  # --demo_file's episodes
+    checkpoint: dict | None = None  # --resume: this rank's checkpoint's arrays
+    checkpoint_path: str | None = None
+    progress: list = dataclasses.field(default_factory=list)  # rank 0: the epochs done's rows
+    note: str | None = None  # --resume: not every rank's newest checkpoint is taken
+
+
 def read_inputs(cfg, task, args, comm):
     """Collective: every file the flags name, read and checked on every rank before anything is
     written or started, all agreeing or all raising the first problem: --resume's checkpoint
     (of the newest position all ranks have; rank 0: progress.csv and the policies too),
-    --load_path's policy (task and networks), --demo_file's episodes. Returns what Run takes."""
-    rank, resume, own = comm.Get_rank(), args.resume, run_settings(cfg)
-    inputs = dict(load_path=args.load_path, init_policy=None, demos=None, checkpoint=None,
-                  checkpoint_path=None, progress=(), note=None)
-    error = None
+    --load_path's policy (task and networks), --demo_file's episodes. Returns the Inputs."""
+    rank, resume, error, positions = comm.Get_rank(), args.resume, None, {}
     try:
         positions = checkpoint_positions(resume, rank, comm.Get_size()) if resume else {}
     except (UsageError, BadFileError) as e:
         error = str(e)
     raise_if_any_rank_failed(comm, error)  # [MPI]
+    position, note = (0, 0), None
     if resume:  # the newest position every rank has
-        position, inputs["note"] = common_position(resume, positions, comm)  # [MPI]
+        position, note = common_position(resume, positions, comm)  # [MPI]
+    read = {}
     try:
         if resume:
-            path = inputs["checkpoint_path"] = positions[position]
-            arrays = inputs["checkpoint"] = load_npz(path, POSITION_KEYS, "checkpoint")
-            if str(arrays.get("checksum")) != checksum(arrays):
-                raise BadFileError(f"{path}: its arrays are not those saved (checksum differs): "
-                                   "edited or damaged; resume from an untouched copy")
-            if rank == 0 and position[0] > 0:  # the policies, written before the checkpoint
-                for name in ("policy_best.npz", "policy_latest.npz"):
-                    load_policy_arrays(os.path.join(resume, name))
+            read = read_checkpoint(positions[position], resume, cfg, task, rank == 0)
         if args.load_path:
-            inputs["init_policy"], policy_config = load_policy_arrays(args.load_path)
+            read["init_policy"], policy_config = load_policy_arrays(args.load_path)
             check_policy_fits(policy_config, args.load_path, cfg.env, task.dims,
                               network=(cfg.hidden, cfg.layers))
         if cfg.demo_file:  # every rank reads the whole file, as in baselines
-            inputs["demos"] = load_demos(cfg.demo_file, cfg.env, task.dims, task.T, cfg.num_demo)
-        if resume and rank == 0:
-            inputs["progress"] = read_progress(os.path.join(resume, "progress.csv"), position[0],
-                                               str(arrays["log/progress_sha256"]))
-        if resume:
-            check_checkpoint(arrays, path, own, inputs["progress"] if rank == 0 else None)
+            read["demos"] = load_demos(cfg.demo_file, cfg.env, task.dims, task.T, cfg.num_demo)
     except (UsageError, BadFileError) as e:
         error = str(e)
     raise_if_any_rank_failed(comm, error)  # [MPI]
-    done = position[0] if resume else 0
-    if cfg.n_epochs <= done:  # every rank: they share the checkpoint's position
-        raise UsageError(f"{resume} has done {done} epoch(s) and --n_epochs is {cfg.n_epochs}: "
-                         f"give --n_epochs {done + 1} or more to go on")
-    return inputs
+    if cfg.n_epochs <= position[0]:  # every rank: they share the checkpoint's position
+        raise UsageError(f"{resume} has done {position[0]} epoch(s) and --n_epochs is "
+                         f"{cfg.n_epochs}: give --n_epochs {position[0] + 1} or more to go on")
+    return Inputs(load_path=args.load_path, note=note, **read)
+
+
+def read_checkpoint(path, run_dir, cfg, task, rank0):
+    """This rank's checkpoint at `path`, checked (local: no MPI call): its checksum, the task it
+    was saved on (its config_json), its settings; rank 0: the policies and progress.csv's rows
+    of the epochs done. Returns Inputs' fields of a resume."""
+    arrays = load_npz(path, POSITION_KEYS, "checkpoint")
+    if str(arrays.get("checksum")) != checksum(arrays):
+        raise BadFileError(f"{path}: its arrays are not those saved (checksum differs): "
+                           "edited or damaged; resume from an untouched copy")
+    check_policy_fits(policy_config(arrays, path), path, cfg.env, task.dims)
+    epoch, rows = int(arrays["epoch"]), None
+    if rank0 and epoch > 0:  # the policies, written before the checkpoint
+        for which in ("best", "latest"):
+            load_policy_arrays(policy_path(run_dir, which))
+    if rank0:
+        rows = read_progress(run_dir, epoch, str(arrays["log/progress_sha256"]))
+    check_checkpoint(arrays, path, run_settings(cfg), rows)
+    return dict(checkpoint=arrays, checkpoint_path=path, progress=rows or [])
 
 
 def check_checkpoint(arrays, path, own, rows):

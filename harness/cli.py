@@ -15,7 +15,6 @@ import contextlib
 import dataclasses
 import functools
 import inspect
-import json
 import math
 import os
 import re
@@ -30,6 +29,7 @@ from ddpg import discount
 from harness.errors import UsageError
 from harness.goal_env import MAX_RANGE_RESETS, describe_env
 from harness.mpi_util import raise_if_any_rank_failed
+from harness.runfolder import CONFIG, RUN_FACTS, read_config
 from replay import episode_shapes
 
 # ---------------------------------------------------------------- what each field takes
@@ -277,24 +277,12 @@ def make_config(args):
     return cfg
 
 
-# What config.json holds beside the Config: what ran it (mpirun's -np) and the task's T
-RUN_FACTS = ("n_ranks", "T")
-
-
 def saved_config(run_dir):
     """The Config of a run folder's config.json, every value checked as a flag's is (checked,
     check_rules); any problem one UsageError naming the file."""
-    path = os.path.join(run_dir, "config.json")
-    try:
-        with open(path) as f:
-            saved = json.load(f)
-    except FileNotFoundError:
-        raise UsageError(f"--resume {run_dir}: no config.json there, so not a run folder; give "
-                         "the folder a run of train.py wrote") from None
-    except (OSError, ValueError) as e:
-        raise UsageError(f"{path}: cannot read it ({e}); not as train.py wrote it") from None
+    path, saved = os.path.join(run_dir, CONFIG), read_config(run_dir)
     fields = {f.name: f for f in dataclasses.fields(Config)}
-    keys = set(saved) - set(RUN_FACTS) if isinstance(saved, dict) else set()
+    keys = set(saved) - set(RUN_FACTS)
     if keys != set(fields):
         raise UsageError(f"{path}: not as train.py wrote it (fields {sorted(keys ^ set(fields))} "
                          "missing or unknown)")

@@ -23,6 +23,7 @@ import numpy as np
 
 from ddpg import DDPG, POLICY_CONFIG
 from harness.errors import BadFileError, SaveError, UsageError
+from harness.runfolder import POLICY_CONFIG_KEY
 from replay import EPISODE_KEYS, episode_shapes
 
 
@@ -114,18 +115,24 @@ def save_policy(policy, path):
 
 
 def load_policy_arrays(path):
-    """The arrays of a policy file and its parsed config_json (ddpg.DDPG.policy_config), or
-    BadFileError."""
-    arrays = load_npz(path, ("config_json",), "policy")
+    """The arrays of a policy file and its parsed config_json, or BadFileError."""
+    arrays = load_npz(path, (POLICY_CONFIG_KEY,), "policy")
+    return arrays, policy_config(arrays, path)
+
+
+def policy_config(arrays, path):
+    """The parsed config_json (ddpg.DDPG.policy_config) of a policy's or a checkpoint's arrays
+    read from `path`, or BadFileError."""
     try:
-        policy_config = json.loads(str(arrays["config_json"]))
-    except ValueError as e:
-        raise BadFileError(f"{path}: its config_json is not valid JSON ({e})") from None
-    missing = [key for key in POLICY_CONFIG if key not in dict(policy_config)]
+        config = json.loads(str(arrays[POLICY_CONFIG_KEY]))
+    except (KeyError, ValueError) as e:
+        raise BadFileError(f"{path}: its {POLICY_CONFIG_KEY} is missing or not valid JSON ({e})"
+                           ) from None
+    missing = [key for key in POLICY_CONFIG if key not in dict(config)]
     if missing:
-        raise BadFileError(f"{path}: its config_json has no {missing[0]!r}; not a policy "
+        raise BadFileError(f"{path}: its {POLICY_CONFIG_KEY} has no {missing[0]!r}; not a policy "
                            "train.py wrote")
-    return arrays, policy_config
+    return config
 
 
 def set_policy_from_file(policy, arrays, path):

@@ -14,7 +14,6 @@ Test: `python -m pytest -q tests/test_logger.py`.
 import contextlib
 import csv
 import dataclasses
-import hashlib
 import io
 import json
 import os
@@ -27,19 +26,28 @@ from importlib.metadata import version
 import numpy as np
 from threadpoolctl import threadpool_info
 
-from harness.errors import BadFileError, SaveError
+from harness.errors import SaveError
 from harness.files import atomic_write_text
 from harness.launch import describe_job, launched, library_name
 from harness.mpi_util import raise_if_any_rank_failed, save_on_every_rank
+from harness.runfolder import (
+    CHECKPOINTS,
+    CONFIG,
+    LOG,
+    PROGRESS,
+    PROGRESS_COLUMNS,
+    RUN_FACTS,
+    progress_digest,
+)
 
 
 class EpochLogger:
-    """progress.csv: rows, the earlier epochs' first on --resume (read_progress), each epoch's
-    appended; `digest`, progress_digest of the rows so far, goes into each checkpoint."""
+    """progress.csv: rows, the earlier epochs' first on --resume (runfolder.read_progress), each
+    epoch's appended; `digest`, progress_digest of the rows so far, goes into each checkpoint."""
 
     def __init__(self, logdir, enabled, rows=()):
         self.enabled = enabled
-        self.path = os.path.join(logdir, "progress.csv")
+        self.path = os.path.join(logdir, PROGRESS)
         self.rows = list(rows)
         self.digest = progress_digest(self.rows)
 
@@ -53,79 +61,37 @@ class EpochLogger:
         print("\n".join([bar, *lines, bar]), flush=True)
         self.rows.append(row)
         text = io.StringIO()
-        writer = csv.DictWriter(text, fieldnames=list(row))
+        writer = csv.DictWriter(text, fieldnames=PROGRESS_COLUMNS)  # ValueError: a key not one
         writer.writeheader()
         writer.writerows(self.rows)
         atomic_write_text(self.path, text.getvalue())
         self.digest = progress_digest(self.rows)
 
 
-def progress_digest(rows):
-    """sha256 of progress.csv's rows as written, but their wall-clock column (time/epoch_s), in
-    which a resumed run and one never stopped differ: a checkpoint keeps it of the rows before
-    it, and is the same in both, bit for bit."""
-    text = io.StringIO()
-    if rows:
-        names = [name for name in rows[0] if name != "time/epoch_s"]
-        writer = csv.DictWriter(text, fieldnames=names, extrasaction="ignore")
-        writer.writeheader()
-        writer.writerows(rows)
-    return hashlib.sha256(text.getvalue().encode()).hexdigest()
-
-
-def read_progress(path, n_epochs, digest):
-    """The rows of epochs 0 to n_epochs - 1 of a run's progress.csv, which a resumed run keeps
-    (a later row, logged before its checkpoint, is logged again), or BadFileError: rows missing,
-    cut, not numbers, out of order, or not the rows the run wrote (digest: progress_digest's)."""
-    if n_epochs == 0:
-        return []
-    try:
-        with open(path, newline="") as f:
-            lines = f.read().splitlines(keepends=True)[:1 + n_epochs]
-    except (OSError, UnicodeDecodeError) as e:
-        raise BadFileError(f"{path}: cannot read it ({getattr(e, 'strerror', None) or e}); the "
-                           f"checkpoint is at epoch {n_epochs}, and the file holds its rows"
-                           ) from None
-    kept = "".join(lines)
-    rows = list(csv.DictReader(io.StringIO(kept)))
-    for epoch, row in enumerate(rows):
-        try:
-            numbers = [float(v) for v in row.values()]
-        except (TypeError, ValueError):  # None: fields missing
-            numbers = None
-        if numbers is None or None in row or row.get("epoch") != str(epoch):
-            break
-    else:
-        if len(rows) == n_epochs and progress_digest(rows) == digest:
-            return rows
-    raise BadFileError(f"{path}: its rows are not the {n_epochs} epoch(s) the checkpoint has "
-                       f"done (missing, cut, edited or not numbers); put back the run's own file")
-
-
-def open_run_folder(cfg, comm, task, argv, inputs):
+def open_run_folder(cfg, comm, task, argv, resumed_at, note):
     """Collective: the run's files, once every input is checked and the folder locked. Each
     rank makes checkpoint/ (without a shared file system, on its own disk); rank 0 writes
-    config.json (the Config in force, mpirun's -np and T: cli.RUN_FACTS), opens log.txt with
-    its header and prints the setup; every rank learns if any could not. Returns the RunLog."""
+    config.json (the Config in force, mpirun's -np and T: runfolder.RUN_FACTS), opens log.txt with
+    its header and prints the setup, with `note` (a start taken over, or not every rank's newest
+    checkpoint; rank 0's); every rank learns if any could not. Returns the RunLog."""
     rank, n_ranks, error = comm.Get_rank(), comm.Get_size(), None
     try:
-        os.makedirs(os.path.join(cfg.logdir, "checkpoint"), exist_ok=True)
+        os.makedirs(os.path.join(cfg.logdir, CHECKPOINTS), exist_ok=True)
     except OSError as e:
         error = (f"cannot write to log dir {cfg.logdir!r} on rank {rank} ({e.strerror}); pass "
                  "a --logdir that every rank can write")
     raise_if_any_rank_failed(comm, error)  # [MPI]
-    config = json.dumps({**dataclasses.asdict(cfg), "n_ranks": n_ranks, "T": task.T}, indent=1)
+    facts = dict(zip(RUN_FACTS, (n_ranks, task.T), strict=True))
+    config = json.dumps({**dataclasses.asdict(cfg), **facts}, indent=1)
 
     def write_config():
         if rank == 0:
-            atomic_write_text(os.path.join(cfg.logdir, "config.json"), config)
+            atomic_write_text(os.path.join(cfg.logdir, CONFIG), config)
     save_on_every_rank(comm, write_config)  # [MPI]
-    checkpoint = inputs["checkpoint"]
-    log = RunLog(cfg.logdir, enabled=rank == 0, argv=argv, resumed_at=None if checkpoint is None
-                 else (int(checkpoint["epoch"]), int(checkpoint["cycle"])))
+    log = RunLog(cfg.logdir, enabled=rank == 0, argv=argv, resumed_at=resumed_at)
     job = describe_job(comm)  # [MPI] every rank's host and cores
-    if rank == 0 and inputs["note"]:  # a start taken over, or not every rank's newest checkpoint
-        print(inputs["note"], flush=True)
+    if rank == 0 and note:
+        print(note, flush=True)
     if rank == 0:
         print(f"Logging to {cfg.logdir}\n{cfg}\ndims={task.dims} T={task.T} max_u={task.max_u} "
               f"ranks={n_ranks}\n{job}", flush=True)
@@ -145,7 +111,7 @@ class RunLog:
     warning: the run itself does not stop for it."""
 
     def __init__(self, logdir, enabled, argv, resumed_at=None):
-        self.enabled, self.path, self.file = enabled, os.path.join(logdir, "log.txt"), None
+        self.enabled, self.path, self.file = enabled, os.path.join(logdir, LOG), None
         self.screen = _Tee(sys.stdout, "stdout")  # where the progress bar goes: not into the log
         self.screen_is_terminal = output_is_terminal(self.screen)
         if not enabled:

@@ -28,7 +28,7 @@ from harness.goal_env import build_venv
 from harness.launch import check_launch, mpi_library, start_mpi
 from harness.logger import EpochLogger, open_run_folder
 from harness.mpi_util import ObservedComm, exits_together, one_blas_thread, save_on_every_rank
-from harness.runlock import hold_run_folder
+from harness.runfolder import TRACE, hold_run_folder, policy_path
 from harness.tracing import Tracer
 from harness.watchdog import Watchdog
 
@@ -44,9 +44,9 @@ def start_run(argv):
     1. MPI, the launch check (launch.py), the watchdog and the tracer on the communicator;
     2. every value: the flags (or config.json), checked against each other and the task;
     3. every file the flags name, read and checked (checkpoint.read_inputs);
-    4. the run folder: refused if a fresh start finds a run there, then locked (runlock.py);
-    5. the env processes; before anything is written, so that a stop while they start (the
-       watchdog's `starting`), or an env that fails to, leaves no run behind;
+    4. the run folder: refused if a fresh start finds a run there, then locked (runfolder.py);
+    5. the env processes; before anything is written, so that a stop while they start (before
+       Watchdog.stop_at_cycle_ends), or an env that fails to, leaves no run behind;
     6. the run's files: checkpoint/, config.json, log.txt and its header (logger.py).
     Bad input, a stop signal or a full disk end every rank together: rank 0 prints one line
     and every rank raises SystemExit with the error's exit code (errors.py); an exception on
@@ -57,22 +57,25 @@ def start_run(argv):
     if wrong is not None:
         raise SystemExit(wrong)
     # One proxy: the watchdog times every collective call (with the default limit until the
-    # configuration has come), and with --trace the tracer records it
-    watchdog, tracer = Watchdog(Config.mpi_timeout), Tracer()
+    # configuration has come; its own Abort goes to MPI directly), and with --trace the tracer
+    # records it
+    watchdog, tracer = Watchdog(Config.mpi_timeout, MPI.COMM_WORLD), Tracer()
     comm = ObservedComm(MPI.COMM_WORLD, (watchdog, tracer))
-    watchdog.comm = MPI.COMM_WORLD  # the watchdog's own Abort goes to MPI directly
     watchdog.start()
     try:
         # Abort if one rank raises alone; the stack closes what was opened, last first
         with exits_together(comm, "train.py"), contextlib.ExitStack() as opened:  # [MPI]
             args, cfg, task = shared_config(argv, comm)  # [MPI] rank 0's, on every rank
-            watchdog.limit_s, watchdog.logdir = cfg.mpi_timeout, args.resume  # a checkpoint
+            watchdog.configure(cfg.mpi_timeout, checkpoint_in=args.resume)
             inputs = read_inputs(cfg, task, args, comm)  # [MPI]
-            opened.enter_context(hold_run_folder(cfg.logdir, comm, inputs))  # [MPI]
+            fresh = inputs.checkpoint is None
+            note = opened.enter_context(hold_run_folder(cfg.logdir, comm, fresh))  # [MPI]
             venv = opened.enter_context(contextlib.closing(build_venv(cfg)))
-            # From here a stop signal waits for the end of a cycle, saving (watchdog.py)
-            watchdog.starting = False
-            log = open_run_folder(cfg, comm, task, ["train.py", *args.argv], inputs)  # [MPI]
+            watchdog.stop_at_cycle_ends()  # from here a stop waits for a cycle's end, saving
+            resumed_at = None if fresh else (int(inputs.checkpoint["epoch"]),
+                                             int(inputs.checkpoint["cycle"]))
+            log = open_run_folder(cfg, comm, task, ["train.py", *args.argv],  # [MPI]
+                                  resumed_at, inputs.note or note)
             opened.push(lambda _, error, __: log.close(error))  # notes what ended the run
             run = Run(cfg, comm, watchdog, tracer, task, venv, log, args.trace, inputs)
             opened.callback(run.close_bar)
@@ -90,9 +93,7 @@ class Run:
         self.task, self.venv, self.log, self.trace, self.bar = task, venv, log, trace, None
         self.screen, self.rank0 = log.screen, comm.Get_rank() == 0
         self.draw_bar = self.rank0 and log.screen_is_terminal
-        # load_path, init_policy, demos, checkpoint, checkpoint_path, progress, note
-        for name, value in inputs.items():
-            setattr(self, name, value)
+        self.inputs = inputs  # checkpoint.Inputs: what the flags' files held
 
     # -------------------------------------------------------------- what train() calls
 
@@ -100,21 +101,23 @@ class Run:
         """Where train() starts; a resumed run's agent and workers (rollout_worker, evaluator)
         from this rank's checkpoint (local: no MPI call). The Run keeps both, to save them."""
         self.policy, self.workers = policy, workers
-        self.logger = EpochLogger(self.cfg.logdir, enabled=self.rank0, rows=self.progress)
-        if self.checkpoint is None:
+        inputs = self.inputs
+        self.logger = EpochLogger(self.cfg.logdir, enabled=self.rank0, rows=inputs.progress)
+        if inputs.checkpoint is None:
             return Start(0, 0, -1., [])
-        return Start(*restore_checkpoint(self.checkpoint, self.checkpoint_path, policy, workers))
+        return Start(*restore_checkpoint(inputs.checkpoint, inputs.checkpoint_path, policy,
+                                         workers))
 
     def save_start(self, start):
         """Collective: a new run's checkpoint before any training, so that a failure always has
         one to resume from; then the first epoch's bar, and with --trace its recording."""
-        if self.checkpoint is None:
+        if self.inputs.checkpoint is None:
             save_on_every_rank(self.comm, save_checkpoint, self.cfg.logdir, (0, 0, -1.),  # [MPI]
                                self.policy, self.workers, self.comm, (), self.logger.digest)
-            self.watchdog.logdir = self.cfg.logdir  # its second signal's line: --resume
+            self.watchdog.configure(self.cfg.mpi_timeout, checkpoint_in=self.cfg.logdir)
         if start.epoch < self.cfg.n_epochs:
             self.begin_epoch(start.epoch, start.cycle)
-            self.tracer.begin(self.comm, os.path.join(self.cfg.logdir, "trace"),  # [MPI] --trace
+            self.tracer.begin(self.comm, os.path.join(self.cfg.logdir, TRACE),  # [MPI] --trace
                               self.trace, self.venv)
 
     def begin_epoch(self, epoch, first_cycle):
@@ -156,7 +159,7 @@ class Run:
         save_checkpoint(self.cfg.logdir, (epoch, cycle + 1, best_success_rate), self.policy,
                         self.workers, self.comm, losses, self.logger.digest)
         if self.rank0:
-            save_policy(self.policy, os.path.join(self.cfg.logdir, "policy_latest.npz"))
+            save_policy(self.policy, policy_path(self.cfg.logdir, "latest"))
 
     def report_progress(self, epoch, cycles_done):
         """Where no bar is drawn (a file, a pipe: a Slurm job's output), rank 0 prints a short
@@ -186,11 +189,11 @@ class Run:
         logdir = self.cfg.logdir
         if self.rank0:
             if is_best:
-                save_policy(self.policy, os.path.join(logdir, "policy_best.npz"))
-            save_policy(self.policy, os.path.join(logdir, "policy_latest.npz"))
+                save_policy(self.policy, policy_path(logdir, "best"))
+            save_policy(self.policy, policy_path(logdir, "latest"))
             interval = self.cfg.policy_save_interval
             if interval > 0 and epoch % interval == 0:
-                save_policy(self.policy, os.path.join(logdir, f"policy_{epoch}.npz"))
+                save_policy(self.policy, policy_path(logdir, epoch))
         save_checkpoint(logdir, (epoch + 1, 0, best_success_rate), self.policy, self.workers,
                         self.comm, progress=self.logger.digest)
 

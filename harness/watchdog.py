@@ -12,8 +12,8 @@ rank, the watchdog, does what the main thread cannot while it waits:
     (Ctrl-Z) does not count. As Horovod's stall inspector warns and then shuts a job down, and
     PyTorch's process groups time a collective out (there: 60 s to warn; 10 or 30 minutes).
   * it takes SIGINT, SIGTERM, SIGUSR1 and SIGHUP (set_wakeup_fd hands it each signal the moment
-    it arrives; a SIGHUP that nohup ignored stays ignored). While the run starts (`starting`:
-    until its env processes have started and before its folder is written) one ends it at
+    it arrives; a SIGHUP that nohup ignored stays ignored). While the run starts (until
+    stop_at_cycle_ends: its env processes started, its folder not yet written) one ends it at
     once, exit code 130 (a job of one rank through its main thread, which finalises MPI). After
     that the first asks the loop to stop safely at the end of the cycle (`requested`, read once
     per cycle by run.Run.end_cycle), the second ends the rank at once, exit code 130, its env
@@ -40,17 +40,27 @@ SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGHUP)
 
 
 class Watchdog:
-    """One rank's watchdog thread; limit_s = 0: no time limit (signals are still taken)."""
+    """One rank's watchdog thread; limit_s = 0: no time limit (signals are still taken). comm:
+    the communicator MPI_Abort ends the job through (not observed; None: no MPI)."""
 
-    def __init__(self, limit_s, prog="train.py"):
-        self.limit_s, self.prog = limit_s, prog
+    def __init__(self, limit_s, comm, prog="train.py"):
+        self.limit_s, self.comm, self.prog = limit_s, comm, prog
         self.requested = False  # a first stop signal asked to stop after this cycle
         self.starting = True  # nothing written yet: a stop signal ends the start-up at once
         self.logdir = None  # named in the second signal's line, once it holds a checkpoint
-        self.comm = None  # the communicator MPI_Abort ends the job through (not observed)
         self._call = None  # [frame of the caller, call name, seconds waited, warned]
         self._lock = threading.Lock()
         self._thread = None
+
+    def configure(self, limit_s, checkpoint_in=None):
+        """The run's --mpi_timeout, and the run folder that holds a checkpoint (--resume's, or
+        a new run's once it has saved one), which a second signal's line names."""
+        self.limit_s, self.logdir = limit_s, checkpoint_in
+
+    def stop_at_cycle_ends(self):
+        """The env processes have started and the folder is about to be written: from now on
+        a first stop signal asks the run to stop, saving, at the end of a cycle."""
+        self.starting = False
 
     def start(self):
         """Take the stop SIGNALS (main thread only: set_wakeup_fd's rule) and start watching."""

@@ -338,6 +338,37 @@ class TestRunFolder:
         assert not accepted, accepted
         assert len(outcomes) > 80 and sum(rc == 0 for rc in outcomes.values()) > 5
 
+    def test_every_damage_to_a_run_folder_given_to_plot_is_one_line_or_drawn(
+            self, finished_run, capsys, tmp_path):
+        """plot.py reads a run folder through a resume's checks: each damaged copy is drawn (its
+        table printed) or refused in one line, exit code 2, and no byte of it changes. Damage
+        to progress.csv or config.json (but the fields a resume may change) is refused,
+        and so is another program's folder."""
+        from experiment import plot
+        foreign = tmp_path / "foreign"
+        foreign.mkdir()
+        (foreign / "config.json").write_text('{"algo": "sac", "seed": 1}')
+        (foreign / "progress.csv").write_text("step,return\n1000,-3.5\n2000,-2.5\n")
+        outcomes = {}
+        for name, folder in [*damaged_copies(finished_run, str(tmp_path)),
+                             ("foreign", str(foreign))]:
+            before = tree_hashes(folder)
+            try:
+                rc = plot.main([folder, "--table"])
+            except SystemExit as e:
+                rc = e.code
+            out, err = capsys.readouterr()
+            assert tree_hashes(folder) == before, name
+            assert rc == 0 and "| FetchReach-v4, 2 cycles | 1 x 1 | 1 |" in out or rc == 2 and \
+                out == "" and len(err.strip().splitlines()) == 1 and "plot.py: error: " in err, \
+                (name, rc, out, err)
+            outcomes[name] = rc
+        may_draw = ("config.json n_epochs", "config.json mpi_timeout", "config.json logdir")
+        drawn = sorted(name for name, rc in outcomes.items() if rc == 0 and not name.startswith(
+            may_draw) and name.startswith(("progress.csv", "config.json", "foreign")))
+        assert not drawn, drawn
+        assert len(outcomes) > 80 and outcomes["log.txt removed"] == 0
+
 
 @pytest.mark.slow
 class TestBeforeAnythingIsMade:

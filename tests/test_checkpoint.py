@@ -19,7 +19,7 @@ import time
 import numpy as np
 import pytest
 
-from harness import checkpoint, files, watchdog
+from harness import checkpoint, files, runfolder, watchdog
 from harness import run as harness_run
 from mpi_adam import ONE_RANK
 from tests.helpers import (
@@ -124,7 +124,7 @@ class TestCheckpoint:
         path = os.path.join(logdir, "policy_latest.npz")
         files.policy_on_task(*files.load_policy_arrays(path), path, reach_task(), ONE_RANK,
                              np.random.default_rng(0))
-        ckpt = arrays_of(checkpoint.checkpoint_path(logdir, 0))
+        ckpt = arrays_of(runfolder.checkpoint_path(logdir, 0))
         assert int(ckpt["cycle"]) > 0, "the interrupt was expected mid-epoch"
         assert not [f for f in os.listdir(logdir) if ".tmp" in f]
         rc, out = run_cmd(train_cmd("--resume", logdir), 600)
@@ -170,7 +170,7 @@ class TestCheckpoint:
         assert main_exit_code(["--logdir", reference, *run]) == 0
         monkeypatch.setattr(harness_run, "Watchdog", stop_at_read(5))
         assert main_exit_code(["--logdir", logdir, *run]) == 130
-        ckpt = arrays_of(checkpoint.checkpoint_path(logdir, 0))
+        ckpt = arrays_of(runfolder.checkpoint_path(logdir, 0))
         assert (int(ckpt["epoch"]), int(ckpt["cycle"])) == (0, 5)
         assert ckpt["log/train_losses"].shape == (5 * 20, 2)
         monkeypatch.setattr(harness_run, "Watchdog", stop_at_read(None))
@@ -211,7 +211,7 @@ class TestCheckpoint:
         assert rc == 130, f"expected exit code 130 (interrupted), got {rc}:\n{out[-3000:]}"
         assert out.count("interrupted in epoch") == 1
         for rank in (0, 1):
-            assert int(arrays_of(checkpoint.checkpoint_path(logdir, rank))["cycle"]) > 0
+            assert int(arrays_of(runfolder.checkpoint_path(logdir, rank))["cycle"]) > 0
         rc, out = run_cmd(train_cmd("--resume", logdir, n_ranks=2), 600)
         assert rc == 0 and "2 rank(s) in sync" in out, out[-3000:]
         rc, out = run_cmd(train_cmd("--resume", logdir, "--n_epochs", "4"), 120)  # 1 rank, not 2
@@ -232,7 +232,7 @@ class TestCheckpoint:
         assert out.count("interrupted in epoch") == 1 and \
             f"continue with --resume {logdir}" in out, out[-3000:]
         for rank in (0, 1):
-            assert int(arrays_of(checkpoint.checkpoint_path(logdir, rank))["cycle"]) > 0
+            assert int(arrays_of(runfolder.checkpoint_path(logdir, rank))["cycle"]) > 0
 
     @pytest.mark.slow
     @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
@@ -251,7 +251,7 @@ class TestCheckpoint:
                                 text=True)
         try:
             with hang_guard(300):
-                started = checkpoint.checkpoint_path(logdir, 0)  # saved just before the loop
+                started = runfolder.checkpoint_path(logdir, 0)  # saved just before the loop
                 while not os.path.exists(started) and proc.poll() is None:
                     time.sleep(0.1)
                 time.sleep(1.)  # the first cycle has begun
@@ -324,9 +324,9 @@ class TestCheckpoint:
             assert rc == 0, out[-3000:]
         assert sorted(os.listdir(os.path.join(logdir, "checkpoint"))) == [
             "rank0.npz", "rank0.prev.npz", "rank1.npz", "rank1.prev.npz"]
-        shutil.copy(checkpoint.checkpoint_path(logdir, 1, previous=True),
-                    checkpoint.checkpoint_path(logdir, 1))
-        epochs = [int(arrays_of(checkpoint.checkpoint_path(logdir, r))["epoch"]) for r in (0, 1)]
+        shutil.copy(runfolder.checkpoint_path(logdir, 1, previous=True),
+                    runfolder.checkpoint_path(logdir, 1))
+        epochs = [int(arrays_of(runfolder.checkpoint_path(logdir, r))["epoch"]) for r in (0, 1)]
         assert epochs == [2, 1]
         rc, out = run_cmd(train_cmd("--resume", logdir, "--n_epochs", "3", n_ranks=2), 600)
         assert rc == 0 and "2 rank(s) in sync" in out, out[-3000:]
@@ -361,7 +361,7 @@ class TestCheckpoint:
                           300)
         assert rc == 1 and "Traceback" not in out, out[-3000:]
         assert "non-finite train/critic_loss" in out and "in epoch 1, cycle 1" in out, out[-3000:]
-        ckpt = arrays_of(checkpoint.checkpoint_path(logdir, 0))
+        ckpt = arrays_of(runfolder.checkpoint_path(logdir, 0))
         assert (int(ckpt["epoch"]), int(ckpt["cycle"])) == (1, 0)  # end of epoch 0: the last good
         assert all(np.isfinite(v).all() for k, v in ckpt.items() if v.dtype.kind == "f")
 
@@ -399,5 +399,5 @@ class TestCheckpoint:
         assert rc == 0 and "2 rank(s) in sync" in out, out[-3000:]
         assert [r["epoch"] for r in read_progress(str(a / "run"))] == ["0", "1"]
         for side, rank in ((a, 0), (b, 1)):
-            arrays = arrays_of(checkpoint.checkpoint_path(str(side / "run"), rank))
+            arrays = arrays_of(runfolder.checkpoint_path(str(side / "run"), rank))
             assert int(arrays["epoch"]) == 2

@@ -14,7 +14,7 @@ import shutil
 import numpy as np
 import pytest
 
-from harness import checkpoint, errors, files, goal_env
+from harness import errors, files, goal_env, runfolder
 from tests.helpers import (
     arrays_of,
     assert_main_refuses,
@@ -87,7 +87,7 @@ class TestFiles:
             assert_one_line_error(rc, out, 2, path, phrase)
         bad_run = str(tmp_path / "bad_run")
         shutil.copytree(reference, bad_run)
-        shutil.copy(truncated, checkpoint.checkpoint_path(bad_run, 0))
+        shutil.copy(truncated, runfolder.checkpoint_path(bad_run, 0))
         rc, out = run_cmd(train_cmd("--resume", bad_run), 120)
         assert_one_line_error(rc, out, 2, "rank0.npz", "truncated")
         # a policy of another env: dimension mismatch, named

@@ -1,4 +1,4 @@
-"""harness/launch.py and harness/runlock.py: a launch that checks itself, one job per run folder.
+"""harness/launch.py and harness/runfolder.py: a launch that checks itself, one job per run folder.
 
 No baselines counterpart. Held against the launchers' own variables (the ones MPICH's mpirun,
 Open MPI's mpirun, srun and srun --mpi=pmi2 were seen to set on this machine, docs/usage.md)
@@ -20,7 +20,7 @@ import pytest
 
 from harness import launch
 from harness.errors import UsageError
-from harness.runlock import lock_run_folder
+from harness.runfolder import lock_run_folder
 from tests.helpers import (
     ROOT,
     TINY_RUN,
@@ -95,7 +95,7 @@ class TestLaunch:
 
 
 class TestRunFolderLock:
-    """harness/runlock.py, and train.py refusing a folder another job holds."""
+    """harness/runfolder.py, and train.py refusing a folder another job holds."""
 
     def test_a_held_folder_is_refused_and_a_released_one_taken(self, tmp_path):
         first = lock_run_folder(str(tmp_path))
@@ -119,7 +119,7 @@ class TestRunFolderLock:
             self, tmp_path):
         logdir = tmp_path / "run"
         holder = subprocess.Popen([sys.executable, "-c",  # another job, holding the lock
-                                   "import time; from harness.runlock import lock_run_folder; "
+                                   "import time; from harness.runfolder import lock_run_folder; "
                                    f"lock = lock_run_folder({str(logdir)!r}); print('held', "
                                    "flush=True); time.sleep(600)"],
                                   cwd=ROOT, stdout=subprocess.PIPE, text=True)

@@ -30,12 +30,15 @@ def write_synthetic_run(run_dir, seed, success, n_ranks=2, epoch_s=20.0, env="Fe
     with open(os.path.join(run_dir, "config.json"), "w") as f:
         json.dump(cfg, f)
     with open(os.path.join(run_dir, "progress.csv"), "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["epoch", "test/success_rate", "total/episodes", "total/timesteps",
+        w = csv.writer(f)  # train.py's columns, the figures plot.py does not draw made up
+        w.writerow(["epoch", "test/success_rate", "test/mean_Q", "train/success_rate",
+                    "train/critic_loss", "train/actor_loss", "stats_o/mean", "stats_o/std",
+                    "stats_g/mean", "stats_g/std", "total/episodes", "total/timesteps",
                     "time/epoch_s"])
         per_epoch = n_ranks * 2 * 50  # ranks x 2 envs x 50 cycles episodes per epoch
         for e, s in enumerate(success):
-            w.writerow([e, s, per_epoch * (e + 1), per_epoch * (e + 1) * 50, epoch_s])
+            w.writerow([e, s, -1.5, s / 2, 0.1, 1.5, 0.2, 0.3, 0.4, 0.5, per_epoch * (e + 1),
+                        per_epoch * (e + 1) * 50, epoch_s])
 
 
 def write_suite_runs(root):

@@ -79,7 +79,8 @@ def check_case(tool, tmp, case, form="file", env=None):
 @pytest.fixture
 def tmp(tmp_path):
     """runs/: two FetchPush 2 x 2 seeds, an empty folder, one with progress.csv's header only,
-    one whose config.json is cut, one without config.json; out/exists.{png,npz,gif}; a plain
+    one whose config.json is cut, one without config.json, another program's (foreign), one
+    whose progress.csv's last row is cut (cutrow); out/exists.{png,npz,gif}; a plain
     file; taken/ holding curves.png (plot.py's default output), fresh/ holding nothing."""
     for seed in (0, 1):
         write_synthetic_run(str(tmp_path / "runs" / f"seed{seed}"), seed, [0.1, 0.5, 0.9])
@@ -90,6 +91,12 @@ def tmp(tmp_path):
     (tmp_path / "runs" / "cut" / "config.json").write_text('{"env": "FetchPu')
     write_synthetic_run(str(tmp_path / "runs" / "noconfig"), 3, [0.1])
     os.remove(tmp_path / "runs" / "noconfig" / "config.json")
+    (tmp_path / "runs" / "foreign").mkdir()  # another program's log, in a folder of its own
+    (tmp_path / "runs" / "foreign" / "config.json").write_text('{"lr": 0.001}')
+    (tmp_path / "runs" / "foreign" / "progress.csv").write_text("step,reward\n1,0.5\n")
+    write_synthetic_run(str(tmp_path / "runs" / "cutrow"), 4, [0.1, 0.2])
+    with open(tmp_path / "runs" / "cutrow" / "progress.csv", "rb+") as f:
+        f.truncate(os.path.getsize(f.name) - 20)  # the last row cut in the middle
     (tmp_path / "out").mkdir()
     for suffix in ("png", "npz", "gif"):
         (tmp_path / "out" / f"exists.{suffix}").write_bytes(b"not to be written over")
@@ -108,8 +115,11 @@ PLOT_CASES = [
     (["runs/empty"], ".", REFUSED, "none of the given folders holds a progress.csv"),
     (["runs/header"], ".", REFUSED, "none of the given folders holds a progress.csv"),
     (["file.txt"], ".", REFUSED, "none of the given folders holds a progress.csv"),
-    (["runs/cut"], ".", REFUSED, "runs/cut: not a run folder of train.py (JSONDecodeError"),
-    (["runs/noconfig"], ".", REFUSED, "runs/noconfig: not a run folder of train.py (FileNotFound"),
+    (["runs/cut"], ".", REFUSED, "runs/cut/config.json: cannot read it (Unterminated string"),
+    (["runs/noconfig"], ".", REFUSED, "runs/noconfig: no config.json there, so not a run folder"),
+    (["runs/seed0", "runs/foreign"], ".", REFUSED,
+     "runs/foreign/progress.csv: its rows are not train.py's (missing, cut, edited or not"),
+    (["runs/cutrow"], ".", REFUSED, "runs/cutrow/progress.csv: its rows are not train.py's"),
     ([], ".", REFUSED, "the following arguments are required: run_dirs"),
     (["runs/seed0", "-o", "out/exists.png"], ".", REFUSED,
      "-o out/exists.png: the file exists; pass --force to write over it"),

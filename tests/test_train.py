@@ -17,7 +17,7 @@ import pytest
 from config import Strategy
 from ddpg import DDPG
 from harness import files, goal_env
-from harness.checkpoint import checkpoint_path
+from harness.runfolder import checkpoint_path
 from her import make_sample_her_transitions
 from mpi_adam import ONE_RANK
 from rollout import RolloutWorker

@@ -21,7 +21,7 @@ import time
 
 import pytest
 
-from harness import checkpoint
+from harness import runfolder
 from harness.launch import launched
 from tests.helpers import (
     ROOT,
@@ -182,7 +182,7 @@ class TestWatchdog:
         assert f"continue with --resume {logdir}" in out, out[-3000:]
         assert "UCX" not in out and "DEBUG" not in out, out[-3000:]
         for rank in range(n_ranks):
-            assert int(arrays_of(checkpoint.checkpoint_path(logdir, rank))["cycle"]) > 0
+            assert int(arrays_of(runfolder.checkpoint_path(logdir, rank))["cycle"]) > 0
 
     @pytest.mark.slow
     def test_a_run_started_under_nohup_goes_on_through_sighup(self, tmp_path):
@@ -225,8 +225,7 @@ class TestWatchdog:
             def mpi_adam_update(comm):
                 comm.Allreduce(None, None)  # [MPI] a fake communicator's, never returning
 
-            watchdog = Watchdog(4.0)
-            watchdog.comm = NeverComm()
+            watchdog = Watchdog(4.0, NeverComm())
             comm = ObservedComm(watchdog.comm, (watchdog,))
             watchdog.start()
             print("waiting", flush=True)

@@ -1,0 +1,245 @@
+"""The run folder, described once: the files a run writes, a checkpoint's keys, progress.csv's
+columns; the checked readers of config.json and progress.csv that a resume and plot.py share;
+and one job per run folder, never over another run: a lock that rank 0 holds for the run.
+
+No baselines counterpart: baselines names its files inline, and two jobs given the same log
+dir both write it. A run folder (docs/usage.md, what a run writes): config.json (the Config in
+force, mpirun's -np and T), progress.csv (a row an epoch), log.txt, run.lock,
+checkpoint/rank<r>.npz and .prev.npz, policy_best.npz, policy_latest.npz, policy_<epoch>.npz,
+with --trace trace/. A policy file's keys are ddpg.DDPG.policy_arrays's: POLICY_CONFIG_KEY and
+DDPG.arrays().
+
+A fresh start into a folder that holds a run's files is refused (refuse_a_run_folder): a rerun
+of the same command loses no run; one whose start ended before its first checkpoint holds no
+run, and the same command takes it. The lock is the operating system's (flock on run.lock), so
+it is released when the process ends, however it ends: a killed job leaves no stale lock; the
+file stays, holding who had it last (pid, host, start time), which the refusal quotes. Only
+rank 0 takes it (ranks without a shared file system write their own copies, where nothing else
+looks). flock works across NFS clients on Linux (since 2.6.12, as a POSIX lock) where the NFS
+lock service runs, and across Lustre clients mounted with `-o flock` (mount.lustre(8)); a file
+system without locks refuses the run with one line rather than run it unlocked.
+
+Test: `python -m pytest -q tests/test_launch.py tests/test_checkpoint.py tests/test_tools.py`.
+"""
+import contextlib
+import csv
+import fcntl
+import hashlib
+import io
+import json
+import os
+import socket
+import time
+
+import numpy as np
+
+from harness.errors import BadFileError, UsageError
+from harness.mpi_util import raise_if_any_rank_failed
+
+CONFIG, PROGRESS, LOG, LOCK, CHECKPOINTS, TRACE = (
+    "config.json", "progress.csv", "log.txt", "run.lock", "checkpoint", "trace")
+# What a run writes (and policy*.npz); a run.lock alone is no run: a start stopped before writing
+RUN_FILES = (PROGRESS, CONFIG, LOG, CHECKPOINTS, TRACE)
+RUN_FACTS = ("n_ranks", "T")  # config.json beside the Config: mpirun's -np, the task's T
+POLICY_CONFIG_KEY = "config_json"  # a policy file's JSON (ddpg.DDPG.policy_config)
+
+# progress.csv's columns, train.epoch_logs's keys in their order; WALL_CLOCK is the one in which
+# a resumed run and one never stopped differ (progress_digest leaves it out)
+PROGRESS_COLUMNS = ("epoch", "test/success_rate", "test/mean_Q", "train/success_rate",
+                    "train/critic_loss", "train/actor_loss", "stats_o/mean", "stats_o/std",
+                    "stats_g/mean", "stats_g/std", "total/episodes", "total/timesteps",
+                    "time/epoch_s")
+WALL_CLOCK = "time/epoch_s"
+
+# A checkpoint holds the agent (ddpg.DDPG.arrays(CHECKPOINT_PARTS)), its policy file's
+# POLICY_CONFIG_KEY (read_inputs checks the task in it, read_run_folder its T) and these, in
+# checkpoint.py's order: where it is in the run (checkpoint_positions reads these first), what
+# restore_checkpoint sets, and what a resume checks it against (the checksum over all but it)
+POSITION_KEYS = ("epoch", "cycle", "n_ranks")
+STATE_KEYS = ("best", "n_updates", "rng_json", "n_episodes", "log/train_success_history",
+              "log/train_losses")
+CHECK_KEYS = ("log/progress_sha256", "run_config", "checksum")
+CHECKPOINT_KEYS = POSITION_KEYS + STATE_KEYS + CHECK_KEYS
+
+
+def policy_path(logdir, which):
+    """policy_<which>.npz: which is "best", "latest" or an epoch."""
+    return os.path.join(logdir, f"policy_{which}.npz")
+
+
+def checkpoint_path(logdir, rank, previous=False):
+    """rank<r>.npz: this rank's newest checkpoint; rank<r>.prev.npz: the one before it."""
+    return os.path.join(logdir, CHECKPOINTS, f"rank{rank}{'.prev' if previous else ''}.npz")
+
+
+def run_files(logdir):
+    """The names of a run's files in logdir (none where there is no folder), and whether they
+    are those of a start that ended (an error, a signal, a kill) before its first checkpoint:
+    config.json, log.txt, a checkpoint/ without one; such a start holds no run."""
+    try:
+        names = os.listdir(logdir)
+        saved = [name for name in os.listdir(os.path.join(logdir, CHECKPOINTS))
+                 if name.endswith(".npz")] if CHECKPOINTS in names else []
+    except OSError:  # no folder yet, or none can be made there: hold_run_folder says which
+        return [], False
+    found = sorted(name for name in names if name in RUN_FILES
+                   or name.startswith("policy") and name.endswith(".npz"))
+    return found, not saved and set(found) <= {CONFIG, LOG, CHECKPOINTS}
+
+
+def read_config(run_dir):
+    """config.json's object, or one UsageError naming the file (cli.saved_config checks every
+    field of it; plot.py's runs.read_run takes what it draws)."""
+    path = os.path.join(run_dir, CONFIG)
+    try:
+        with open(path) as f:
+            saved = json.load(f)
+    except FileNotFoundError:
+        raise UsageError(f"{run_dir}: no {CONFIG} there, so not a run folder; give a folder "
+                         "that train.py wrote") from None
+    except (OSError, ValueError) as e:
+        raise UsageError(f"{path}: cannot read it ({e}); not as train.py wrote it") from None
+    if not isinstance(saved, dict):
+        raise UsageError(f"{path}: not as train.py wrote it (no JSON object)")
+    return saved
+
+
+def progress_digest(rows):
+    """sha256 of progress.csv's rows as written, but their WALL_CLOCK column: a checkpoint keeps
+    it of the rows before it, and is the same in a resumed run and one never stopped."""
+    text = io.StringIO()
+    if rows:
+        writer = csv.DictWriter(text, [name for name in PROGRESS_COLUMNS if name != WALL_CLOCK],
+                                extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
+    return hashlib.sha256(text.getvalue().encode()).hexdigest()
+
+
+def read_progress(run_dir, n_epochs=None, digest=None):
+    """progress.csv's rows, or one BadFileError: its header not PROGRESS_COLUMNS, a row cut,
+    not numbers or out of order. A resume (n_epochs: its checkpoint's) keeps the rows of epochs
+    0 to n_epochs - 1 (a later row, logged before its checkpoint, is logged again); given the
+    checkpoint's digest (progress_digest), they must be the rows the run wrote."""
+    path = os.path.join(run_dir, PROGRESS)
+    if n_epochs == 0:
+        return []
+    try:
+        with open(path, newline="") as f:
+            lines = f.read().splitlines(keepends=True)
+    except (OSError, UnicodeDecodeError) as e:
+        raise BadFileError(f"{path}: cannot read it ({getattr(e, 'strerror', None) or e})"
+                           ) from None
+    reader = csv.DictReader(lines if n_epochs is None else lines[:1 + n_epochs])
+    rows = list(reader)
+    whole = reader.fieldnames == list(PROGRESS_COLUMNS) and all(
+        None not in row and row["epoch"] == str(epoch) and all(map(is_number, row.values()))
+        for epoch, row in enumerate(rows))
+    if whole and n_epochs in (None, len(rows)) and (
+            digest is None or progress_digest(rows) == digest):
+        return rows
+    done = f" the {n_epochs} epoch(s) the checkpoint has done" if n_epochs else " train.py's"
+    raise BadFileError(f"{path}: its rows are not{done} (missing, cut, edited or not numbers); "
+                       "put back the run's own file")
+
+
+def is_number(text):
+    try:
+        float(text)
+    except (TypeError, ValueError):  # None: a field missing
+        return False
+    return True
+
+
+def read_run_folder(run_dir):
+    """(config.json's object, progress.csv's rows) of a finished or running run, for plot.py,
+    checked as a resume checks them where rank 0's checkpoint is there (results/ keeps none):
+    the rows it has done are the rows the run wrote, config.json holds its run_config, n_ranks
+    and T (its config_json's)."""
+    config, rows = read_config(run_dir), read_progress(run_dir)
+    path = next((p for p in (checkpoint_path(run_dir, 0), checkpoint_path(run_dir, 0, True))
+                 if os.path.exists(p)), None)
+    if path is None:
+        return config, rows
+    try:  # the few keys alone, not the replay buffer
+        with np.load(path, allow_pickle=False) as data:
+            n_epochs, digest = int(data["epoch"]), str(data["log/progress_sha256"])
+            saved = dict(json.loads(str(data["run_config"])), n_ranks=int(data["n_ranks"]),
+                         T=json.loads(str(data[POLICY_CONFIG_KEY]))["T"])
+    except Exception as e:  # BadZipFile, KeyError, ValueError: damaged or not a checkpoint
+        raise BadFileError(f"{path}: cannot read it as a checkpoint ({type(e).__name__}); the "
+                           "file is truncated, corrupt or not from train.py") from None
+    if len(rows) < n_epochs or progress_digest(rows[:n_epochs]) != digest:
+        raise BadFileError(f"{run_dir}/{PROGRESS}: its rows are not the {n_epochs} epoch(s) "
+                           f"of {path} (missing, cut or edited)")
+    differ = [k for k in saved if config.get(k) != saved[k]]
+    if differ:
+        raise BadFileError(f"{run_dir}/{CONFIG} says {differ[0]} {config.get(differ[0])!r}, "
+                           f"{path} was saved with {saved[differ[0]]!r}; not one run")
+    return config, rows
+
+
+# ---------------------------------------------------------------- one job per run folder
+
+def lock_run_folder(logdir):
+    """The open lock file of logdir, locked (closing it, or the process's end, releases the
+    lock), or UsageError naming the job that holds it. Creates the folder and the lock file if
+    they are not there (a new run); writes nothing else."""
+    os.makedirs(logdir, exist_ok=True)
+    lock_file = open(os.path.join(logdir, LOCK), "a+")
+    try:
+        fcntl.flock(lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock_file.seek(0)
+        holder = lock_file.read().strip() or "another process"
+        lock_file.close()
+        raise UsageError(f"run folder {logdir!r} is in use by {holder}; wait for that job to "
+                         f"end, or pass another --logdir") from None
+    except OSError as e:  # e.g. ENOLCK: NFS without its lock service; Lustre without flock
+        lock_file.close()
+        raise UsageError(f"cannot lock run folder {logdir!r}: its file system takes no flock "
+                         f"({e.strerror}); pass a --logdir on one that does (a local disk, NFS "
+                         f"with lockd, Lustre with -o flock)") from None
+    # who holds it now, for the refusal of the next job that tries
+    lock_file.seek(0)
+    lock_file.truncate()
+    lock_file.write(f"pid {os.getpid()} on {socket.gethostname()} since "
+                    f"{time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+    lock_file.flush()
+    return lock_file
+
+
+@contextlib.contextmanager
+def hold_run_folder(logdir, comm, fresh):
+    """Collective: rank 0 takes the run folder's lock (lock_run_folder), a fresh start only
+    where the folder holds no run; if another job holds it, it holds a run, or it cannot be
+    made, every rank raises that one line. Yields rank 0's line that says a fresh start takes a
+    start that ended early (or None); leaving releases the lock."""
+    lock, error, note = contextlib.nullcontext(), None, None
+    if comm.Get_rank() == 0:
+        try:
+            note = refuse_a_run_folder(logdir) if fresh else None
+            lock = lock_run_folder(logdir)
+        except UsageError as e:
+            error = str(e)
+        except OSError as e:
+            error = (f"cannot write to log dir {logdir!r} on rank 0 ({e.strerror}); pass a "
+                     f"--logdir that every rank can write")
+    raise_if_any_rank_failed(comm, error)  # [MPI]
+    with lock:
+        yield note
+
+
+def refuse_a_run_folder(logdir):
+    """UsageError if logdir holds a run's files: a fresh start never writes over a run. Where a
+    start ended before its first checkpoint, returns the line that says this one takes its
+    folder (config.json is written anew, log.txt appended to)."""
+    found, ended_early = run_files(logdir)
+    if found and ended_early:
+        return (f"note: {logdir} holds a start that ended before its first checkpoint "
+                f"({', '.join(found)}): this start takes it, its log.txt kept")
+    if found:
+        raise UsageError(f"{logdir} holds a run already ({', '.join(found[:4])}); continue it "
+                         f"with --resume {logdir} (with --n_epochs to go past its last "
+                         f"epoch), or give a fresh --logdir: nothing in it was changed")
+    return None
