@@ -30,7 +30,7 @@ RUNS_TMP = "/work/peers/runs-tmp"  # ours' run folders while they run
 
 N_BITS = (5, 10, 15, 20, 30, 40, 50)
 SEEDS = (0, 1, 2)
-SB3_SEEDS = (0, 1)
+SB3_SEEDS = (0,)
 SB3_SECONDS = 120
 EPOCHS, CYCLES, ENVS = 10, 50, 8
 OURS_FLAGS = ["--num_env", str(ENVS), "--hidden", "64", "--action_l2", "0",

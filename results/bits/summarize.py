@@ -63,15 +63,21 @@ def first_reaching(run):
 
 
 def success_table(runs):
+    """Per n: the test success after the budget (median, then per seed), with HER and without,
+    and the episodes HER took to a first evaluation of TARGET or more (per seed)."""
     ns, seeds = sorted({n for _, n, _ in runs}), sorted({s for _, _, s in runs})
-    head = " | ".join(f"seed {s}" for s in seeds)
-    print(f"| n | HER: median | HER: {head} | none: median | none: {head} |")
-    print("|---|" + "---|" * (2 * len(seeds) + 2))
+    per_seed = [f"{impl} s{s}" for impl in ("HER", "none") for s in seeds]
+    print(f"| n | HER: median | none: median | {' | '.join(per_seed)} | HER: episodes to "
+          f"{TARGET} |")
+    print("|---|" + "---|" * (len(per_seed) + 3))
     for n in ns:
-        cells = []
-        for impl in ("ours-her", "ours-none"):
-            values = [final(runs[impl, n, s]) if (impl, n, s) in runs else np.nan for s in seeds]
-            cells += [f"{np.nanmedian(values):.2f}"] + [f"{v:.2f}" for v in values]
+        values = [[final(runs[impl, n, s]) if (impl, n, s) in runs else np.nan for s in seeds]
+                  for impl in ("ours-her", "ours-none")]
+        reached = [first_reaching(runs["ours-her", n, s]) if ("ours-her", n, s) in runs
+                   else None for s in seeds]
+        cells = [f"{np.nanmedian(v):.2f}" for v in values]
+        cells += [f"{v:.2f}" for v in values[0] + values[1]]
+        cells.append(", ".join(str(r[1]) if r else "-" for r in reached))
         print(f"| {n} | " + " | ".join(cells) + " |")
 
 
