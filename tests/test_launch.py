@@ -18,7 +18,8 @@ import sys
 
 import pytest
 
-from harness import launch
+from harness import launch, mpi_util
+from harness.cli import parse_train_args
 from harness.errors import UsageError
 from harness.runlock import lock_run_folder
 from tests.helpers import (
@@ -27,8 +28,10 @@ from tests.helpers import (
     assert_one_line_error,
     hang_guard,
     mpi_family,
+    mpirun_args,
     remove_orphans_of_job,
     run_cmd,
+    run_command,
     shm_entries,
     train_cmd,
 )
@@ -92,6 +95,79 @@ class TestLaunch:
         assert [c.returncode for c in copies] == [2, 2], outs
         assert_one_line_error(2, "".join(outs), 2, "srun started 2 processes")
         assert not os.path.exists(logdir)
+
+
+def mpmd_cmd(*apps):
+    """One mpirun of len(apps) ranks, an MPMD launch: each app (its mpirun options, train.py's
+    arguments) one rank of its own, started as `mpirun -np 1 ... : -np 1 ...`."""
+    cmd = mpirun_args(1)
+    for i, (options, args) in enumerate(apps):
+        cmd += ([":", "-np", "1"] if i else []) + [*options, sys.executable,
+                                                  os.path.join(ROOT, "train.py"), *args]
+    return cmd
+
+
+class TestLaunchesThatDisagree:
+    """launch.check_same_launch: every rank given rank 0's arguments, and where a path is
+    relative, started in rank 0's folder; else one line naming what differs, nothing written."""
+
+    def test_each_difference_is_named_and_absolute_paths_pass(self):
+        def check(launches, argv=None):
+            launch.check_same_launch(launches)
+            launch.check_same_launch(launches, parse_train_args(argv or launches[0][0]))
+        check([(["--logdir", "/r"], "/a"), (["--logdir", "/r"], "/b")])  # every path absolute
+        check([(["--logdir", "r"], "/a"), (["--logdir", "r"], "/a")])  # one folder
+        cases = [  # launches, the line's expected text
+            ([(["--logdir", "D"], "/a"), (["--resume", "D"], "/a")],
+             "rank 1 (of 2) was given other arguments than rank 0: rank 1: '--resume D', "
+             "rank 0: '--logdir D'; start every rank with the same ones (mpirun -np N python "
+             "train.py ARGS); nothing was written"),
+            ([([], "/a"), (["--seed", "1"], "/a"), ([], "/a"), (["--seed", "2"], "/a")],
+             "ranks 1,3 (of 4) were given other arguments than rank 0: rank 1: '--seed 1', "
+             "rank 0: ''"),
+            ([(["--logdir", "rel"], "/a"), (["--logdir", "rel"], "/b")],
+             "rank 1 (of 2) started in another folder than rank 0 (rank 1: /b, rank 0: /a), and "
+             "--logdir rel is a relative path: the ranks would use different folders; give "
+             "absolute paths or start every rank in one folder (mpirun -wdir DIR); nothing was "
+             "written"),
+            ([([], "/a"), ([], "/b")], "and the default --logdir runs/... is a relative path"),
+            ([(["--resume", "r"], "/a"), (["--resume", "r"], "/a"), (["--resume", "r"], "/c")],
+             "rank 2 (of 3) started in another folder than rank 0 (rank 2: /c, rank 0: /a), "
+             "and --resume r is a relative path"),
+            ([(["--logdir", "/r", "--load_path", "p.npz"], "/a"),
+              (["--logdir", "/r", "--load_path", "p.npz"], "/b")], "and --load_path p.npz is"),
+        ]
+        for launches, expected in cases:
+            with pytest.raises(UsageError) as e:
+                check(launches)
+            assert expected in str(e.value) and "\n" not in str(e.value), (launches, e.value)
+
+    @pytest.mark.slow
+    def test_an_mpmd_launch_that_disagrees_ends_every_rank_in_one_line(self, tmp_path):
+        """Under mpirun -np 2 (MPMD): other arguments (a fresh start and a --resume of one
+        folder), or other working directories with a relative --logdir, end every rank with
+        exit code 2 and one line, no traceback, no folder, no /dev/shm segment left; other
+        folders with absolute paths pass the check (and reach the next: an unknown env)."""
+        a, b, run = tmp_path / "a", tmp_path / "b", str(tmp_path / "run")
+        a.mkdir(), b.mkdir()
+        cases = [  # the two ranks' (mpirun options, arguments), what the line says
+            ((([], ["--logdir", run]), ([], ["--resume", run])),
+             f"rank 1 (of 2) was given other arguments than rank 0: rank 1: '--resume {run}'"),
+            (((["-wdir", str(a)], ["--logdir", "rel"]), (["-wdir", str(b)], ["--logdir", "rel"])),
+             f"rank 1 (of 2) started in another folder than rank 0 (rank 1: {b}, rank 0: {a}), "
+             "and --logdir rel is a relative path"),
+            (((["-wdir", str(a)], ["--logdir", run, "--env", "NoSuchEnv-v0"]),
+              (["-wdir", str(b)], ["--logdir", run, "--env", "NoSuchEnv-v0"])),
+             "NoSuchEnv-v0"),
+        ]
+        for apps, expected in cases:
+            before = shm_entries()
+            rc, out = run_command(mpmd_cmd(*apps), 120)
+            left = {os.path.basename(p) for p in mpi_util.orphaned_mpi_segments()} - before
+            remove_orphans_of_job(before, patience_s=2.)
+            assert_one_line_error(rc, out, 2, expected)
+            assert not left, (out, left)
+            assert not os.path.exists(run) and os.listdir(a) == os.listdir(b) == [], out
 
 
 class TestRunFolderLock:
