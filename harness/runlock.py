@@ -60,8 +60,8 @@ def hold_run_folder(logdir, comm, inputs):
     no checkpoint) only where the folder holds no run (inputs["note"]: the line that says it
     takes a start that ended early); if another job holds it, it holds a run, or it cannot be made,
     every rank raises that one line. Returns what releases it on closing (elsewhere nothing)."""
-    lock, error = contextlib.nullcontext(), None
-    if comm.Get_rank() == 0:
+    lock, error = contextlib.nullcontext(), linked_file(logdir)  # on every rank's machine
+    if comm.Get_rank() == 0 and error is None:
         try:
             if inputs["checkpoint"] is None:
                 inputs["note"] = refuse_a_run_folder(logdir)
@@ -92,6 +92,23 @@ def run_files(logdir):
     found = sorted(name for name in names if name in RUN_FILES
                    or name.startswith("policy") and name.endswith(".npz"))
     return found, not saved and set(found) <= {"config.json", "log.txt", "checkpoint"}
+
+
+def linked_file(logdir):
+    """The line refusing a run folder where a file or folder the run writes (the lock, RUN_FILES,
+    policies, checkpoint/'s and trace/'s files) is a symbolic link, or None: a run writes only
+    inside its folder (a link to a folder outside: log.txt appended there, a replaced file not)."""
+    def entries(folder):
+        with contextlib.suppress(OSError):  # no such folder (yet)
+            return [os.path.join(folder, name) for name in os.listdir(folder)]
+        return []
+    paths = [path for path in entries(logdir) if os.path.basename(path) in (LOCK_NAME, *RUN_FILES)
+             or os.path.basename(path).startswith("policy")]
+    paths += entries(os.path.join(logdir, "checkpoint")) + entries(os.path.join(logdir, "trace"))
+    link = next((path for path in sorted(paths) if os.path.islink(path)), None)
+    return link and (f"{link} is a symbolic link (to {os.readlink(link)}): a run writes its "
+                     "files only inside its folder; put the file itself there in its place, "
+                     "or give another --logdir")
 
 
 def refuse_a_run_folder(logdir):

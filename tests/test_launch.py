@@ -12,6 +12,7 @@ Run: `python -m pytest -q tests/test_launch.py` (from the repository's root).
 import errno
 import fcntl
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -35,6 +36,7 @@ from tests.helpers import (
     shm_entries,
     train_cmd,
 )
+from tests.test_bad_input import tree_hashes  # {path below a folder: sha256} of its files
 
 # What each launcher put into a rank's environment here (rank 1 of 2)
 OPEN_MPI = {"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2", "PMIX_RANK": "1"}
@@ -210,6 +212,40 @@ class TestRunFolderLock:
             holder.wait()
         rc, out = run_cmd(train_cmd("--logdir", str(logdir), "--n_epochs", "1", *TINY_RUN),
                           300)  # the killed holder's lock went with it
+        assert rc == 0, out[-3000:]
+
+
+class TestLinksInARunFolder:
+    """runlock.linked_file: a run writes only inside its folder, so a file or folder it writes
+    that is a symbolic link is refused at start, in one line; the folder itself may be one."""
+
+    @pytest.mark.slow
+    def test_each_file_a_run_writes_as_a_link_is_refused_and_nothing_changes(self, tmp_path):
+        run = str(tmp_path / "run")
+        rc, out = run_cmd(train_cmd("--n_epochs", "1", "--logdir", run, *TINY_RUN), 300)
+        assert rc == 0, out[-3000:]
+        saved = os.listdir(os.path.join(run, "checkpoint"))
+        names = sorted(os.listdir(run)) + sorted(f"checkpoint/{name}" for name in saved)
+        assert names == ["checkpoint", "config.json", "log.txt", "policy_0.npz", "policy_best.npz",
+                         "policy_latest.npz", "progress.csv", "run.lock",
+                         "checkpoint/rank0.npz", "checkpoint/rank0.prev.npz"], names
+        for i, name in enumerate(names):
+            case, outside = str(tmp_path / f"case{i}"), str(tmp_path / f"outside{i}")
+            shutil.copytree(run, case)
+            shutil.move(os.path.join(case, name), outside)
+            os.symlink(outside, os.path.join(case, name))
+            before = tree_hashes(str(tmp_path))
+            for command in (("--resume", case, "--n_epochs", "2"),  # and the same command again
+                            ("--n_epochs", "1", "--logdir", case, *TINY_RUN)):
+                rc, out = run_cmd(train_cmd(*command), 300)
+                assert_one_line_error(rc, out, 2, f"{case}/{name} is a symbolic link (to "
+                                      f"{outside}): a run writes its files only inside its "
+                                      "folder; put the file itself there in its place, or give "
+                                      "another --logdir")
+                assert tree_hashes(str(tmp_path)) == before, (name, command)
+        linked = str(tmp_path / "linked")  # a link to a whole run folder is a run folder
+        os.symlink(run, linked)
+        rc, out = run_cmd(train_cmd("--resume", linked, "--n_epochs", "2"), 300)
         assert rc == 0, out[-3000:]
 
 
