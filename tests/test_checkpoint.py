@@ -412,19 +412,25 @@ class TestCheckpoint:
             "train/actor_loss", "critic parameters", "actor parameters"]
 
     @pytest.mark.slow
+    @pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"),
+                        reason="a mount namespace per rank needs root and unshare")
     def test_ranks_without_a_shared_file_system_each_save_and_resume(self, tmp_path):
-        """Two machines without a shared disk, played by two working directories: mpirun starts
-        rank 0 in `a` and rank 1 in `b`, both with the relative --logdir `run`. Rank 1's log dir
+        """Two machines without a shared disk, played by two mount namespaces: mpirun starts
+        each rank in the folder `disk` with the relative --logdir `run`, and each rank's `disk`
+        is its own (`a` or `b` bound there), as the same path is on two machines. (Two working
+        directories on one machine are refused: launch.check_same_launch.) Rank 1's log dir
         does not exist until rank 1 makes it; --resume finds config.json only on rank 0's side."""
-        a, b = tmp_path / "a", tmp_path / "b"
-        a.mkdir()
-        b.mkdir()
+        a, b, disk = tmp_path / "a", tmp_path / "b", tmp_path / "disk"
+        for folder in (a, b, disk):
+            folder.mkdir()
 
         def two_machines(*args):
-            one = [sys.executable, os.path.join(ROOT, "train.py"), *args]
-            wdir = "--wdir" if mpi_family() == "Open MPI" else "-wdir"  # Hydra's spelling
-            return [mpirun_exe(), "-np", "1", wdir, str(a), *one, ":",
-                    "-np", "1", wdir, str(b), *one]
+            def machine(side):  # its own mount table, `side` bound on `disk`
+                return ["-np", "1", "unshare", "--mount", "sh", "-c",
+                        'mount --bind "$1" "$2" && cd "$2" && shift 2 && exec "$@"', "machine",
+                        str(side), str(disk), sys.executable, os.path.join(ROOT, "train.py"),
+                        *args]
+            return [mpirun_exe(), *machine(a), ":", *machine(b)]
         rc, out = run_cmd(two_machines("--logdir", "run", "--n_epochs", "1", *TINY_RUN), 300)
         assert rc == 0 and "2 rank(s) in sync" in out, out[-3000:]
         assert sorted(os.listdir(b / "run")) == ["checkpoint"]  # rank 1 writes only its checkpoint

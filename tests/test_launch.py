@@ -152,14 +152,15 @@ class TestLaunchesThatDisagree:
         folders with absolute paths pass the check (and reach the next: an unknown env)."""
         a, b, run = tmp_path / "a", tmp_path / "b", str(tmp_path / "run")
         a.mkdir(), b.mkdir()
+        wdir = "--wdir" if mpi_family() == "Open MPI" else "-wdir"  # Hydra's spelling
         cases = [  # the two ranks' (mpirun options, arguments), what the line says
             ((([], ["--logdir", run]), ([], ["--resume", run])),
              f"rank 1 (of 2) was given other arguments than rank 0: rank 1: '--resume {run}'"),
-            (((["-wdir", str(a)], ["--logdir", "rel"]), (["-wdir", str(b)], ["--logdir", "rel"])),
+            ((([wdir, str(a)], ["--logdir", "rel"]), ([wdir, str(b)], ["--logdir", "rel"])),
              f"rank 1 (of 2) started in another folder than rank 0 (rank 1: {b}, rank 0: {a}), "
              "and --logdir rel is a relative path"),
-            (((["-wdir", str(a)], ["--logdir", run, "--env", "NoSuchEnv-v0"]),
-              (["-wdir", str(b)], ["--logdir", run, "--env", "NoSuchEnv-v0"])),
+            ((([wdir, str(a)], ["--logdir", run, "--env", "NoSuchEnv-v0"]),
+              ([wdir, str(b)], ["--logdir", run, "--env", "NoSuchEnv-v0"])),
              "NoSuchEnv-v0"),
         ]
         for apps, expected in cases:
