@@ -238,8 +238,7 @@ def die_with_parent():
     """Ask Linux to SIGKILL this process when its rank ends: a rank killed outright closes its
     pipes, but an env process busy in a step that never returns would not notice."""
     try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
     except (OSError, AttributeError):  # not Linux: only the pipe tells this process
         return
     parent = mp.parent_process()
@@ -273,8 +272,7 @@ class SubprocVecEnv(VecEnv):
 
     def __init__(self, env_fns, timeout=0):
         ctx = mp.get_context("spawn")
-        self.closed, self.timeout = True, timeout  # nothing to close until all have started
-        n = len(env_fns)
+        self.closed, self.timeout, n = True, timeout, len(env_fns)  # nothing started yet
         self._pending = ["start"] * n
         self.remotes, work_remotes = zip(*[ctx.Pipe() for _ in range(n)], strict=True)
         self.ps = [ctx.Process(target=env_process_main, daemon=True,
@@ -284,16 +282,20 @@ class SubprocVecEnv(VecEnv):
         # Easy to miss: the first start in a process also starts multiprocessing's resource
         # tracker, which unblocks SIGINT and SIGTERM when done; started first, it cannot.
         resource_tracker.ensure_running()
-        # the stop signals blocked in the rank and so in each env process from its first moment
-        with stop_signals_blocked():
-            for p in self.ps:
-                p.start()
         self.closed = False
-        # Easy to miss: unless the rank closes its copy of each env process's end, a dead env
-        # process never produces EOF on the rank's end and recv() blocks forever.
-        for work_remote in work_remotes:
-            work_remote.close()
-        spaces = [self._recv(i) for i in range(n)]  # each (observation_space, action_space)
+        try:  # Easy to miss: a stop held while forking is raised as the with block ends; env
+            # processes left open ignore the SIGTERM multiprocessing ends them with at exit
+            with stop_signals_blocked():  # blocked in the rank and so in each env process
+                for p in self.ps:
+                    p.start()
+            # Easy to miss: unless the rank closes its copy of each env process's end, a dead
+            # env process never produces EOF on the rank's end and recv() blocks forever.
+            for work_remote in work_remotes:
+                work_remote.close()
+            spaces = [self._recv(i) for i in range(n)]  # each (observation_space, action_space)
+        except BaseException as e:
+            self.close(f"{type(e).__name__} while env processes started")  # (or _recv's why)
+            raise
         super().__init__(n, *spaces[0])
 
     def _obs_buffers(self, ctx, i):
@@ -315,8 +317,7 @@ class SubprocVecEnv(VecEnv):
             self._fail(f"env process {i} (pid {p.pid}) died without answering {cmd!r} "
                        f"(exit code {p.exitcode})")
         except BaseException as e:  # Ctrl-C while waiting: some answers read, some not
-            if not self.closed:  # (the timeout above has closed it already)
-                self.close(f"interrupted ({type(e).__name__}) while waiting for env process {i}")
+            self.close(f"interrupted ({type(e).__name__}) while waiting for env process {i}")
             raise
         self._pending[i] = None
         if status == "error":
@@ -352,8 +353,7 @@ class SubprocVecEnv(VecEnv):
         half-done, and every later call repeats `why`."""
         if self.closed:
             return
-        self.closed = True
-        self.closed_why = why or "close() was called"
+        self.closed, self.closed_why = True, why or "close() was called"
         if why is None:
             for i, remote in enumerate(self.remotes):
                 try:
@@ -364,7 +364,7 @@ class SubprocVecEnv(VecEnv):
                         remote.recv()
                 except (EOFError, BrokenPipeError, OSError):
                     pass  # already dead: reaped below
-        for p in self.ps:  # broken: half a second for all, then killed
+        for p in [p for p in self.ps if p.pid]:  # started; broken: half a second, then killed
             p.join(timeout=5 if why is None else 0.5 / len(self.ps))
             if p.is_alive():
                 p.kill()

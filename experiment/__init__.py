@@ -10,6 +10,7 @@ Test: `python -m pytest -q tests/test_tools.py`.
 import os
 import signal
 import sys
+import threading
 
 CTRL_C = "stopped by Ctrl-C (SIGINT)"
 
@@ -19,7 +20,13 @@ def run_command(main, prog):
     made the KeyboardInterrupt another error (one in MuJoCo's import comes out as ImportError)."""
     interrupted = []
 
-    def on_sigint(*_):
+    def on_sigint(signum, frame):
+        # Easy to miss: MPI's threads do not block SIGINT, so one of them can take it while the
+        # main thread holds it (vecenv.stop_signals_blocked, starting env processes), and this
+        # handler runs all the same: sent back to the main thread, it comes once they are
+        if signum in signal.pthread_sigmask(signal.SIG_BLOCK, []):
+            signal.pthread_kill(threading.get_ident(), signum)
+            return
         interrupted.append(True)
         raise KeyboardInterrupt
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not where it is ignored

@@ -143,15 +143,17 @@ def bench_env(quick):
                                   for n in (1, 2, 4)]
     for make, n in cases:
         venv = make(env_fns * n)
-        worker = RolloutWorker(venv, policy, np.random.default_rng(0), noise_eps=0.2,
-                               random_eps=0.3)
-        worker.generate_rollouts()
-        n_rollouts = max(1, steps // (T * n))
-        t = time.perf_counter()
-        for _ in range(n_rollouts):
+        try:  # closed also on Ctrl-C: its env processes ignore SIGINT and SIGTERM
+            worker = RolloutWorker(venv, policy, np.random.default_rng(0), noise_eps=0.2,
+                                   random_eps=0.3)
             worker.generate_rollouts()
-        rate = n_rollouts * T * n / (time.perf_counter() - t)
-        venv.close()
+            n_rollouts = max(1, steps // (T * n))
+            t = time.perf_counter()
+            for _ in range(n_rollouts):
+                worker.generate_rollouts()
+            rate = n_rollouts * T * n / (time.perf_counter() - t)
+        finally:
+            venv.close()
         row(f"RolloutWorker + {make.__name__}, num_env {n}", rate, "steps/s",
             f"{rate / raw:.2f}x raw (with policy)")
 

@@ -90,9 +90,9 @@ def play(cfg, args, comm):
     record = args.save_video and comm.Get_rank() == 0
     render_mode = "rgb_array" if record else ("human" if args.render else None)
     venv = build_venv(cfg, render_mode=render_mode)
-    if record:
-        venv = VecVideoRecorder(venv)
-    try:
+    try:  # closed also on Ctrl-C: its env processes ignore SIGINT and SIGTERM
+        if record:
+            venv = VecVideoRecorder(venv)
         evaluator = RolloutWorker(venv, policy, rng, exploit=True, compute_Q=True,
                                   success_key=task.success_key)
         for _ in range(cfg.n_test_rollouts):

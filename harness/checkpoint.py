@@ -22,7 +22,7 @@ import numpy as np
 
 from ddpg import CHECKPOINT_PARTS
 from harness.cli import RESUME_FLAGS
-from harness.errors import BadFileError, UsageError
+from harness.errors import STORED_EPISODES, BadFileError, UsageError
 from harness.files import (
     atomic_savez,
     check_policy_fits,
@@ -220,9 +220,15 @@ def check_checkpoint(arrays, path, own, rows):
 def nonfinite_names(losses, policy):
     """The names of what is not finite: the epoch's (critic, actor) losses so far, and the
     parameters, which the cycle's last update can turn non-finite after its loss was computed
-    (the epoch's checkpoint must not save such weights)."""
+    (the epoch's checkpoint must not save such weights); where any is, first the episodes this
+    rank stored if the env's observations in them are (scanned only then)."""
     critic_losses, actor_losses = np.transpose(losses)
     quantities = {"train/critic_loss": critic_losses, "train/actor_loss": actor_losses,
                   "critic parameters": policy.main.Q.theta,
                   "actor parameters": policy.main.pi.theta}
-    return [name for name, values in quantities.items() if not np.all(np.isfinite(values))]
+    names = [name for name, values in quantities.items() if not np.all(np.isfinite(values))]
+    stored = policy.buffer.current_size
+    if names and not all(np.isfinite(policy.buffer.buffers[key][:stored]).all()
+                         for key in ("o", "ag", "g")):
+        names.insert(0, STORED_EPISODES)
+    return names

@@ -21,8 +21,26 @@ class SaveError(Exception):
     """A file of the run could not be written (a full disk): exit code 1, its last version kept."""
 
 
+STORED_EPISODES = "stored episodes (o, ag or g)"  # not finite: the env's observations were not
+
+
 class NonFiniteError(Exception):
-    """A loss or an actor/critic parameter became NaN or inf: exit code 1."""
+    """A loss or an actor/critic parameter became NaN or inf: exit code 1. Its line names the
+    cause and what to change: --resume alone would repeat it bit for bit."""
+
+    @classmethod
+    def stop(cls, names, where, cfg):
+        """names: what is not finite (checkpoint.nonfinite_names), STORED_EPISODES first where
+        the env's observations are the cause."""
+        what = f"non-finite {' and '.join(names)} {where}"
+        if names[0] == STORED_EPISODES:
+            return cls(f"{what}: the env's observations are the cause (NaN or inf in an "
+                       "observation, achieved or desired goal); make its reset and step return "
+                       f"finite ones, then --resume {cfg.logdir} goes on from the last good "
+                       "checkpoint, from before this epoch")
+        return cls(f"{what}: the updates diverged (the env's observations stayed finite), and "
+                   "--resume would repeat them bit for bit; start a fresh run (a new --logdir) "
+                   f"with a smaller --Q_lr (this run's {cfg.Q_lr:g}) or --pi_lr ({cfg.pi_lr:g})")
 
 
 class Interrupted(Exception):

@@ -19,6 +19,8 @@ import difflib
 import functools
 import importlib
 import io
+import os
+import sys
 import warnings
 
 import gymnasium as gym
@@ -38,6 +40,12 @@ def import_gym():
     with contextlib.redirect_stderr(io.StringIO()):
         import gymnasium_robotics
     gym.register_envs(gymnasium_robotics)
+    # Easy to miss: glfw (gymnasium's MuJoCo renderer imports it) finds its library through a
+    # `python -c` child; named here, env processes load it without one, so that none is left
+    # writing a BrokenPipeError traceback when its env process is killed (a Ctrl-C at start)
+    library = getattr(sys.modules.get("glfw.library"), "glfw", None)
+    if library is not None:
+        os.environ.setdefault("PYGLFW_LIBRARY", library._name)
     return gym
 
 

@@ -17,12 +17,13 @@ import contextlib
 import os
 import time
 
+import numpy as np
 from tqdm import tqdm
 
 from config import Config
 from harness.checkpoint import nonfinite_names, read_inputs, restore_checkpoint, save_checkpoint
 from harness.cli import shared_config
-from harness.errors import Interrupted, NonFiniteError
+from harness.errors import STORED_EPISODES, Interrupted, NonFiniteError
 from harness.files import save_policy
 from harness.goal_env import build_venv
 from harness.launch import check_launch, mpi_library, start_mpi
@@ -52,6 +53,7 @@ def start_run(argv):
     and every rank raises SystemExit with the error's exit code (errors.py); an exception on
     one rank alone aborts the job."""
     one_blas_thread()  # before any env process starts: they inherit it
+    np.seterr(all="ignore")  # a NaN or inf is named once, at the cycle's end (end_cycle)
     MPI = start_mpi()  # here, not at the top of train.py: launch.start_mpi says why
     wrong = check_launch(MPI.COMM_WORLD.Get_size(), mpi_library(), "train.py")
     if wrong is not None:
@@ -137,10 +139,9 @@ class Run:
         nonfinite = [(rank, names) for rank, (_, names) in enumerate(statuses) if names]
         logdir = self.cfg.logdir
         if nonfinite:
-            rank, names = nonfinite[0]
-            raise NonFiniteError(f"non-finite {' and '.join(names)} in epoch {epoch}, cycle "
-                                 f"{cycle} (rank {rank}); training stopped; the last good "
-                                 f"checkpoint, from before this epoch, is in {logdir} (--resume)")
+            rank, names = min(nonfinite, key=lambda r_names: STORED_EPISODES not in r_names[1])
+            raise NonFiniteError.stop(names, f"in epoch {epoch}, cycle {cycle} (rank {rank})",
+                                      self.cfg)
         self.tracer.end_cycle()  # [MPI] --trace: a gather after its last cycle
         if any(requested for requested, _ in statuses):
             save_on_every_rank(self.comm, self.save_interrupted, epoch, cycle,  # [MPI]

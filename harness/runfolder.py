@@ -215,8 +215,8 @@ def hold_run_folder(logdir, comm, fresh):
     where the folder holds no run; if another job holds it, it holds a run, or it cannot be
     made, every rank raises that one line. Yields rank 0's line that says a fresh start takes a
     start that ended early (or None); leaving releases the lock."""
-    lock, error, note = contextlib.nullcontext(), None, None
-    if comm.Get_rank() == 0:
+    lock, error, note = contextlib.nullcontext(), linked_file(logdir), None  # on every machine
+    if comm.Get_rank() == 0 and error is None:
         try:
             note = refuse_a_run_folder(logdir) if fresh else None
             lock = lock_run_folder(logdir)
@@ -228,6 +228,23 @@ def hold_run_folder(logdir, comm, fresh):
     raise_if_any_rank_failed(comm, error)  # [MPI]
     with lock:
         yield note
+
+
+def linked_file(logdir):
+    """The line refusing a run folder where a file or folder the run writes (the lock, RUN_FILES,
+    policies, checkpoint/'s and trace/'s files) is a symbolic link, or None: a run writes only
+    inside its folder (a link to a folder outside: log.txt appended there, a replaced file not)."""
+    def entries(folder):
+        with contextlib.suppress(OSError):  # no such folder (yet)
+            return [os.path.join(folder, name) for name in os.listdir(folder)]
+        return []
+    paths = [path for path in entries(logdir) if os.path.basename(path) in (LOCK, *RUN_FILES)
+             or os.path.basename(path).startswith("policy")]
+    paths += entries(os.path.join(logdir, CHECKPOINTS)) + entries(os.path.join(logdir, TRACE))
+    link = next((path for path in sorted(paths) if os.path.islink(path)), None)
+    return link and (f"{link} is a symbolic link (to {os.readlink(link)}): a run writes its "
+                     "files only inside its folder; put the file itself there in its place, "
+                     "or give another --logdir")
 
 
 def refuse_a_run_folder(logdir):

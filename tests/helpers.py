@@ -201,7 +201,8 @@ class FaultyReach(gym.Wrapper):
     hangs (a step that never returns: a simulator deadlock) or sleeps 0-40 ms a step, so that
     env processes answer out of step ("slow"); only on MPI rank `rank` (None: every rank).
     With $FAULT_PID_DIR set, each env writes its pid there, for a test to check that no env
-    process outlives its run. Registered below as tests.helpers:*Reach-v0."""
+    process outlives its run. $FAULT_FIXED set: no fault. Registered below as
+    tests.helpers:*Reach-v0."""
 
     def __init__(self, fault, rank, at_step):
         super().__init__(goal_env.make_env("FetchReach-v4"))
@@ -214,7 +215,8 @@ class FaultyReach(gym.Wrapper):
         self.n_steps += 1
         obs, r, terminated, truncated, info = self.env.step(u)
         my_rank = launch.launcher_rank()  # what mpirun set; MPI itself is not needed
-        if self.n_steps >= self.at_step and self.rank in (None, my_rank):
+        fixed = os.environ.get("FAULT_FIXED")  # the env as its user repaired it
+        if self.n_steps >= self.at_step and self.rank in (None, my_rank) and not fixed:
             if self.fault == "raise":
                 raise RuntimeError(f"injected env failure on rank {my_rank}")
             if self.fault == "hang":

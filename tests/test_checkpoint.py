@@ -354,16 +354,52 @@ class TestCheckpoint:
         assert_same_progress(straight, resumed)
 
     @pytest.mark.slow
-    def test_nonfinite_loss_stops_after_keeping_last_good_checkpoint(self, tmp_path):
+    def test_nonfinite_loss_stops_after_keeping_last_good_checkpoint(self, tmp_path, monkeypatch):
+        """An env whose observations turn NaN (the last step of epoch 1's cycle 1) is named as
+        the cause, and the advice works as printed: with the env fixed, --resume goes on."""
         logdir = str(tmp_path / "nan")
         rc, out = run_cmd(train_cmd("--env", "tests.helpers:NaNReach-v0", "--n_epochs", "3",
                                     "--n_cycles", "4", "--n_batches", "2", "--logdir", logdir),
                           300)
-        assert rc == 1 and "Traceback" not in out, out[-3000:]
-        assert "non-finite train/critic_loss" in out and "in epoch 1, cycle 1" in out, out[-3000:]
+        lines = [line for line in out.splitlines() if "non-finite" in line]
+        assert rc == 1 and len(lines) == 1 and "Traceback" not in out, out[-3000:]
+        line = lines[0]
+        assert line == (
+            "train.py: non-finite stored episodes (o, ag or g) and train/critic_loss and "
+            "train/actor_loss and critic parameters and actor parameters in epoch 1, cycle 1 "
+            "(rank 0): the env's observations are the cause (NaN or inf in an observation, "
+            "achieved or desired goal); make its reset and step return finite ones, then "
+            f"--resume {logdir} goes on from the last good checkpoint, from before this epoch")
+        assert "RuntimeWarning" not in out, out[-3000:]  # numpy's, from every matmul
         ckpt = arrays_of(runfolder.checkpoint_path(logdir, 0))
         assert (int(ckpt["epoch"]), int(ckpt["cycle"])) == (1, 0)  # end of epoch 0: the last good
         assert all(np.isfinite(v).all() for k, v in ckpt.items() if v.dtype.kind == "f")
+        monkeypatch.setenv("FAULT_FIXED", "1")  # the env made to return finite observations
+        rc, out = run_cmd(train_cmd("--resume", logdir), 300)
+        assert rc == 0, out[-3000:]
+        assert len(read_progress(logdir)) == 3, out[-3000:]
+
+    @pytest.mark.slow
+    def test_diverging_updates_name_a_smaller_step_size_and_a_fresh_run(self, tmp_path):
+        """--Q_lr 1e10: the env's observations stay finite, so the line names the step sizes
+        and a fresh run (--resume would repeat the same updates); done as printed, it runs."""
+        run = ["--n_epochs", "1", "--n_cycles", "2", "--n_batches", "5", "--n_test_rollouts",
+               "1"]
+        logdir = str(tmp_path / "diverged")
+        rc, out = run_cmd(train_cmd("--Q_lr", "1e10", "--logdir", logdir, *run), 300)
+        lines = [line for line in out.splitlines() if "non-finite" in line]
+        assert rc == 1 and len(lines) == 1 and "Traceback" not in out, out[-3000:]
+        assert "RuntimeWarning" not in out, out[-3000:]
+        line = lines[0]
+        assert line == (
+            "train.py: non-finite train/critic_loss and train/actor_loss and critic parameters "
+            "and actor parameters in epoch 0, cycle 0 (rank 0): the updates diverged (the env's "
+            "observations stayed finite), and --resume would repeat them bit for bit; start a "
+            "fresh run (a new --logdir) with a smaller --Q_lr (this run's 1e+10) or --pi_lr "
+            "(0.001)")
+        rc, out = run_cmd(train_cmd("--Q_lr", "1e-3", "--logdir", str(tmp_path / "fresh"), *run),
+                          300)
+        assert rc == 0, out[-3000:]
 
     def test_nonfinite_parameters_are_caught_even_when_the_losses_were_finite(self):
         """The last update of a cycle can make the weights NaN after its loss was computed."""
@@ -376,19 +412,25 @@ class TestCheckpoint:
             "train/actor_loss", "critic parameters", "actor parameters"]
 
     @pytest.mark.slow
+    @pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"),
+                        reason="a mount namespace per rank needs root and unshare")
     def test_ranks_without_a_shared_file_system_each_save_and_resume(self, tmp_path):
-        """Two machines without a shared disk, played by two working directories: mpirun starts
-        rank 0 in `a` and rank 1 in `b`, both with the relative --logdir `run`. Rank 1's log dir
+        """Two machines without a shared disk, played by two mount namespaces: mpirun starts
+        each rank in the folder `disk` with the relative --logdir `run`, and each rank's `disk`
+        is its own (`a` or `b` bound there), as the same path is on two machines. (Two working
+        directories on one machine are refused: launch.check_same_launch.) Rank 1's log dir
         does not exist until rank 1 makes it; --resume finds config.json only on rank 0's side."""
-        a, b = tmp_path / "a", tmp_path / "b"
-        a.mkdir()
-        b.mkdir()
+        a, b, disk = tmp_path / "a", tmp_path / "b", tmp_path / "disk"
+        for folder in (a, b, disk):
+            folder.mkdir()
 
         def two_machines(*args):
-            one = [sys.executable, os.path.join(ROOT, "train.py"), *args]
-            wdir = "--wdir" if mpi_family() == "Open MPI" else "-wdir"  # Hydra's spelling
-            return [mpirun_exe(), "-np", "1", wdir, str(a), *one, ":",
-                    "-np", "1", wdir, str(b), *one]
+            def machine(side):  # its own mount table, `side` bound on `disk`
+                return ["-np", "1", "unshare", "--mount", "sh", "-c",
+                        'mount --bind "$1" "$2" && cd "$2" && shift 2 && exec "$@"', "machine",
+                        str(side), str(disk), sys.executable, os.path.join(ROOT, "train.py"),
+                        *args]
+            return [mpirun_exe(), *machine(a), ":", *machine(b)]
         rc, out = run_cmd(two_machines("--logdir", "run", "--n_epochs", "1", *TINY_RUN), 300)
         assert rc == 0 and "2 rank(s) in sync" in out, out[-3000:]
         assert sorted(os.listdir(b / "run")) == ["checkpoint"]  # rank 1 writes only its checkpoint

@@ -12,13 +12,15 @@ Run: `python -m pytest -q tests/test_launch.py` (from the repository's root).
 import errno
 import fcntl
 import os
+import shutil
 import signal
 import subprocess
 import sys
 
 import pytest
 
-from harness import launch
+from harness import launch, mpi_util
+from harness.cli import parse_train_args
 from harness.errors import UsageError
 from harness.runfolder import lock_run_folder
 from tests.helpers import (
@@ -27,11 +29,14 @@ from tests.helpers import (
     assert_one_line_error,
     hang_guard,
     mpi_family,
+    mpirun_args,
     remove_orphans_of_job,
     run_cmd,
+    run_command,
     shm_entries,
     train_cmd,
 )
+from tests.test_bad_input import tree_hashes  # {path below a folder: sha256} of its files
 
 # What each launcher put into a rank's environment here (rank 1 of 2)
 OPEN_MPI = {"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2", "PMIX_RANK": "1"}
@@ -94,6 +99,80 @@ class TestLaunch:
         assert not os.path.exists(logdir)
 
 
+def mpmd_cmd(*apps):
+    """One mpirun of len(apps) ranks, an MPMD launch: each app (its mpirun options, train.py's
+    arguments) one rank of its own, started as `mpirun -np 1 ... : -np 1 ...`."""
+    cmd = mpirun_args(1)
+    for i, (options, args) in enumerate(apps):
+        cmd += ([":", "-np", "1"] if i else []) + [*options, sys.executable,
+                                                  os.path.join(ROOT, "train.py"), *args]
+    return cmd
+
+
+class TestLaunchesThatDisagree:
+    """launch.check_same_launch: every rank given rank 0's arguments, and where a path is
+    relative, started in rank 0's folder; else one line naming what differs, nothing written."""
+
+    def test_each_difference_is_named_and_absolute_paths_pass(self):
+        def check(launches, argv=None):
+            launch.check_same_launch(launches)
+            launch.check_same_launch(launches, parse_train_args(argv or launches[0][0]))
+        check([(["--logdir", "/r"], "/a"), (["--logdir", "/r"], "/b")])  # every path absolute
+        check([(["--logdir", "r"], "/a"), (["--logdir", "r"], "/a")])  # one folder
+        cases = [  # launches, the line's expected text
+            ([(["--logdir", "D"], "/a"), (["--resume", "D"], "/a")],
+             "rank 1 (of 2) was given other arguments than rank 0: rank 1: '--resume D', "
+             "rank 0: '--logdir D'; start every rank with the same ones (mpirun -np N python "
+             "train.py ARGS); nothing was written"),
+            ([([], "/a"), (["--seed", "1"], "/a"), ([], "/a"), (["--seed", "2"], "/a")],
+             "ranks 1,3 (of 4) were given other arguments than rank 0: rank 1: '--seed 1', "
+             "rank 0: ''"),
+            ([(["--logdir", "rel"], "/a"), (["--logdir", "rel"], "/b")],
+             "rank 1 (of 2) started in another folder than rank 0 (rank 1: /b, rank 0: /a), and "
+             "--logdir rel is a relative path: the ranks would use different folders; give "
+             "absolute paths or start every rank in one folder (mpirun -wdir DIR); nothing was "
+             "written"),
+            ([([], "/a"), ([], "/b")], "and the default --logdir runs/... is a relative path"),
+            ([(["--resume", "r"], "/a"), (["--resume", "r"], "/a"), (["--resume", "r"], "/c")],
+             "rank 2 (of 3) started in another folder than rank 0 (rank 2: /c, rank 0: /a), "
+             "and --resume r is a relative path"),
+            ([(["--logdir", "/r", "--load_path", "p.npz"], "/a"),
+              (["--logdir", "/r", "--load_path", "p.npz"], "/b")], "and --load_path p.npz is"),
+        ]
+        for launches, expected in cases:
+            with pytest.raises(UsageError) as e:
+                check(launches)
+            assert expected in str(e.value) and "\n" not in str(e.value), (launches, e.value)
+
+    @pytest.mark.slow
+    def test_an_mpmd_launch_that_disagrees_ends_every_rank_in_one_line(self, tmp_path):
+        """Under mpirun -np 2 (MPMD): other arguments (a fresh start and a --resume of one
+        folder), or other working directories with a relative --logdir, end every rank with
+        exit code 2 and one line, no traceback, no folder, no /dev/shm segment left; other
+        folders with absolute paths pass the check (and reach the next: an unknown env)."""
+        a, b, run = tmp_path / "a", tmp_path / "b", str(tmp_path / "run")
+        a.mkdir(), b.mkdir()
+        wdir = "--wdir" if mpi_family() == "Open MPI" else "-wdir"  # Hydra's spelling
+        cases = [  # the two ranks' (mpirun options, arguments), what the line says
+            ((([], ["--logdir", run]), ([], ["--resume", run])),
+             f"rank 1 (of 2) was given other arguments than rank 0: rank 1: '--resume {run}'"),
+            ((([wdir, str(a)], ["--logdir", "rel"]), ([wdir, str(b)], ["--logdir", "rel"])),
+             f"rank 1 (of 2) started in another folder than rank 0 (rank 1: {b}, rank 0: {a}), "
+             "and --logdir rel is a relative path"),
+            ((([wdir, str(a)], ["--logdir", run, "--env", "NoSuchEnv-v0"]),
+              ([wdir, str(b)], ["--logdir", run, "--env", "NoSuchEnv-v0"])),
+             "NoSuchEnv-v0"),
+        ]
+        for apps, expected in cases:
+            before = shm_entries()
+            rc, out = run_command(mpmd_cmd(*apps), 120)
+            left = {os.path.basename(p) for p in mpi_util.orphaned_mpi_segments()} - before
+            remove_orphans_of_job(before, patience_s=2.)
+            assert_one_line_error(rc, out, 2, expected)
+            assert not left, (out, left)
+            assert not os.path.exists(run) and os.listdir(a) == os.listdir(b) == [], out
+
+
 class TestRunFolderLock:
     """harness/runfolder.py, and train.py refusing a folder another job holds."""
 
@@ -134,6 +213,40 @@ class TestRunFolderLock:
             holder.wait()
         rc, out = run_cmd(train_cmd("--logdir", str(logdir), "--n_epochs", "1", *TINY_RUN),
                           300)  # the killed holder's lock went with it
+        assert rc == 0, out[-3000:]
+
+
+class TestLinksInARunFolder:
+    """runfolder.linked_file: a run writes only inside its folder, so a file or folder it writes
+    that is a symbolic link is refused at start, in one line; the folder itself may be one."""
+
+    @pytest.mark.slow
+    def test_each_file_a_run_writes_as_a_link_is_refused_and_nothing_changes(self, tmp_path):
+        run = str(tmp_path / "run")
+        rc, out = run_cmd(train_cmd("--n_epochs", "1", "--logdir", run, *TINY_RUN), 300)
+        assert rc == 0, out[-3000:]
+        saved = os.listdir(os.path.join(run, "checkpoint"))
+        names = sorted(os.listdir(run)) + sorted(f"checkpoint/{name}" for name in saved)
+        assert names == ["checkpoint", "config.json", "log.txt", "policy_0.npz", "policy_best.npz",
+                         "policy_latest.npz", "progress.csv", "run.lock",
+                         "checkpoint/rank0.npz", "checkpoint/rank0.prev.npz"], names
+        for i, name in enumerate(names):
+            case, outside = str(tmp_path / f"case{i}"), str(tmp_path / f"outside{i}")
+            shutil.copytree(run, case)
+            shutil.move(os.path.join(case, name), outside)
+            os.symlink(outside, os.path.join(case, name))
+            before = tree_hashes(str(tmp_path))
+            for command in (("--resume", case, "--n_epochs", "2"),  # and the same command again
+                            ("--n_epochs", "1", "--logdir", case, *TINY_RUN)):
+                rc, out = run_cmd(train_cmd(*command), 300)
+                assert_one_line_error(rc, out, 2, f"{case}/{name} is a symbolic link (to "
+                                      f"{outside}): a run writes its files only inside its "
+                                      "folder; put the file itself there in its place, or give "
+                                      "another --logdir")
+                assert tree_hashes(str(tmp_path)) == before, (name, command)
+        linked = str(tmp_path / "linked")  # a link to a whole run folder is a run folder
+        os.symlink(run, linked)
+        rc, out = run_cmd(train_cmd("--resume", linked, "--n_epochs", "2"), 300)
         assert rc == 0, out[-3000:]
 
 
