@@ -231,21 +231,17 @@ class ArgumentParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
-def config_help():
-    """{field: the comment that ends its line in config.py}: its flag's help, never a rule."""
+def config_flags(p, names=None):
+    """Add --<field> for every Config field (or those in `names`): type and choices from its
+    annotation, help from the comment that ends its line in config.py (never a rule). Every
+    default is None, so that make_config can tell a flag given from one left out (the env's
+    overrides apply to those)."""
     with open(inspect.getfile(Config)) as f:
         source = f.read()
     lines = source.splitlines()
     body = next(node for node in ast.parse(source).body if getattr(node, "name", "") == "Config")
-    return {node.target.id: lines[node.end_lineno - 1][node.end_col_offset:].strip(" #")
-            for node in body.body if isinstance(node, ast.AnnAssign)}
-
-
-def config_flags(p, names=None):
-    """Add --<field> for every Config field (or those in `names`): type and choices from its
-    annotation, help from its comment. Every default is None, so that make_config can tell a
-    flag given from one left out (the env's overrides apply to those)."""
-    helps = config_help()
+    helps = {node.target.id: lines[node.end_lineno - 1][node.end_col_offset:].strip(" #")
+             for node in body.body if isinstance(node, ast.AnnAssign)}
     for f in dataclasses.fields(Config):
         if names is not None and f.name not in names:
             continue
