@@ -1,16 +1,12 @@
 """Checkpoints: every rank saves its whole state, and a resumed run goes on from it.
 
 No baselines counterpart: baselines cannot resume a run. A checkpoint is what continues a run
-bit for bit: the agent's arrays as ddpg.DDPG.arrays names them (CHECKPOINT_PARTS: weights,
-targets, normaliser sums, both Adams' moments, this rank's replay buffer), its update count and
-random generator, where the run is and the epoch's logs so far; one file per rank, written
-atomically (files.py) at the end of every epoch and on Ctrl-C, with the one before it kept
-beside it: a resumed run's weights and every progress.csv column but time/epoch_s are those of
-the run that was never stopped, bit for bit.
-
-A resume checks each thing that happens to a run folder once: a file cut does not load (zip's
-CRC), an array edited fails the checksum, config.json edited differs from run_config, a
-progress.csv edited or cut fails its digest, a stop mid-save leaves the checkpoint before.
+bit for bit: the agent's arrays as ddpg.DDPG.arrays names them (CHECKPOINT_PARTS), its update
+count and random generator, where the run is and the epoch's logs so far
+(runfolder.CHECKPOINT_KEYS); one file per rank, written atomically (files.py) at the end of
+every epoch and on Ctrl-C, with the one before it kept beside it: a resumed run's weights and
+every progress.csv column but time/epoch_s are those of the run that was never stopped. A
+resume refuses a run folder damaged or edited in one line (docs/faults.md lists each case).
 
 Test: `python -m pytest -q tests/test_checkpoint.py`.
 """
@@ -184,8 +180,9 @@ def read_inputs(cfg, task, args, comm):
 
 def read_checkpoint(path, run_dir, cfg, task, rank0):
     """This rank's checkpoint at `path`, checked (local: no MPI call): its checksum, the task it
-    was saved on (its config_json), its settings; rank 0: the policies and progress.csv's rows
-    of the epochs done. Returns Inputs' fields of a resume."""
+    was saved on (its config_json), the settings it was saved with (run_settings); rank 0: the
+    policies, progress.csv's rows of the epochs done and the best test success rate in them.
+    Returns Inputs' fields of a resume."""
     arrays = load_npz(path, POSITION_KEYS, "checkpoint")
     if str(arrays.get("checksum")) != checksum(arrays):
         raise BadFileError(f"{path}: its arrays are not those saved (checksum differs): "
@@ -197,14 +194,7 @@ def read_checkpoint(path, run_dir, cfg, task, rank0):
             load_policy_arrays(policy_path(run_dir, which))
     if rank0:
         rows = read_progress(run_dir, epoch, str(arrays["log/progress_sha256"]))
-    check_checkpoint(arrays, path, run_settings(cfg), rows)
-    return dict(checkpoint=arrays, checkpoint_path=path, progress=rows or [])
-
-
-def check_checkpoint(arrays, path, own, rows):
-    """BadFileError unless the checkpoint was saved with the run's settings (own: run_settings)
-    and, on rank 0 (rows: progress.csv's kept rows), its best test success rate is theirs."""
-    saved = json.loads(str(arrays.get("run_config", "{}")))
+    saved, own = json.loads(str(arrays.get("run_config", "{}"))), run_settings(cfg)
     differ = [k for k in own if saved.get(k) != own[k]]
     if differ:
         raise BadFileError(f"{path} was saved with {differ[0]} {saved.get(differ[0])!r}, "
@@ -213,6 +203,7 @@ def check_checkpoint(arrays, path, own, rows):
     if rows is not None and float(arrays["best"]) != best:
         raise BadFileError(f"{path}: its best test success rate {float(arrays['best'])} is not "
                            f"progress.csv's {best}; they are not one run")
+    return dict(checkpoint=arrays, checkpoint_path=path, progress=rows or [])
 
 
 # ---------------------------------------------------------------- what a stop looks for
