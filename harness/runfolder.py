@@ -3,21 +3,11 @@ columns; the checked readers of config.json and progress.csv that a resume and p
 and one job per run folder, never over another run: a lock that rank 0 holds for the run.
 
 No baselines counterpart: baselines names its files inline, and two jobs given the same log
-dir both write it. A run folder (docs/usage.md, what a run writes): config.json (the Config in
-force, mpirun's -np and T), progress.csv (a row an epoch), log.txt, run.lock,
-checkpoint/rank<r>.npz and .prev.npz, policy_best.npz, policy_latest.npz, policy_<epoch>.npz,
-with --trace trace/. A policy file's keys are ddpg.DDPG.policy_arrays's: POLICY_CONFIG_KEY and
-DDPG.arrays().
-
-A fresh start into a folder that holds a run's files is refused (refuse_a_run_folder): a rerun
-of the same command loses no run; one whose start ended before its first checkpoint holds no
-run, and the same command takes it. The lock is the operating system's (flock on run.lock), so
-it is released when the process ends, however it ends: a killed job leaves no stale lock; the
-file stays, holding who had it last (pid, host, start time), which the refusal quotes. Only
-rank 0 takes it (ranks without a shared file system write their own copies, where nothing else
-looks). flock works across NFS clients on Linux (since 2.6.12, as a POSIX lock) where the NFS
-lock service runs, and across Lustre clients mounted with `-o flock` (mount.lustre(8)); a file
-system without locks refuses the run with one line rather than run it unlocked.
+dir both write it. What a run folder holds: docs/usage.md (what a run writes). A fresh start
+into a folder that holds a run's files is refused (refuse_a_run_folder): a rerun of the same
+command loses no run. The lock is the operating system's (flock on run.lock), released however
+the process ends, the file left holding who had it last, which the refusal quotes; only rank 0
+takes it. Shared file systems (NFS, Lustre) and one that takes no flock: docs/usage.md.
 
 Test: `python -m pytest -q tests/test_launch.py tests/test_checkpoint.py tests/test_tools.py`.
 """
