@@ -56,7 +56,8 @@ class EpochLogger:
         if not self.enabled:
             return
         width = max(len(k) for k in row)
-        lines = [f"| {k:<{width}} | {_fmt(v):>12} |" for k, v in row.items()]
+        cells = {k: f"{v:.4g}" if isinstance(v, float) else str(v) for k, v in row.items()}
+        lines = [f"| {k:<{width}} | {v:>12} |" for k, v in cells.items()]
         bar = "-" * len(lines[0])
         print("\n".join([bar, *lines, bar]), flush=True)
         self.rows.append(row)
@@ -226,10 +227,6 @@ def machine():
     mpi = [library_name(mpi.Get_library_version())] if mpi else []
     return "; ".join([cpu, f"Python {platform.python_version()}",
                       f"numpy {np.__version__} ({simd})", *blas, *packages, *mpi])
-
-
-def _fmt(v):
-    return f"{v:.4g}" if isinstance(v, float) else str(v)
 
 
 # What the launchers a user types are called (`ps -o comm`): their stdout is the job's.
