@@ -6,14 +6,11 @@ interface (PMI) the launcher must speak. Where they do not match (plain `srun -n
 any `srun` with an Open MPI that takes no PMI from this Slurm) every process is rank 0 of a world
 of 1, training alone into the same run folder. check_launch() compares the two first.
 
-The variables, the launcher nearest to the process first (docs/usage.md, "On a Slurm cluster"):
-  * Open MPI's mpirun (PRRTE): OMPI_COMM_WORLD_RANK and OMPI_COMM_WORLD_SIZE;
-  * a PMI launcher (MPICH's mpirun, Hydra; Slurm's `srun --mpi=pmi2`): PMI_RANK and PMI_SIZE;
-  * Slurm's srun (any --mpi): SLURM_PROCID and SLURM_STEP_NUM_TASKS, set in the tasks of a job
-    step. A batch script's own shell is no step (no SLURM_STEP_NUM_TASKS there): one
-    `python train.py` run by the script itself is a job of one rank, whatever the allocation.
-mpirun inside an allocation passes the allocation's SLURM_* on to its ranks; its own variables
-come first, so they decide.
+The variables (LAUNCHERS, the launcher nearest to the process first; docs/usage.md, "On a
+Slurm cluster"): Slurm's are set in the tasks of a job step, and a batch script's own shell is
+no step: one `python train.py` run by the script itself is a job of one rank, whatever the
+allocation. mpirun inside an allocation passes the allocation's SLURM_* on to its ranks; its
+own variables come first, so they decide.
 
 Env processes never import mpi4py (vecenv.py says why); where they need their rank's number
 (the tests' fault injection), launcher_rank() reads it from these variables.
@@ -148,13 +145,9 @@ def check_same_launch(launches, args=None):
 
 
 def describe_job(comm):
-    """Collective: the run header's line on MPI: the library, and where each rank runs."""
-    return f"MPI: {mpi_library()}, {comm.Get_size()} rank(s); {rank_placement(comm)}"  # [MPI]
-
-
-def rank_placement(comm):
-    """Collective: one line naming each host, the ranks on it and the cores each may use
-    (what the OS lets it run on: Slurm's --cpus-per-task, mpirun's binding, taskset)."""
+    """Collective: the run header's line on MPI: the library, and each host with the ranks on
+    it and the cores each may use (what the OS lets it run on: Slurm's --cpus-per-task,
+    mpirun's binding, taskset)."""
     here = (socket.gethostname(), len(os.sched_getaffinity(0)))
     places = comm.allgather(here)  # [MPI]
     by_host = collections.defaultdict(list)
@@ -166,7 +159,7 @@ def rank_placement(comm):
         usable = f"{cores[0]}" if len(cores) == 1 else f"{cores[0]}-{cores[-1]}"
         parts.append(f"{host}: rank(s) {rank_ranges([r for r, _ in ranks])}, "
                      f"{usable} usable core(s) each")
-    return "; ".join(parts)
+    return f"MPI: {mpi_library()}, {comm.Get_size()} rank(s); {'; '.join(parts)}"
 
 
 def rank_ranges(ranks):

@@ -3,21 +3,16 @@
 No baselines counterpart: baselines and the PyTorch port wait for ever, and so does MPI, which
 has no time limit. A rank blocked in a collective (a peer stopped or hung, a host lost with its
 wire) runs no Python code, signal handlers included, until the call returns. So one thread per
-rank, the watchdog, does what the main thread cannot while it waits:
-  * it times the collective call the rank is in (it observes the communicator through
-    mpi_util.ObservedComm and only watches: nothing it does changes what is computed).
-    After WARN_FRACTION of --mpi_timeout it prints one warning line; after --mpi_timeout
-    seconds it prints one line naming the call, kills this rank's env processes and aborts the
-    job (MPI_Abort), so every rank on every host exits. Time this process spent suspended
-    (Ctrl-Z) does not count. As Horovod's stall inspector warns and then shuts a job down, and
-    PyTorch's process groups time a collective out (there: 60 s to warn; 10 or 30 minutes).
-  * it takes SIGINT, SIGTERM, SIGUSR1 and SIGHUP (set_wakeup_fd hands it each signal the moment
-    it arrives; a SIGHUP that nohup ignored stays ignored). While the run starts (until
-    stop_at_cycle_ends: its env processes started, its folder not yet written) one ends it at
-    once, exit code 130 (a job of one rank through its main thread, which finalises MPI). After
-    that the first asks the loop to stop safely at the end of the cycle (`requested`, read once
-    per cycle by run.Run.end_cycle), the second ends the rank at once, exit code 130, its env
-    processes killed, also while the main thread waits in MPI.
+rank, the watchdog, does what the main thread cannot while it waits (docs/faults.md gives each
+case's line and exit code):
+  * it times the collective call the rank is in, observing the communicator through
+    mpi_util.ObservedComm and only watching: nothing it does changes what is computed. Past
+    WARN_FRACTION of --mpi_timeout one warning; past --mpi_timeout one line, this rank's env
+    processes killed, MPI_Abort. Time this process spent suspended (Ctrl-Z) does not count.
+  * it takes the stop SIGNALS (set_wakeup_fd hands it each the moment it arrives). While the
+    run starts (until stop_at_cycle_ends) one ends it at once; after that the first asks the
+    loop to stop safely at the end of the cycle (`requested`, read by run.Run.end_cycle), the
+    second ends the rank at once, also while the main thread waits in MPI.
 
 Test: `python -m pytest -q tests/test_watchdog.py`.
 """
