@@ -5,10 +5,8 @@ algorithm: start MPI, check the input, make the log dir, write the logs and the 
 Added here (baselines has none of it): the launch check, every rank agreeing on bad input
 before anything collective can hang, a progress bar, checkpoints and resume (deviation 10 of
 docs/deviations.md), and a stop that every rank makes after the same cycle. train.py's main()
-enters start_run(argv), the start-up top to bottom in one function, which yields a Run: the
-configuration, the communicator (a proxy that the watchdog and, with --trace, the tracer
-observe), the task, the vec env, the files the flags named; train() calls its restore(),
-save_start(), end_cycle() and end_epoch().
+enters start_run(argv), which yields a Run; train() calls its restore(), save_start(),
+end_cycle() and end_epoch().
 
 Test: `python -m pytest -q tests/test_checkpoint.py tests/test_logger.py`.
 """
