@@ -178,15 +178,6 @@ def save_demos(path, episodes, env_id, T):
     atomic_savez(path, dict(arrays, env=np.array(env_id), T=np.array(T)))
 
 
-def is_baselines_file(path):
-    """Whether `path` is an .npz of baselines' fetch_data_generation.py."""
-    try:
-        with np.load(path, allow_pickle=False) as data:  # lists the names, loads nothing
-            return {"obs", "acs", "info"} <= set(getattr(data, "files", ()))
-    except Exception:  # unreadable: load_npz has said why
-        return False
-
-
 def load_demos(path, env_id, dims, T, num_demo):
     """The first num_demo episodes of a demo file, checked against the task:
     {key: (num_demo, T or T+1, dim) float32}; every BadFileError names the fix too."""
@@ -199,9 +190,11 @@ def load_demos(path, env_id, dims, T, num_demo):
         arrays = load_npz(path, FILE_KEYS, "demo file", writer="demos.py")
     except BadFileError as e:
         problem = str(e)
-        if is_baselines_file(path):
-            problem = (f"{path}: a demo file in baselines' format (obs, acs, info: pickled "
-                       "dicts, which this project never unpickles)")
+        # an .npz of baselines' fetch_data_generation.py? (unreadable: load_npz has said why)
+        with contextlib.suppress(Exception), np.load(path, allow_pickle=False) as data:
+            if {"obs", "acs", "info"} <= set(getattr(data, "files", ())):  # names, no arrays
+                problem = (f"{path}: a demo file in baselines' format (obs, acs, info: pickled "
+                           "dicts, which this project never unpickles)")
         raise BadFileError(f"{problem}; {hint}") from None
     shapes = {key: arrays[key].shape[1:] for key in EPISODE_KEYS}
     if shapes != episode_shapes(dims, T):
