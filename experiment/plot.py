@@ -184,7 +184,17 @@ def plot_suite(run_dirs, out_path):
         # epoch, their interquartile range shaded, each seed thin and faint. Against episodes,
         # so that a mark of another ranks x envs stands where as many episodes ran
         draw_curves([ax], ("episodes",), curves, env, faint=True)
-        add_epoch_axis(ax, max((runs for _, runs in curves), key=len))
+        # above, the epoch index of the largest group of seeds where they share one ranks x
+        # envs and n_cycles: epoch e ends after (e + 1) x the episodes of an epoch
+        largest = max((runs for _, runs in curves), key=len)
+        scales = {(run["n_ranks"], run["num_env"], run["n_cycles"]) for run in largest}
+        if len(scales) == 1:
+            (n_ranks, num_env, n_cycles), = scales
+            per_epoch = n_cycles * n_ranks * num_env  # episodes an epoch, all ranks
+            # n=per_epoch: this panel's, bound now (matplotlib calls them after the loop)
+            top = ax.secondary_xaxis("top", functions=(lambda x, n=per_epoch: x / n - 1,
+                                                       lambda e, n=per_epoch: (e + 1) * n))
+            top.set_xlabel(f"epoch at {n_ranks} x {num_env} (row e: after e + 1 epochs)")
         legend_below(ax, [ax])
         ax.set_title(env)
     fig.suptitle("The paper's tasks, DDPG + HER (NumPy): the median over seeds, their IQR shaded, "
@@ -204,20 +214,6 @@ def draw_iqm_marks(ax, runs, colour, after_epochs=plot_tables.AFTER_EPOCHS):
         label = f"IQM and 95% CI after {', '.join(map(str, shown))} epochs" if i == 0 else None
         ax.errorbar([runs[0]["episodes"][n - 1]], [point], yerr=[[point - lo], [hi - point]],
                     fmt="s", markersize=4, capsize=3, color=colour, label=label)
-
-
-def add_epoch_axis(ax, runs):
-    """Above an episodes axis, the epoch index of `runs` (the panel's largest group of seeds)
-    where they share one ranks x envs and n_cycles: epoch e ends after (e + 1) x episodes an
-    epoch."""
-    scales = {(run["n_ranks"], run["num_env"], run["n_cycles"]) for run in runs}
-    if len(scales) != 1:
-        return
-    (n_ranks, num_env, n_cycles), = scales
-    per_epoch = n_cycles * n_ranks * num_env  # episodes an epoch, all ranks
-    top = ax.secondary_xaxis("top", functions=(lambda x: x / per_epoch - 1,
-                                               lambda e: (e + 1) * per_epoch))
-    top.set_xlabel(f"epoch at {n_ranks} x {num_env} (row e: after e + 1 epochs)")
 
 
 def main(argv=None):

@@ -132,12 +132,6 @@ def results_table(run_dirs, at_epochs=(0, 4, 9, 19, 29, 39, 49)):
 success_text = "{:.2f}".format
 
 
-def epoch_text(word):
-    """Epoch indices, and their medians and quartiles (9.5), as few digits as they need; `word`
-    for a level not reached."""
-    return lambda value: f"{round(value, 2):g}" if np.isfinite(value) else word
-
-
 def over_seeds(values, statistic, text):
     """values (one per run) as "median (q25-q75)" or "IQM [lo-hi]", each through text()
     (stats.py: linear percentiles; a 95% percentile bootstrap over the runs, N_BOOT resamples,
@@ -171,7 +165,10 @@ def level_cell(runs, level, statistic):
     firsts = [first_epoch(run, level) for run in runs]
     going = [len(run["epoch"]) < run["n_epochs"] and not run_name(run).startswith("first-")
              for run, e in zip(runs, firsts, strict=True) if np.isinf(e)]
-    text = epoch_text("not yet" if any(going) else "never")
+    word = "not yet" if any(going) else "never"
+
+    def text(value):  # an epoch index, median or quartile (9.5), in as few digits as it needs
+        return f"{round(value, 2):g}" if np.isfinite(value) else word
     return over_seeds(firsts, statistic, text) if statistic else text(firsts[0])
 
 
