@@ -4,10 +4,8 @@ Mirrors openai/baselines `common/logger.py` (record_tabular, dump_tabular, the C
 format) as far as HER uses it. Rank 0 alone writes (train.epoch_logs averages the success rates,
 Q and losses over ranks and counts the totals of all ranks; the normalisers' stats are alike on
 every rank, the epoch's seconds rank 0's); the CSV is rewritten atomically each epoch. log.txt
-(baselines' logger writes one too) holds what rank 0 printed, appended to on every --resume,
-each start headed by the commit the code ran at. The progress bar (harness/run.py) is drawn
-only where the output is a terminal; elsewhere (a file, a pipe, a Slurm job's output) a few
-lines an epoch stand in.
+(baselines' logger writes one too): RunLog. The progress bar (harness/run.py) is drawn only
+where the output is a terminal (output_is_terminal); elsewhere a few lines an epoch stand in.
 
 Test: `python -m pytest -q tests/test_logger.py`.
 """

@@ -2,12 +2,11 @@
 
 No baselines counterpart (deviation 30: an addition; docs/usage.md says what it writes). The
 Tracer is the communicator proxy's second observer (mpi_util.ObservedComm): a row per call, with
-the line that made it and the bytes this rank put in (a broadcast's receivers: 0). On the pipes,
-begin() puts a TracedPipe on the rank's end of each, which times a command until its answer is
-read (--num_env 1 has no pipe). It records from the first cycle of this start to the end of the
-N-th; then every rank writes <logdir>/trace/rank-R.csv, and rank 0, having gathered all rows,
-trace.json (Chrome trace events, pid = rank; Perfetto) and a table. Time 0: when a rank has the
-bcast of rank 0's clock that starts the trace.
+the line that made it and the bytes this rank put in (a broadcast's receivers: 0); a TracedPipe
+on the rank's end of each env process's pipe times a command until its answer is read. It
+records from the first cycle of this start to the end of the N-th; then every rank writes
+<logdir>/trace/rank-R.csv, and rank 0, having gathered all rows, trace.json and a table. Time
+0: when a rank has the bcast of rank 0's clock that starts the trace.
 
 Run:  mpirun -np 2 python train.py --env FetchReach-v4 --num_env 2 --n_cycles 2 --trace 1
 Test: `python -m pytest -q tests/test_tracing.py`.
