@@ -283,8 +283,9 @@ class SubprocVecEnv(VecEnv):
         # tracker, which unblocks SIGINT and SIGTERM when done; started first, it cannot.
         resource_tracker.ensure_running()
         self.closed = False
-        try:  # Easy to miss: a stop held while forking is raised as the with block ends; env
-            # processes left open ignore the SIGTERM multiprocessing ends them with at exit
+        # Easy to miss: a stop held while forking is raised as the with block ends, and env
+        # processes left open ignore the SIGTERM multiprocessing ends them with at exit
+        try:
             with stop_signals_blocked():  # blocked in the rank and so in each env process
                 for p in self.ps:
                     p.start()
