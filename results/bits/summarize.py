@@ -22,6 +22,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 NAME = re.compile(r"^(ours-her|ours-none|sb3-her)-n(\d+)-seed(\d+)$")
 SB3_EVAL = re.compile(r"eval steps=\d+ wall_s=[\d.]+ success=([\d.]+) episodes=(\d+)")
+SB3_DONE = re.compile(r"done at [\d.]+ s, (\d+) steps")
 TARGET = 0.9
 
 
@@ -40,8 +41,18 @@ def evaluations(run_dir, impl):
             for t, r in zip(times, rows, strict=True)]
 
 
+def steps_run(run_dir, impl):
+    """The env steps a run took in all: SB3's last line, ours' last row of progress.csv."""
+    if impl.startswith("sb3"):
+        with open(os.path.join(run_dir, "stdout.tsv")) as f:
+            return max([int(m[1]) for m in map(SB3_DONE.search, f) if m] or [0])
+    with open(os.path.join(run_dir, "progress.csv")) as f:
+        return int(list(csv.DictReader(f))[-1]["total/timesteps"])
+
+
 def load(logs):
-    """{(impl, n, seed): {'evals': [...], 'meta': meta.json}} of every finished run."""
+    """{(impl, n, seed): {'evals': [...], 'meta': meta.json, 'steps': env steps}} of every
+    finished run."""
     runs = {}
     for name in sorted(os.listdir(logs)):
         match, path = NAME.match(name), os.path.join(logs, name)
@@ -49,7 +60,8 @@ def load(logs):
             with open(os.path.join(path, "meta.json")) as f:
                 meta = json.load(f)
             key = (match[1], int(match[2]), int(match[3]))
-            runs[key] = {"evals": evaluations(path, match[1]), "meta": meta}
+            runs[key] = {"evals": evaluations(path, match[1]), "meta": meta,
+                         "steps": steps_run(path, match[1])}
     return runs
 
 
@@ -82,8 +94,11 @@ def success_table(runs):
 
 
 def side_by_side(runs):
-    print("| n | seed | impl | success at the end | episodes | end | s to 0.9 | episodes to 0.9 |")
-    print("|---|---|---|---|---|---|---|---|")
+    """Per n and seed, ours-her and sb3-her: their evaluations, the last one, how long the run
+    took, and when it first reached TARGET; then the ratios where both did."""
+    print("| n | seed | impl | evaluations | episodes at the last | success at the last | "
+          "env steps run | s at the end | s to 0.9 | episodes to 0.9 |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     ratios = {}
     for (impl, n, seed) in sorted(runs, key=lambda k: (k[1], k[2], k[0])):
         if impl == "ours-none" or ("sb3-her", n, seed) not in runs:
@@ -91,8 +106,9 @@ def side_by_side(runs):
         run = runs[impl, n, seed]
         reached = first_reaching(run)
         t, e = (f"{reached[0]:.1f}", str(reached[1])) if reached else ("-", "-")
-        print(f"| {n} | {seed} | {impl.split('-')[0]} | {final(run):.2f} | {run['evals'][-1][1]} "
-              f"| {run['meta']['end_reason']} | {t} | {e} |")
+        last = (str(run["evals"][-1][1]), f"{final(run):.2f}") if run["evals"] else ("-", "-")
+        print(f"| {n} | {seed} | {impl.split('-')[0]} | {len(run['evals'])} | {last[0]} | "
+              f"{last[1]} | {run['steps']} | {run['meta']['end_t']:.1f} | {t} | {e} |")
         ratios.setdefault(n, []).append(reached)
     print("\n| n | ours/SB3: s to 0.9, per seed | ours/SB3: episodes to 0.9, per seed |")
     print("|---|---|---|")
