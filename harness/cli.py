@@ -14,6 +14,7 @@ import ast
 import contextlib
 import dataclasses
 import functools
+import glob
 import inspect
 import math
 import os
@@ -129,20 +130,19 @@ def check_rules(cfg, given=()):
 PROCESS_MB = 150
 # Files a rank and each env process hold open (ulimit -n), measured with a margin: docs/faults.md
 FILES, FILES_PER_ENV = 32, 4
+# Tasks (ulimit -u counts processes and threads) a rank starts after the limits are checked:
+# multiprocessing's resource tracker, and two per env process while MuJoCo loads its model
+# (measured: 4 env processes fail at ulimit -u 13 and run at 14, 6 tasks in use before them)
+TASKS_PER_RANK, TASKS_PER_ENV = 2, 2
 
 
 def config_for_task(cfg, ranks_here):
     """(cfg, task): the task read off the env and the values in force: the discount (1 - 1/T
-    unless given), the reward range (measured unless given). UsageError where this process may
-    open too few files for the run (ulimit -n: checked first, reading the env opens some), or
+    unless given), the reward range (measured unless given). UsageError where this process's
+    limits are too small for the run (check_limits: first, reading the env opens files), or
     the flags contradict the task: a given range that leaves out rewards the task gives, a
     buffer that holds no rollout, or more memory than there is (check_memory)."""
-    soft, need = resource.getrlimit(resource.RLIMIT_NOFILE)[0], FILES + FILES_PER_ENV * cfg.num_env
-    if 0 <= soft < need:  # RLIM_INFINITY is -1
-        fewer = (soft - FILES) // FILES_PER_ENV
-        raise UsageError(f"--num_env {cfg.num_env} needs about {need} open files in each process, "
-                         f"and this one may open {soft} (ulimit -n): raise the limit with ulimit "
-                         f"-n {need}" + (f", or give --num_env {fewer}" if fewer > 0 else ""))
+    check_limits(cfg, ranks_here)
     task = describe_env(cfg.env)
     if task.r_range is None and cfg.reward_range is None:
         raise UsageError(f"env {cfg.env!r}: compute_reward gave one value for every goal and "
@@ -197,6 +197,39 @@ def check_memory(cfg, task, ranks_here):
             raise UsageError(f"{line}: lower --buffer_size, --batch_size or --num_env, or run "
                              "fewer ranks on this host")
         print(f"warning: {line}; it may run out of memory", file=sys.stderr, flush=True)
+
+
+def check_limits(cfg, ranks_here):
+    """UsageError where this process may open too few files for its env processes (ulimit -n),
+    or its user may start too few processes and threads for `ranks_here` ranks' (ulimit -u; the
+    kernel does not hold root to it); the line names the limit and the --num_env that fits."""
+    soft, need = resource.getrlimit(resource.RLIMIT_NOFILE)[0], FILES + FILES_PER_ENV * cfg.num_env
+    if 0 <= soft < need:  # RLIM_INFINITY is -1
+        fewer = (soft - FILES) // FILES_PER_ENV
+        raise UsageError(f"--num_env {cfg.num_env} needs about {need} open files in each process, "
+                         f"and this one may open {soft} (ulimit -n): raise the limit with ulimit "
+                         f"-n {need}" + (f", or give --num_env {fewer}" if fewer > 0 else ""))
+    soft, used = resource.getrlimit(resource.RLIMIT_NPROC)[0], tasks_of(os.getuid())
+    envs = cfg.num_env if cfg.num_env > 1 else 0
+    need = used + ranks_here * (TASKS_PER_RANK + TASKS_PER_ENV * envs)
+    if 0 <= soft < need and os.getuid() != 0:
+        # --num_env 1 starts no env process
+        fits = ((soft - used) // ranks_here - TASKS_PER_RANK) // TASKS_PER_ENV
+        raise UsageError(f"--num_env {cfg.num_env} needs about {need} processes and threads of "
+                         f"this user on this host ({used} now), and ulimit -u allows {soft}: "
+                         f"raise the limit with ulimit -u {need}"
+                         + (f", or give --num_env {max(fits, 1)}" if fits >= 0 else ""))
+
+
+def tasks_of(uid):
+    """Processes and threads of user `uid` on this host now, what ulimit -u counts (Linux's
+    /proc; 0 where there is none)."""
+    n = 0
+    for path in glob.glob("/proc/[0-9]*/status"):
+        with contextlib.suppress(OSError, ValueError, KeyError), open(path) as f:
+            fields = dict(line.split(":", 1) for line in f)
+            n += int(fields["Threads"]) if int(fields["Uid"].split()[0]) == uid else 0
+    return n
 
 
 def address_space_left():

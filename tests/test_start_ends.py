@@ -8,6 +8,7 @@ Test: `python -m pytest -q tests/test_start_ends.py`.
 """
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -125,3 +126,30 @@ def test_a_reader_that_leaves_ends_the_run_in_one_line(tmp_path):
     assert rc == 1 and err.strip() == (
         "train.py: error: cannot write stdout (Broken pipe): the run stopped; give it a file "
         "with space, /dev/null, or a reader that reads to the end"), err
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"),
+                    reason="runs train.py as the user nobody: needs root and setpriv")
+def test_too_few_processes_for_the_user_is_one_line_and_its_advice_works(tmp_path):
+    """ulimit -u counts a user's processes and threads, and the kernel does not hold root to
+    it, so the start runs as `nobody` (keeping only the right to read every file): at a limit
+    of 12, --num_env 4 is one line before any folder, and the limit it names lets the same
+    command train."""
+    home = tmp_path / "home"
+    home.mkdir()
+    for folder in (tmp_path, home):
+        folder.chmod(0o777)
+    os.chmod(tmp_path.parent, 0o755)  # pytest's own folders: others may not pass them
+    os.chmod(tmp_path.parent.parent, 0o755)
+    nobody = ("setpriv --reuid=65534 --regid=65534 --clear-groups --inh-caps=+dac_read_search "
+              f"--ambient-caps=+dac_read_search env HOME={home} bash -c")
+    command = train_line(str(tmp_path / "run"), "--num_env", "4") + " >/dev/null"
+    rc, err = bash(f"{nobody} {shlex.quote('ulimit -Su 12; exec ' + command)}")
+    assert rc == 2 and len(err.strip().splitlines()) == 1, err
+    assert "processes and threads of this user on this host" in err, err
+    assert not os.path.exists(tmp_path / "run"), os.listdir(tmp_path)
+    raised = err.split("raise the limit with ")[1].split(",")[0]  # as printed: ulimit -u N
+    assert raised.startswith("ulimit -u ") and int(raised.split()[-1]) > 12, err
+    rc, err = bash(f"{nobody} {shlex.quote(raised + '; exec ' + command)}")
+    assert rc == 0 and err == "", err[-3000:]
