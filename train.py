@@ -28,12 +28,15 @@ Test: `python -m pytest -q test_all.py::TestTrain tests/test_train.py`.
 """
 import time
 
+# first, so that Ctrl-C while the rest is imported is one line (harness/__init__.py)
+from harness.run import start_run
+
+# isort: split
 import numpy as np
 
 from ddpg import DDPG
 from harness.files import set_policy_from_file
 from harness.mpi_util import mpi_average
-from harness.run import start_run
 from rollout import RolloutWorker
 
 

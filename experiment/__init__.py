@@ -10,9 +10,12 @@ Test: `python -m pytest -q tests/test_tools.py`.
 import os
 import signal
 import sys
-import threading
 
-CTRL_C = "stopped by Ctrl-C (SIGINT)"
+# first, so that Ctrl-C while a command imports is one line (harness/__init__.py)
+from harness import CTRL_C
+
+# isort: split
+import threading
 
 
 def run_command(main, prog):
@@ -29,7 +32,7 @@ def run_command(main, prog):
             return
         interrupted.append(True)
         raise KeyboardInterrupt
-    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not where it is ignored
+    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:  # not where it is ignored
         signal.signal(signal.SIGINT, on_sigint)
     try:
         code = main()

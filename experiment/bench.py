@@ -14,18 +14,22 @@ times do not (machines here differ 2-3x from one day to the next).
 Run: `python -m experiment.bench [--quick] [--only SECTION]` (about 3 minutes in all).
 Test: `python -m pytest -q tests/test_plot_bench.py`.
 """
-import functools
 import os
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))  # run as a file too
+# first, so that Ctrl-C while the rest is imported is one line (harness/__init__.py)
+from experiment import run_command
+
+# isort: split
+import functools
 import time
 from timeit import repeat
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))  # run as a file too
 import numpy as np
 
 from config import Config
 from ddpg import DDPG
-from experiment import run_command
 from harness import goal_env
 from harness.cli import ArgumentParser
 from harness.launch import launched

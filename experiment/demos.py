@@ -22,9 +22,12 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))  # run as a file too
+# first, so that Ctrl-C while the rest is imported is one line (harness/__init__.py)
+from experiment import check_output, run_command
+
+# isort: split
 import numpy as np
 
-from experiment import check_output, run_command
 from harness.cli import ArgumentParser
 from harness.errors import SaveError, UsageError
 from harness.files import save_demos

@@ -16,15 +16,19 @@ which writes MP4 through ffmpeg; Pillow, which matplotlib already needs, writes 
 
 Test: `python -m pytest -q tests/test_play.py`.
 """
-import dataclasses
 import os
 import sys
-import warnings
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))  # run as a file too
+# first, so that Ctrl-C while the rest is imported is one line (harness/__init__.py)
+from experiment import CTRL_C, check_output, run_command
+
+# isort: split
+import dataclasses
+import warnings
+
 import numpy as np
 
-from experiment import CTRL_C, check_output, run_command
 from harness.cli import ArgumentParser, config_flags, make_config
 from harness.errors import BadFileError, UsageError
 from harness.files import atomic_file, check_policy_fits, load_policy_arrays, policy_on_task

@@ -17,10 +17,14 @@ Test: `python -m pytest -q tests/test_plot_bench.py`.
 """
 import os
 import sys
-import textwrap
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))  # run as a file too
+# first, so that Ctrl-C while the rest is imported is one line (harness/__init__.py)
 from experiment import check_output, plot_tables, run_command
+
+# isort: split
+import textwrap
+
 from experiment.plot_tables import gap_table, results_table, runs_table, scaling_table, suite_table
 from experiment.runs import group_runs, has_epochs, median_and_band, seeds_and_epochs, with_variant
 from experiment.stats import iqm_interval

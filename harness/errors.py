@@ -43,8 +43,10 @@ class NonFiniteError(Exception):
                    f"with a smaller --Q_lr (this run's {cfg.Q_lr:g}) or --pi_lr ({cfg.pi_lr:g})")
 
 
-class Interrupted(Exception):
-    """Ctrl-C (SIGINT), SIGTERM or SIGUSR1, after the checkpoint was saved: exit code 130."""
+class Interrupted(BaseException):
+    """Ctrl-C (SIGINT), SIGTERM or SIGUSR1, after the checkpoint was saved: exit code 130. Not
+    an Exception (as KeyboardInterrupt is not): a wrapper of a library's errors (goal_env's)
+    takes no stop for the library's."""
 
 
 # {error: (exit code, prefix of its line)}: what exits_together does with each

@@ -27,7 +27,7 @@ import gymnasium as gym
 import numpy as np
 
 from harness.errors import UsageError
-from vecenv import DummyVecEnv, ShmemVecEnv, SubprocVecEnv
+from vecenv import DummyVecEnv, ShmemVecEnv, SubprocVecEnv, stop_signals_blocked
 
 # --vec_env: how env processes send their observations to the rank (vecenv.py).
 VEC_ENVS = {"subproc": SubprocVecEnv, "shmem": ShmemVecEnv}
@@ -37,11 +37,13 @@ def import_gym():
     """gymnasium with the robotics envs registered. gymnasium-robotics 1.4.2 prints a notice
     about its Adroit envs (not used here) to stderr on import; it is swallowed so that errors
     stay one line."""
-    with contextlib.redirect_stderr(io.StringIO()):
+    # Easy to miss: glfw (gymnasium's MuJoCo renderer imports it) finds its library through a
+    # `python -c` child, which a Ctrl-C to the process group would end with a traceback of its
+    # own: started with the stop signals blocked, it takes none (this process does, after)
+    with contextlib.redirect_stderr(io.StringIO()), stop_signals_blocked():
         import gymnasium_robotics
     gym.register_envs(gymnasium_robotics)
-    # Easy to miss: glfw (gymnasium's MuJoCo renderer imports it) finds its library through a
-    # `python -c` child; named here, env processes load it without one, so that none is left
+    # The library named here, env processes load it without such a child, so that none is left
     # writing a BrokenPipeError traceback when its env process is killed (a Ctrl-C at start)
     library = getattr(sys.modules.get("glfw.library"), "glfw", None)
     if library is not None:

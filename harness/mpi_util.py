@@ -108,16 +108,21 @@ def exits_together(comm, prog, exit_codes=EXIT_CODES):
         yield
     except SystemExit:
         raise
-    except tuple(exit_codes) as e:
+    except BaseException as raised:
+        e = raised
+        # one of ours that a library raised its own error from (MuJoCo's import makes a stop
+        # signal's Interrupted an ImportError, and gymnasium that one another) is ours
+        while e is not None and not isinstance(e, tuple(exit_codes)):
+            e = e.__cause__
+        if e is None:
+            if comm.Get_size() == 1:
+                raise
+            abort_job(comm)  # [MPI]
         code, prefix = next(v for cls, v in exit_codes.items() if isinstance(e, cls))
         if comm.Get_rank() == 0:
             with contextlib.suppress(OSError):  # a full stderr: log.txt has the line
                 print(f"{prog}: {prefix}{e}", file=sys.stderr, flush=True)
         raise SystemExit(code) from None
-    except BaseException:
-        if comm.Get_size() == 1:
-            raise
-        abort_job(comm)  # [MPI]
 
 
 def abort_job(comm):

@@ -13,6 +13,7 @@ Run: `python -m pytest -q tests/test_tools.py` (-m "not slow": no env, no MPI; a
 """
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -337,12 +338,35 @@ class TestCtrlC:
             assert rc == 130 and seconds < 10 and not left, (offset, rc, seconds, left, err)
             assert lines == [f"{tool}.py: stopped by Ctrl-C (SIGINT)"], (offset, err)
 
+    @pytest.mark.slow
+    @pytest.mark.parametrize("tool, args", [
+        ("bench", ["--quick", "--only", "env"]),
+        ("play", ["out/reach.npz", "--n_test_rollouts", "1000", "--num_env", "2"]),
+        ("train", ["--num_env", "2", "--logdir", "run"])])
+    def test_ctrl_c_while_a_command_starts_ends_it(self, tool, args, tmp):
+        """Ctrl-C to the group 0.3-1.5 s after the start: while the command imports its modules
+        (harness/__init__.py's handler), while glfw, imported with gymnasium-robotics, looks for
+        its library in a `python -c` child (each once a KeyboardInterrupt traceback), while MPI
+        starts and the env is read (train.py's once an ImportError traceback: MuJoCo's import
+        made the stop another error), or in train.py's first cycle. Each ends in one line and
+        exit code 130. In its first 0.05-0.15 s (more on a busy machine) Python itself starts,
+        before a line of the project runs: its own traceback or an end by SIGINT."""
+        add_policies(tmp)
+        cmd = ([sys.executable, os.path.join(ROOT, "train.py"), *args] if tool == "train"
+               else tool_cmd(tool, *args))
+        for offset in np.linspace(0.3, 1.5, 10):
+            rc, err, seconds, left = ctrl_c_to_group(cmd, tmp, offset, after_env=False)
+            lines = [line for line in err.splitlines() if line.strip()]
+            assert rc == 130 and seconds < 10 and not left, (offset, rc, seconds, left, err)
+            assert len(lines) == 1 and lines[0].startswith(f"{tool}.py: "), (offset, err)
+            shutil.rmtree(os.path.join(tmp, "run"), ignore_errors=True)
 
-def ctrl_c_to_group(cmd, cwd, offset):
+
+def ctrl_c_to_group(cmd, cwd, offset, after_env=True):
     """Start cmd as a terminal starts a job (its own process group, SIGINT at its default),
     send SIGINT to the group `offset` s after its first env process (multiprocessing's
-    spawn_main) appears, and return (returncode, stderr, seconds from the signal to the end,
-    the group's processes still there 3 s later: none may be)."""
+    spawn_main) appears (after_env) or after its start, and return (returncode, stderr, seconds
+    from the signal to the end, the group's processes still there 3 s later: none may be)."""
     proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             text=True, env=dict(os.environ, PYTHONPATH=ROOT),
                             start_new_session=True,
@@ -350,8 +374,8 @@ def ctrl_c_to_group(cmd, cwd, offset):
     group = ["pgrep", "-g", str(proc.pid)]
     try:
         deadline = time.monotonic() + 120
-        while proc.poll() is None and time.monotonic() < deadline and not subprocess.run(
-                [*group, "-f", "spawn_main"], capture_output=True).stdout:
+        while after_env and proc.poll() is None and time.monotonic() < deadline and not (
+                subprocess.run([*group, "-f", "spawn_main"], capture_output=True).stdout):
             time.sleep(0.02)
         time.sleep(offset)
         os.killpg(proc.pid, signal.SIGINT)
