@@ -39,10 +39,9 @@ N_CYCLES, T_FETCH = 50, 50  # of the anchors with known ranks x envs: 50 cycles,
 
 
 def draw_curves(axes, x_keys, curves, env, marker=None, faint=False):
-    """On axes[i], against x_keys[i]: each (label, runs) of `curves` in a colour of its own, as
-    the median over its seeds and, where several, their interquartile range shaded (and with
-    faint each seed, a marker each, and draw_iqm_marks()); the HEADLINE group first, bold red,
-    the others thinner; then draw_anchors()."""
+    """On axes[i], against x_keys[i]: each (label, runs) of `curves` as the module docstring says
+    (with faint each seed, a marker each, and draw_iqm_marks()); the HEADLINE group first, bold
+    red, the others thinner; then draw_anchors()."""
     quiet = iter(COLOURS)
     curves = sorted(curves, key=lambda curve: scale(curve[1]) != HEADLINE)
     for i, (label, runs) in enumerate(curves):
@@ -103,9 +102,7 @@ def draw_anchors(axes, x_keys, env, scales):
             ax.plot([x], [success], plot_tables.SOURCES[source][2], color="k", mec="w", mew=0.6,
                     ms=10, zorder=5, label=label)
     for ax, x_key in zip(axes, x_keys, strict=True):
-        ax.set_xlabel(X_LABELS[x_key])
-        ax.set_ylabel("test success rate")
-        ax.set_ylim(-0.02, 1.02)
+        ax.set(xlabel=X_LABELS[x_key], ylabel="test success rate", ylim=(-0.02, 1.02))
         ax.grid(alpha=0.3)
 
 
@@ -180,9 +177,7 @@ def plot_suite(run_dirs, out_path):
             how = ", median and IQR" if len(runs) > 1 else ""
             label = f"ours {n_ranks}x{num_env}, {seeds}{how};\n{epochs} epochs"
             curves.append((with_variant(label, variant), runs))
-        # one seed: one plain line; several: the median over the seeds that reached each
-        # epoch, their interquartile range shaded, each seed thin and faint. Against episodes,
-        # so that a mark of another ranks x envs stands where as many episodes ran
+        # against episodes, so that a mark of another ranks x envs stands where as many ran
         draw_curves([ax], ("episodes",), curves, env, faint=True)
         # above, the epoch index of the largest group of seeds where they share one ranks x
         # envs and n_cycles: epoch e ends after (e + 1) x the episodes of an epoch
