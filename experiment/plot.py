@@ -69,9 +69,8 @@ def scale(runs):
 
 
 def anchor_x(n_ranks, num_env, epoch, x_key):
-    """Where a mark "after `epoch` epochs" goes on x_key's axis: epoch - 1 on the epoch axis (our
-    row after that many); None where episodes or env steps lack its ranks x envs, and for hours
-    (unstated)."""
+    """Where a mark "after `epoch` epochs" goes on x_key's axis (epoch - 1 on the epoch axis); None
+    where episodes or env steps lack its ranks x envs, and for hours (unstated)."""
     if x_key == "epoch":
         return epoch - 1
     if x_key not in ("episodes", "steps") or n_ranks is None:
@@ -198,9 +197,8 @@ def plot_suite(run_dirs, out_path):
 
 
 def draw_iqm_marks(ax, runs, colour, after_epochs=plot_tables.AFTER_EPOCHS):
-    """Where a group has several seeds and all have run n epochs, for each n of after_epochs: the
-    IQM over the seeds of the success after n epochs with its 95% bootstrap interval as an
-    error bar, at the episodes of that row (the suite table's IQM [95% CI])."""
+    """For each n of after_epochs that all of several seeds have run: the suite table's IQM [95%
+    CI] of their success after n epochs, as an error bar at the episodes of that row."""
     shown = [n for n in after_epochs
              if len(runs) > 1 and all(len(r["success"]) >= n for r in runs)]
     for i, n in enumerate(shown):

@@ -171,8 +171,7 @@ def level_cell(runs, level, statistic):
 
 def suite_table(run_dirs, after_epochs=AFTER_EPOCHS):
     """Per group: with several seeds, a row "median (IQR)" and a row "IQM [95% CI]", with one
-    a row "one run"; success after each of after_epochs epochs, the first epochs at 0.5 and
-    0.9, and (first row) the published anchors for the group's runs."""
+    a row "one run"; on its first row, the published anchors for the group's runs."""
     header = ["task", "ranks x envs", "runs", "epochs run (of n_epochs)", "statistic"]
     header += [f"success after {e} epochs" for e in after_epochs]
     header += ["first epoch >= 0.5", "first epoch >= 0.9", "published (success after n epochs)"]
@@ -228,9 +227,8 @@ def run_names(runs):
 
 
 def runs_table(run_dirs, after_epochs=AFTER_EPOCHS):
-    """One row per run folder that counted() keeps, by task and seed, then per task a row
-    "median (IQR)" over all of its runs: the first epochs at 0.5 and 0.9, then success after
-    each of after_epochs epochs. A seed run more than once has a row per run, "run k of n"."""
+    """One row per run folder that counted() keeps, by task and seed (named by run_names()),
+    then per task a row "median (IQR)" over all of its runs."""
     header = ["task", "seed", "run (folder in results/)", "epochs run (of n_epochs)",
               "first epoch >= 0.5", "first epoch >= 0.9"]
     header += [f"success after {e} epochs" for e in after_epochs]
