@@ -41,12 +41,9 @@ from vecenv import DummyVecEnv, ShmemVecEnv, SubprocVecEnv
 
 ENV = "FetchPush-v4"
 
-# ---------------------------------------------------------------- how a figure is taken
-
 
 def timeit(fn, repeats, number):
-    """Median over `repeats` of the mean time of `number` calls, in ms. With the garbage
-    collector on, as in a run (timeit turns it off unless its setup turns it on)."""
+    """A figure in ms, the garbage collector on as in a run (timeit turns it off by default)."""
     fn()  # warm up
     times = repeat(fn, setup="gc.enable()", repeat=repeats, number=number)
     return float(np.median(times)) / number * 1e3
@@ -72,33 +69,25 @@ def make_policy(comm, buffer_size=1_000_000, n_episodes=200):
     return policy, task.dims, task.T
 
 
-# ---------------------------------------------------------------- the update vs its GEMM floor
-
-
-def update_gemm_shapes(policy, N):
-    """(M, K, N_out) of every matrix product one update cannot avoid: of each network the forward
-    pass, the weight gradients and the input gradients below its first layer, and Q's down to u
-    for the actor loss."""
+def bench_update(quick):
+    policy, _, _ = make_policy(ONE_RANK, n_episodes=200)  # [MPI] one rank here
+    N = policy.cfg.batch_size
+    repeats, number = (5, 20) if quick else (15, 40)
+    # the GEMM floor: exactly the update's float32 products into preallocated outputs, timed
+    # interleaved with policy.train() so that both see the same machine. (M, K, N_out) of every
+    # product one update cannot avoid: of each network the forward pass, the weight gradients
+    # and the input gradients below its first layer, and Q's down to u for the actor loss
     def gemms(sizes):  # forward, weight gradients, input gradients; (in, out) of every layer
         layers = list(zip(sizes[:-1], sizes[1:], strict=True))
         return ([(N, a, b) for a, b in layers], [(a, N, b) for a, b in layers],
                 [(N, b, a) for a, b in layers[1:]])
     (pi_forward, pi_weights, pi_inputs), (Q_forward, Q_weights, Q_inputs) = (
         gemms(policy.main.pi.sizes), gemms(policy.main.Q.sizes))
-    return (pi_forward + Q_forward  # targets
-            + Q_forward + Q_weights + Q_inputs  # critic
-            + pi_forward + Q_forward  # actor: pi, then Q(o, g, pi)
-            + Q_inputs + [(N, policy.main.Q.sizes[1], policy.main.pi.sizes[-1])]  # dQ/du
-            + pi_weights + pi_inputs)  # actor weights
-
-
-def bench_update(quick):
-    policy, _, _ = make_policy(ONE_RANK, n_episodes=200)  # [MPI] one rank here
-    N = policy.cfg.batch_size
-    repeats, number = (5, 20) if quick else (15, 40)
-    # the GEMM floor: exactly the update's float32 products into preallocated outputs, timed
-    # interleaved with policy.train() so that both see the same machine
-    shapes = update_gemm_shapes(policy, N)
+    shapes = (pi_forward + Q_forward  # targets
+              + Q_forward + Q_weights + Q_inputs  # critic
+              + pi_forward + Q_forward  # actor: pi, then Q(o, g, pi)
+              + Q_inputs + [(N, policy.main.Q.sizes[1], policy.main.pi.sizes[-1])]  # dQ/du
+              + pi_weights + pi_inputs)  # actor weights
     rng = np.random.default_rng(1)
     operands = [(rng.standard_normal((m, k), dtype=np.float32),
                  rng.standard_normal((k, n), dtype=np.float32),
@@ -124,9 +113,6 @@ def bench_update(quick):
     adam, zero = policy.Q_adam, np.zeros_like(policy.main.Q.grad)
     t_adam = timeit(lambda: adam.update(zero, 0.), repeats, number)  # [MPI] one rank here
     row("MpiAdam.update, critic (1 rank)", t_adam, "ms", f"{t_adam / t_update:.1%} of an update")
-
-
-# ---------------------------------------------------------------- environment steps
 
 
 def bench_env(quick):
@@ -160,7 +146,6 @@ def bench_env(quick):
             venv.close()
         row(f"RolloutWorker + {make.__name__}, num_env {n}", rate, "steps/s",
             f"{rate / raw:.2f}x raw (with policy)")
-
 
 
 SECTIONS = {"update": bench_update, "env": bench_env}

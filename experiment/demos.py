@@ -54,7 +54,17 @@ class PickAndPlaceController:
 
     def __call__(self, o, g):
         grip, obj = o[0:3], o[3:6]  # gripper and object positions (m)
-        self._advance(grip, obj)
+        # the next phase when this one's condition holds (several in one step, if so)
+        if self.phase == "carry" and np.linalg.norm(obj - grip) > SLIP:
+            self.phase = "above"  # the object slipped out: go and fetch it again
+        if self.phase == "above" and np.linalg.norm(obj + [0., 0., HOVER] - grip) < TOLERANCE:
+            self.phase = "descend"
+        if self.phase == "descend" and np.linalg.norm(obj - grip) < TOLERANCE:
+            self.phase, self.grasp_steps = "grasp", 0
+        if self.phase == "grasp":
+            self.grasp_steps += 1
+            if self.grasp_steps > GRASP_STEPS:
+                self.phase = "carry"
         if self.phase == "above":
             target, gripper = obj + np.array([0., 0., HOVER]), OPEN
         elif self.phase == "descend":
@@ -66,38 +76,6 @@ class PickAndPlaceController:
         # (dim_u,) = dx, dy, dz = clip(GAIN * (target - grip), -1, 1), gripper
         return np.append(np.clip(GAIN * (target - grip), -1., 1.), gripper).astype(np.float32)
 
-    def _advance(self, grip, obj):
-        """Move to the next phase when this one's condition holds (several in one step, if so)."""
-        if self.phase == "carry" and np.linalg.norm(obj - grip) > SLIP:
-            self.phase = "above"  # the object slipped out: go and fetch it again
-        if self.phase == "above" and np.linalg.norm(obj + [0., 0., HOVER] - grip) < TOLERANCE:
-            self.phase = "descend"
-        if self.phase == "descend" and np.linalg.norm(obj - grip) < TOLERANCE:
-            self.phase, self.grasp_steps = "grasp", 0
-        if self.phase == "grasp":
-            self.grasp_steps += 1
-            if self.grasp_steps > GRASP_STEPS:
-                self.phase = "carry"
-
-
-def run_episode(env, controller, T, seed):
-    """One episode of T steps from reset(seed): {key: (1, T or T+1, dim) float32}, and whether
-    it succeeded (info['is_success'] after the T-th action, as rollout.RolloutWorker reads it)."""
-    obs, _ = env.reset(seed=seed)
-    dims = {"o": obs["observation"].size, "g": obs["desired_goal"].size, "u": 4}
-    episode = empty_episodes(1, dims, T)  # {key: (1, T or T+1, dim)}
-    o, ag, g, u = episode["o"], episode["ag"], episode["g"], episode["u"]
-    success = episode["info_is_success"]  # (1, T, 1)
-    controller.reset()
-    o[0, 0], ag[0, 0] = obs["observation"], obs["achieved_goal"]
-    for t in range(T):
-        g[0, t] = obs["desired_goal"]
-        u[0, t] = controller(obs["observation"], obs["desired_goal"])
-        obs, _, _, _, info = env.step(u[0, t])
-        o[0, t + 1], ag[0, t + 1] = obs["observation"], obs["achieved_goal"]
-        success[0, t, 0] = info.get("is_success", 0.)
-    return episode, bool(success[0, -1, 0])
-
 
 def generate(env_id, num_demo, seed):
     """Run the controller until num_demo episodes succeeded (episode i resets with seed + i),
@@ -107,9 +85,23 @@ def generate(env_id, num_demo, seed):
     controller, kept, attempts = PickAndPlaceController(), [], 0
     try:
         while len(kept) < num_demo and attempts < 10 * num_demo:
-            episode, succeeded = run_episode(env, controller, T, seed + attempts)
+            obs, _ = env.reset(seed=seed + attempts)
             attempts += 1
-            if succeeded:  # failed episodes are dropped: see the module docstring
+            dims = {"o": obs["observation"].size, "g": obs["desired_goal"].size, "u": 4}
+            episode = empty_episodes(1, dims, T)  # {key: (1, T or T+1, dim)}
+            o, ag, g, u = episode["o"], episode["ag"], episode["g"], episode["u"]
+            success = episode["info_is_success"]  # (1, T, 1)
+            controller.reset()
+            o[0, 0], ag[0, 0] = obs["observation"], obs["achieved_goal"]
+            for t in range(T):
+                g[0, t] = obs["desired_goal"]
+                u[0, t] = controller(obs["observation"], obs["desired_goal"])
+                obs, _, _, _, info = env.step(u[0, t])
+                o[0, t + 1], ag[0, t + 1] = obs["observation"], obs["achieved_goal"]
+                success[0, t, 0] = info.get("is_success", 0.)
+            # info['is_success'] after the T-th action, as rollout.RolloutWorker reads it; failed
+            # episodes are dropped: see the module docstring
+            if success[0, -1, 0]:
                 kept.append(episode)
     finally:
         env.close()

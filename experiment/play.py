@@ -39,8 +39,8 @@ from rollout import RolloutWorker
 
 
 class VecVideoRecorder:
-    """Wraps a VecEnv for RolloutWorker and keeps a frame of env 0 after every reset and step:
-    T+1 an episode."""
+    """Wraps a VecEnv for RolloutWorker (whoever made the VecEnv closes it) and keeps a frame of
+    env 0 after every reset and step: T+1 an episode."""
 
     def __init__(self, venv):
         self.venv, self.num_envs, self.frames = venv, venv.num_envs, []
@@ -56,9 +56,6 @@ class VecVideoRecorder:
 
     def step(self, u):
         return self._record(self.venv.step(u))
-
-    def close(self):
-        self.venv.close()
 
     def save_gif(self, path):
         from PIL import Image
@@ -94,10 +91,9 @@ def play(cfg, args, comm):
     record = args.save_video and comm.Get_rank() == 0
     render_mode = "rgb_array" if record else ("human" if args.render else None)
     venv = build_venv(cfg, render_mode=render_mode)
+    recorder = VecVideoRecorder(venv) if record else venv
     try:  # closed also on Ctrl-C: its env processes ignore SIGINT and SIGTERM
-        if record:
-            venv = VecVideoRecorder(venv)
-        evaluator = RolloutWorker(venv, policy, rng, exploit=True, compute_Q=True,
+        evaluator = RolloutWorker(recorder, policy, rng, exploit=True, compute_Q=True,
                                   success_key=task.success_key)
         for _ in range(cfg.n_test_rollouts):
             evaluator.generate_rollouts()
@@ -108,8 +104,8 @@ def play(cfg, args, comm):
         print(f"{cfg.env}: test success rate {success_rate:.3f} over "
               f"{evaluator.n_episodes * comm.Get_size()} episodes", flush=True)
     if record:
-        venv.save_gif(args.save_video)
-        print(f"wrote {args.save_video}: {len(venv.frames)} frames of env 0 "
+        recorder.save_gif(args.save_video)
+        print(f"wrote {args.save_video}: {len(recorder.frames)} frames of env 0 "
               f"({cfg.n_test_rollouts} episode(s) of T+1 = {policy.T + 1})", flush=True)
 
 

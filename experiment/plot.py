@@ -43,10 +43,9 @@ N_CYCLES, T_FETCH = 50, 50  # of the anchors with known ranks x envs: 50 cycles,
 
 
 def draw_curves(axes, x_keys, curves, env, marker=None, faint=False):
-    """On axes[i], against x_keys[i]: each (label, runs) of `curves` in a colour of its own, as
-    the median over its seeds and, where several, their interquartile range shaded (and with
-    faint each seed, a marker each, and draw_iqm_marks()); the HEADLINE group first, bold red,
-    the others thinner; then draw_anchors()."""
+    """On axes[i], against x_keys[i]: each (label, runs) of `curves` as the module docstring says
+    (with faint each seed, a marker each, and draw_iqm_marks()); the HEADLINE group first, bold
+    red, the others thinner; then draw_anchors()."""
     quiet = iter(COLOURS)
     curves = sorted(curves, key=lambda curve: scale(curve[1]) != HEADLINE)
     for i, (label, runs) in enumerate(curves):
@@ -74,9 +73,8 @@ def scale(runs):
 
 
 def anchor_x(n_ranks, num_env, epoch, x_key):
-    """Where a mark "after `epoch` epochs" goes on x_key's axis: epoch - 1 on the epoch axis (our
-    row after that many); None where episodes or env steps lack its ranks x envs, and for hours
-    (unstated)."""
+    """Where a mark "after `epoch` epochs" goes on x_key's axis (epoch - 1 on the epoch axis); None
+    where episodes or env steps lack its ranks x envs, and for hours (unstated)."""
     if x_key == "epoch":
         return epoch - 1
     if x_key not in ("episodes", "steps") or n_ranks is None:
@@ -107,9 +105,7 @@ def draw_anchors(axes, x_keys, env, scales):
             ax.plot([x], [success], plot_tables.SOURCES[source][2], color="k", mec="w", mew=0.6,
                     ms=10, zorder=5, label=label)
     for ax, x_key in zip(axes, x_keys, strict=True):
-        ax.set_xlabel(X_LABELS[x_key])
-        ax.set_ylabel("test success rate")
-        ax.set_ylim(-0.02, 1.02)
+        ax.set(xlabel=X_LABELS[x_key], ylabel="test success rate", ylim=(-0.02, 1.02))
         ax.grid(alpha=0.3)
 
 
@@ -184,9 +180,7 @@ def plot_suite(run_dirs, out_path):
             how = ", median and IQR" if len(runs) > 1 else ""
             label = f"ours {n_ranks}x{num_env}, {seeds}{how};\n{epochs} epochs"
             curves.append((with_variant(label, variant), runs))
-        # one seed: one plain line; several: the median over the seeds that reached each
-        # epoch, their interquartile range shaded, each seed thin and faint. Against episodes,
-        # so that a mark of another ranks x envs stands where as many episodes ran
+        # against episodes, so that a mark of another ranks x envs stands where as many ran
         draw_curves([ax], ("episodes",), curves, env, faint=True)
         # above, the epoch index of the largest group of seeds where they share one ranks x
         # envs and n_cycles: epoch e ends after (e + 1) x the episodes of an epoch
@@ -207,9 +201,8 @@ def plot_suite(run_dirs, out_path):
 
 
 def draw_iqm_marks(ax, runs, colour, after_epochs=plot_tables.AFTER_EPOCHS):
-    """Where a group has several seeds and all have run n epochs, for each n of after_epochs: the
-    IQM over the seeds of the success after n epochs with its 95% bootstrap interval as an
-    error bar, at the episodes of that row (the suite table's IQM [95% CI])."""
+    """For each n of after_epochs that all of several seeds have run: the suite table's IQM [95%
+    CI] of their success after n epochs, as an error bar at the episodes of that row."""
     shown = [n for n in after_epochs
              if len(runs) > 1 and all(len(r["success"]) >= n for r in runs)]
     for i, n in enumerate(shown):

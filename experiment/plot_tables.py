@@ -84,8 +84,7 @@ def markdown_table(header, rows):
 
 def first_epoch(run, level):
     """The first (0-based) epoch whose test success reaches `level`; np.inf if none has."""
-    return next((int(e) for e, s in zip(run["epoch"], run["success"], strict=True)
-                 if s >= level), np.inf)
+    return next((e for e, s in enumerate(run["success"]) if s >= level), np.inf)
 
 
 def first_epochs(runs, level):
@@ -133,10 +132,9 @@ success_text = "{:.2f}".format
 
 
 def over_seeds(values, statistic, text):
-    """values (one per run) as "median (q25-q75)" or "IQM [lo-hi]", each through text()
-    (stats.py: linear percentiles; a 95% percentile bootstrap over the runs, N_BOOT resamples,
-    seed BOOT_SEED). A run that has not reached a level is np.inf: it counts as later than
-    every run that has in the median and quartiles, and the IQM is then left out ("-")."""
+    """values (one per run) as "median (q25-q75)" or "IQM [lo-hi]" (stats.py), each through
+    text(). A run that has not reached a level is np.inf: it counts as later than every run
+    that has in the median and quartiles, and the IQM is then left out ("-")."""
     if statistic == "median (IQR)":
         with np.errstate(invalid="ignore"):  # between two runs short of a level: inf - inf
             med, q25, q75 = median_iqr(values)
@@ -158,10 +156,9 @@ def success_cell(runs, n, statistic):
 
 
 def level_cell(runs, level, statistic):
-    """The first epoch at `level` over the runs. One not at it counts as later than every run
-    that is; such a median or quartile reads "not yet" while a run short of the level is still
-    going (short of its n_epochs, and not a start under first-starts/, stopped for good),
-    "never" once none is."""
+    """The first epoch at `level` over the runs (over_seeds); a value of a run not at it reads
+    "not yet" while a run short of the level is still going (short of its n_epochs, and not a
+    start under first-starts/, stopped for good), "never" once none is."""
     firsts = [first_epoch(run, level) for run in runs]
     going = [len(run["epoch"]) < run["n_epochs"] and not run_name(run).startswith("first-")
              for run, e in zip(runs, firsts, strict=True) if np.isinf(e)]
@@ -174,8 +171,7 @@ def level_cell(runs, level, statistic):
 
 def suite_table(run_dirs, after_epochs=AFTER_EPOCHS):
     """Per group: with several seeds, a row "median (IQR)" and a row "IQM [95% CI]", with one
-    a row "one run"; success after each of after_epochs epochs, the first epochs at 0.5 and
-    0.9, and (first row) the published anchors for the group's runs."""
+    a row "one run"; on its first row, the published anchors for the group's runs."""
     header = ["task", "ranks x envs", "runs", "epochs run (of n_epochs)", "statistic"]
     header += [f"success after {e} epochs" for e in after_epochs]
     header += ["first epoch >= 0.5", "first epoch >= 0.9", "published (success after n epochs)"]
@@ -231,9 +227,8 @@ def run_names(runs):
 
 
 def runs_table(run_dirs, after_epochs=AFTER_EPOCHS):
-    """One row per run folder that counted() keeps, by task and seed, then per task a row
-    "median (IQR)" over all of its runs: the first epochs at 0.5 and 0.9, then success after
-    each of after_epochs epochs. A seed run more than once has a row per run, "run k of n"."""
+    """One row per run folder that counted() keeps, by task and seed (named by run_names()),
+    then per task a row "median (IQR)" over all of its runs."""
     header = ["task", "seed", "run (folder in results/)", "epochs run (of n_epochs)",
               "first epoch >= 0.5", "first epoch >= 0.9"]
     header += [f"success after {e} epochs" for e in after_epochs]
@@ -259,8 +254,8 @@ def runs_table(run_dirs, after_epochs=AFTER_EPOCHS):
 
 def level_over_runs(runs, level):
     """The first epoch at `level`, median (IQR) over the runs that reached it or ran the task's
-    full length (a shorter run that stopped short of it might have reached it at any later
-    epoch), with "k of m runs" where that leaves some out."""
+    full length (one that stopped short of both might have reached it later), with "k of m
+    runs" where that leaves some out."""
     full = max(run["n_epochs"] for run in runs)
     counted = [run for run in runs if np.isfinite(first_epoch(run, level))
                or len(run["epoch"]) >= full]
@@ -282,19 +277,17 @@ def epochs_to_reach(run, level):
     """Epochs run (row e: e + 1) at which the run's test success first reaches `level`, read
     linearly between the last row below it and the first at it (from 0 epochs at success 0
     where that is row 0); np.inf if no row reaches it."""
-    x = np.concatenate([[0.], run["epoch"] + 1.])
-    y = np.concatenate([[0.], run["success"]])
-    i = next((i for i in range(1, len(y)) if y[i] >= level), None)
-    if i is None:
-        return np.inf
-    return float(x[i - 1] + (level - y[i - 1]) / (y[i] - y[i - 1]) * (x[i] - x[i - 1]))
+    e = first_epoch(run, level)  # e epochs run before the row at it, e + 1 with it
+    if np.isinf(e):
+        return e
+    below = run["success"][e - 1] if e else 0.
+    return float(e + (level - below) / (run["success"][e] - below))
 
 
 def gap_table(run_dirs, levels=(0.5, 0.75, 0.9)):
     """FetchPush at the port's 8 x 2 (equal epochs, equal episodes; plot.py checks the runs are):
-    per run, the epochs run at which it first reaches each level (epochs_to_reach) and how many
-    epochs before the port's traced median (PORT_FETCHPUSH_EPOCHS_AT) that is; then the median
-    and range over the runs that reached it, and the port's row."""
+    per run, epochs_to_reach() each level and how many epochs before the port's traced median
+    that is; then the median and range over the runs that reached it, and the port's row."""
     header = ["run (folder in results/)"] + [f"epochs to {level}" for level in levels]
     header += [f"epochs ahead of the port at {level}" for level in levels]
     runs = counted(sorted((read_run(d) for d in run_dirs), key=start_order))

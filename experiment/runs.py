@@ -20,7 +20,7 @@ from harness.errors import UsageError
 from harness.runfolder import LOG, PROGRESS, read_run_folder
 
 not_a_command(__name__)
-PLOTTED = ("env", "num_env", "seed", "n_epochs", "n_cycles", "n_batches")  # config.json's
+PLOTTED = ("env", "num_env", "seed", "n_epochs", "n_cycles", "n_batches")  # config.json's, kept
 
 
 def has_epochs(run_dir):
@@ -39,11 +39,10 @@ def read_run(run_dir):
     if missing:
         raise UsageError(f"{run_dir}: its config.json or progress.csv has no {missing[0]}; "
                          "not as train.py wrote them")
-    # older runs lack n_ranks: after epoch e total/episodes = (e + 1) n_cycles num_env n_ranks
-    first, episodes = rows[0], int(rows[0]["total/episodes"])
-    n_ranks = cfg.get("n_ranks") or episodes // (
-        (int(first["epoch"]) + 1) * cfg["n_cycles"] * cfg["num_env"])
-    T = int(first["total/timesteps"]) // episodes
+    # older runs lack n_ranks: after epoch 0 (row 0) total/episodes = n_cycles num_env n_ranks
+    episodes = int(rows[0]["total/episodes"])
+    n_ranks = cfg.get("n_ranks") or episodes // (cfg["n_cycles"] * cfg["num_env"])
+    T = int(rows[0]["total/timesteps"]) // episodes
     # when it first started, "YYYY-MM-DD HH:MM:SS" off log.txt's first line, which train.py
     # writes as "# <date> <time>: <command>"; "" for a run without log.txt (older runs)
     log = os.path.join(run_dir, LOG)
@@ -53,14 +52,11 @@ def read_run(run_dir):
     def column(key, kind=float):
         return np.array([kind(row[key]) for row in rows])
     epoch_s = column("time/epoch_s")
-    return dict(dir=run_dir, started=started[2:21] if started.startswith("# ") else "",
-                env=cfg["env"], n_ranks=n_ranks, num_env=cfg["num_env"], variant=run_variant(cfg),
-                seed=cfg["seed"], n_epochs=cfg["n_epochs"], n_cycles=cfg["n_cycles"],
-                n_batches=cfg["n_batches"], T=T, epoch=column("epoch", int),
-                success=column("test/success_rate"), episodes=column("total/episodes"),
-                steps=column("total/timesteps"), epoch_s=epoch_s,
-                hours=np.cumsum(epoch_s) / 3600.)  # training time only: not the pauses between
-
+    return dict({key: cfg[key] for key in PLOTTED}, dir=run_dir, n_ranks=n_ranks, T=T,
+                variant=run_variant(cfg), started=started[2:21] if started[:2] == "# " else "",
+                epoch=column("epoch", int), success=column("test/success_rate"),
+                episodes=column("total/episodes"), steps=column("total/timesteps"),
+                epoch_s=epoch_s, hours=np.cumsum(epoch_s) / 3600.)  # training time only
 
 def run_variant(cfg):
     """What sets a run apart from baselines' defaults for its env, joined by ", " ("" for none):

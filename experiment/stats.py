@@ -21,15 +21,14 @@ import numpy as np
 from experiment import not_a_command
 
 not_a_command(__name__)
-PERCENTILE_METHOD = "linear"  # numpy's default: interpolate between the two nearest ranks
 
 
 def median_iqr(values):
-    """(median, 25th percentile, 75th percentile) of values, by linear interpolation."""
+    """(median, 25th percentile, 75th percentile) of values, by numpy's linear interpolation."""
     x = np.asarray(values, dtype=float).ravel()
     if x.size == 0:
         raise ValueError("median_iqr of no values")
-    q25, q50, q75 = np.percentile(x, [25, 50, 75], method=PERCENTILE_METHOD)
+    q25, q50, q75 = np.percentile(x, [25, 50, 75])
     return float(q50), float(q25), float(q75)
 
 
@@ -60,6 +59,5 @@ def iqm_interval(values, level=0.95, n_boot=2000, rng=0):
     """(IQM of the values, lower, upper): the point estimate and the percentile interval of
     bootstrap_iqms() at `level` (0.95: its 2.5th and 97.5th percentiles)."""
     tail = 100. * (1. - level) / 2.
-    lo, hi = np.percentile(bootstrap_iqms(values, n_boot, rng), [tail, 100. - tail],
-                           method=PERCENTILE_METHOD)
+    lo, hi = np.percentile(bootstrap_iqms(values, n_boot, rng), [tail, 100. - tail])
     return iqm(values), float(lo), float(hi)
