@@ -3,11 +3,10 @@ columns; the checked readers of config.json and progress.csv that a resume and p
 and one job per run folder, never over another run: a lock that rank 0 holds for the run.
 
 No baselines counterpart: baselines names its files inline, and two jobs given the same log
-dir both write it. What a run folder holds: docs/usage.md (what a run writes). A fresh start
-into a folder that holds a run's files is refused (refuse_a_run_folder): a rerun of the same
-command loses no run. The lock is the operating system's (flock on run.lock), released however
-the process ends, the file left holding who had it last, which the refusal quotes; only rank 0
-takes it. Shared file systems (NFS, Lustre) and one that takes no flock: docs/usage.md.
+dir both write it. What a run folder holds, shared file systems (NFS, Lustre) and one that takes
+no flock: docs/usage.md. A fresh start into a folder that holds a run's files is refused
+(hold_run_folder). The lock is the operating system's (flock on run.lock), released however the
+process ends, the file left holding who had it last, which the refusal quotes.
 
 Test: `python -m pytest -q tests/test_launch.py tests/test_checkpoint.py tests/test_tools.py`.
 """
@@ -201,14 +200,23 @@ def lock_run_folder(logdir):
 
 @contextlib.contextmanager
 def hold_run_folder(logdir, comm, fresh):
-    """Collective: rank 0 takes the run folder's lock (lock_run_folder), a fresh start only
-    where the folder holds no run; if another job holds it, it holds a run, or it cannot be
-    made, every rank raises that one line. Yields rank 0's line that says a fresh start takes a
-    start that ended early (or None); leaving releases the lock."""
-    lock, error, note = contextlib.nullcontext(), linked_file(logdir), None  # on every machine
-    if comm.Get_rank() == 0 and error is None:
+    """Collective: rank 0 takes the run folder's lock (lock_run_folder); a fresh start only where
+    the folder holds no run's files (run_files): a rerun of the same command loses no run. If
+    another job holds it, it holds a run, or it cannot be made, every rank raises that one line.
+    Yields rank 0's line that says a fresh start takes a start that ended before its first
+    checkpoint (config.json written anew, log.txt appended to), or None; leaving releases it."""
+    rank0, lock, note = comm.Get_rank() == 0, contextlib.nullcontext(), None
+    error = linked_file(logdir)  # on every machine
+    found, ended_early = run_files(logdir) if rank0 and fresh and not error else ([], False)
+    if found and ended_early:
+        note = (f"note: {logdir} holds a start that ended before its first checkpoint "
+                f"({', '.join(found)}): this start takes it, its log.txt kept")
+    elif found:
+        error = (f"{logdir} holds a run already ({', '.join(found[:4])}); continue it with "
+                 f"--resume {logdir} (with --n_epochs to go past its last epoch), or give a "
+                 f"fresh --logdir: nothing in it was changed")
+    if rank0 and error is None:
         try:
-            note = refuse_a_run_folder(logdir) if fresh else None
             lock = lock_run_folder(logdir)
         except UsageError as e:
             error = str(e)
@@ -236,17 +244,3 @@ def linked_file(logdir):
                      "files only inside its folder; put the file itself there in its place, "
                      "or give another --logdir")
 
-
-def refuse_a_run_folder(logdir):
-    """UsageError if logdir holds a run's files: a fresh start never writes over a run. Where a
-    start ended before its first checkpoint, returns the line that says this one takes its
-    folder (config.json is written anew, log.txt appended to)."""
-    found, ended_early = run_files(logdir)
-    if found and ended_early:
-        return (f"note: {logdir} holds a start that ended before its first checkpoint "
-                f"({', '.join(found)}): this start takes it, its log.txt kept")
-    if found:
-        raise UsageError(f"{logdir} holds a run already ({', '.join(found[:4])}); continue it "
-                         f"with --resume {logdir} (with --n_epochs to go past its last "
-                         f"epoch), or give a fresh --logdir: nothing in it was changed")
-    return None
