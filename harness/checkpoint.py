@@ -25,9 +25,7 @@ from harness.mpi_util import raise_if_any_rank_failed
 def save_checkpoint(logdir, position, policy, workers, comm, losses=(), progress=""):
     """Every rank writes its own complete state; position: (epoch, cycle) where training
     resumes, and the best test success rate; progress: progress.csv's digest as rank 0 last
-    wrote it. The checkpoint it replaces becomes rank<r>.prev.npz first: a rank stopped
-    mid-save, the others done, still has the position they all share (save_on_every_rank's
-    allgather means no rank starts a save before every rank has finished the last one)."""
+    wrote it. The one it replaces becomes rank<r>.prev.npz first (docs/usage.md, Resuming)."""
     epoch, cycle, best = position
     # The epoch's logs so far (none at an epoch boundary, cycle 0): without them an epoch resumed
     # mid-way would log train/success_rate and the losses of its resumed cycles only.
@@ -169,10 +167,8 @@ def read_inputs(cfg, task, args, comm):
 
 
 def read_checkpoint(path, run_dir, cfg, task, rank0):
-    """This rank's checkpoint at `path`, checked (local: no MPI call): its checksum, the task it
-    was saved on (its config_json), the settings it was saved with (run_settings); rank 0: the
-    policies, progress.csv's rows of the epochs done and the best test success rate in them.
-    Returns Inputs' fields of a resume."""
+    """This rank's checkpoint at `path`, checked as docs/usage.md (Resuming) lists (local: no
+    MPI call; rank 0 reads the policies and progress.csv too). Returns Inputs' fields."""
     arrays = files.load_npz(path, runfolder.POSITION_KEYS, "checkpoint")
     if str(arrays.get("checksum")) != checksum(arrays):
         raise BadFileError(f"{path}: its arrays are not those saved (checksum differs): "

@@ -93,11 +93,9 @@ def open_run_folder(cfg, comm, task, argv, resumed_at, note):
 
 
 class RunLog:
-    """Rank 0's stdout and stderr, copied line for line into <logdir>/log.txt (appended to,
-    so a resumed run's log keeps its earlier starts). Each start writes a header first: the
-    time, the commit the code ran at and the command; a resume adds where it went on. Closing
-    puts the streams back. A log that cannot be written (a full disk) is dropped with one
-    warning: the run itself does not stop for it."""
+    """Rank 0's stdout and stderr, copied line for line into <logdir>/log.txt, appended to
+    after a header (docs/usage.md, What a run writes); closing puts the streams back. A log that
+    cannot be written (a full disk) is dropped with one warning: the run does not stop for it."""
 
     def __init__(self, logdir, enabled, argv, resumed_at=None):
         self.enabled, self.path, self.file = enabled, os.path.join(logdir, runfolder.LOG), None
@@ -196,10 +194,8 @@ def code_version(folder):
 
 
 def machine():
-    """What decides a run's last digits, where a seed and a commit do not (docs/usage.md, what
-    a seed reproduces): the CPU, Python, NumPy with its SIMD loops (the baseline it was built
-    for, those dispatched at run time), the BLAS with its kernels, MuJoCo, gymnasium-robotics,
-    and the MPI where mpi4py has started it (this never starts it)."""
+    """What decides a run's last digits, where a seed and a commit do not (docs/usage.md, What
+    a seed reproduces); the MPI only where mpi4py has started it (this never starts it)."""
     # NumPy's public report; "found": the dispatched loops in use (no key where none are:
     # NPY_DISABLE_CPU_FEATURES)
     simd = np.show_config(mode="dicts")["SIMD Extensions"]

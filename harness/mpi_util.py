@@ -5,10 +5,8 @@ job of N ranks (Plappert et al. 2018, Sec. 2.2, run 19) needs to log one number 
 together and clean up after itself. Every line whose call reaches other ranks, by a comm method
 or through a function that says "Collective", is tagged `[MPI]`.
 
-A job ended by MPI_Abort or a signal (MPICH), or whose mpirun is killed too (Open MPI), leaves
-its shared segments in /dev/shm (docs/faults.md) until the machine reboots, or until this
-deletes those no process uses:
-    python -c "from harness import mpi_util; print(mpi_util.remove_orphaned_mpi_segments())"
+What a job ended by MPI_Abort or a signal leaves in /dev/shm (docs/faults.md) stays there
+until the machine reboots, or until remove_orphaned_mpi_segments deletes what no process uses.
 
 Test: `python -m pytest -q tests/test_mpi_util.py`.
 """

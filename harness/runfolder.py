@@ -63,8 +63,7 @@ def checkpoint_path(logdir, rank, previous=False):
 
 def run_files(logdir):
     """The names of a run's files in logdir (none where there is no folder), and whether they
-    are those of a start that ended (an error, a signal, a kill) before its first checkpoint:
-    config.json, log.txt, a checkpoint/ without one; such a start holds no run."""
+    are a start's that ended before its first checkpoint (docs/faults.md): no run."""
     try:
         names = os.listdir(logdir)
         saved = [name for name in os.listdir(os.path.join(logdir, CHECKPOINTS))
@@ -142,9 +141,7 @@ def is_number(text):
 
 def read_run_folder(run_dir):
     """(config.json's object, progress.csv's rows) of a finished or running run, for plot.py,
-    checked as a resume checks them where rank 0's checkpoint is there (results/ keeps none):
-    the rows it has done are the rows the run wrote, config.json holds its run_config, n_ranks
-    and T (its config_json's)."""
+    checked as docs/usage.md (Resuming) says, against rank 0's checkpoint where it is there."""
     config, rows = read_config(run_dir), read_progress(run_dir)
     path = next((p for p in (checkpoint_path(run_dir, 0), checkpoint_path(run_dir, 0, True))
                  if os.path.exists(p)), None)
@@ -171,9 +168,8 @@ def read_run_folder(run_dir):
 # ---------------------------------------------------------------- one job per run folder
 
 def lock_run_folder(logdir):
-    """The open lock file of logdir, locked (closing it, or the process's end, releases the
-    lock), or UsageError naming the job that holds it. Creates the folder and the lock file if
-    they are not there (a new run); writes nothing else."""
+    """The open lock file of logdir, locked until it is closed, or UsageError naming the job
+    that holds it. Makes the folder and the lock file where missing; writes nothing else."""
     os.makedirs(logdir, exist_ok=True)
     lock_file = open(os.path.join(logdir, LOCK), "a+")
     try:
@@ -200,11 +196,10 @@ def lock_run_folder(logdir):
 
 @contextlib.contextmanager
 def hold_run_folder(logdir, comm, fresh):
-    """Collective: rank 0 takes the run folder's lock (lock_run_folder); a fresh start only where
-    the folder holds no run's files (run_files): a rerun of the same command loses no run. If
-    another job holds it, it holds a run, or it cannot be made, every rank raises that one line.
-    Yields rank 0's line that says a fresh start takes a start that ended before its first
-    checkpoint (config.json written anew, log.txt appended to), or None; leaving releases it."""
+    """Collective: rank 0 takes the run folder's lock (lock_run_folder), a fresh start only where
+    the folder holds no run's files (run_files); if another job holds it, it holds a run, or it
+    cannot be made, every rank raises that one line. Yields rank 0's note that a fresh start
+    takes a start that ended before its first checkpoint, or None; leaving releases the lock."""
     rank0, lock, note = comm.Get_rank() == 0, contextlib.nullcontext(), None
     error = linked_file(logdir)  # on every machine
     found, ended_early = run_files(logdir) if rank0 and fresh and not error else ([], False)
