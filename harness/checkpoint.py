@@ -1,52 +1,31 @@
 """Checkpoints: every rank saves its whole state, and a resumed run goes on from it.
 
-No baselines counterpart: baselines cannot resume a run. A checkpoint is what continues a run
-bit for bit: the agent's arrays as ddpg.DDPG.arrays names them (CHECKPOINT_PARTS), its update
-count and random generator, where the run is and the epoch's logs so far
-(runfolder.CHECKPOINT_KEYS); one file per rank, written atomically (files.py) at the end of
-every epoch and on Ctrl-C, with the one before it kept beside it: a resumed run's weights and
-every progress.csv column but time/epoch_s are those of the run that was never stopped. A
-resume refuses a run folder damaged or edited in one line (docs/faults.md lists each case).
+No baselines counterpart: baselines cannot resume a run. A checkpoint (the agent's arrays and
+runfolder.CHECKPOINT_KEYS) continues a run bit for bit: one file per rank, written atomically
+at the end of every epoch and on Ctrl-C; a resumed run's weights and every progress.csv column
+but time/epoch_s are those of the run that was never stopped. A resume refuses a run folder
+damaged or edited in one line (docs/faults.md lists each case).
 
 Test: `python -m pytest -q tests/test_checkpoint.py`.
 """
 import dataclasses
+import hashlib
 import json
 import os
 
 import numpy as np
 
 from ddpg import CHECKPOINT_PARTS
+from harness import files, runfolder
 from harness.cli import RESUME_FLAGS
 from harness.errors import STORED_EPISODES, BadFileError, UsageError
-from harness.files import (
-    atomic_savez,
-    check_policy_fits,
-    checksum,
-    load_demos,
-    load_npz,
-    load_policy_arrays,
-    policy_config,
-)
 from harness.mpi_util import raise_if_any_rank_failed
-from harness.runfolder import (
-    CHECKPOINT_KEYS,
-    CHECKPOINTS,
-    POSITION_KEYS,
-    STATE_KEYS,
-    checkpoint_path,
-    policy_path,
-    read_progress,
-    run_files,
-)
 
 
 def save_checkpoint(logdir, position, policy, workers, comm, losses=(), progress=""):
     """Every rank writes its own complete state; position: (epoch, cycle) where training
     resumes, and the best test success rate; progress: progress.csv's digest as rank 0 last
-    wrote it. The checkpoint it replaces becomes rank<r>.prev.npz first: a rank stopped
-    mid-save, the others done, still has the position they all share (save_on_every_rank's
-    allgather means no rank starts a save before every rank has finished the last one)."""
+    wrote it. The one it replaces becomes rank<r>.prev.npz first (docs/usage.md, Resuming)."""
     epoch, cycle, best = position
     # The epoch's logs so far (none at an epoch boundary, cycle 0): without them an epoch resumed
     # mid-way would log train/success_rate and the losses of its resumed cycles only.
@@ -59,11 +38,11 @@ def save_checkpoint(logdir, position, policy, workers, comm, losses=(), progress
     # the policy file's keys too: config_json, which a resume checks (read_inputs)
     arrays = {**policy.policy_arrays(), **policy.arrays(CHECKPOINT_PARTS)}
     arrays.update((key, np.array(value)) for key, value in
-                  zip(CHECKPOINT_KEYS[:-1], values, strict=True))
+                  zip(runfolder.CHECKPOINT_KEYS[:-1], values, strict=True))
     arrays["checksum"] = np.array(checksum(arrays))
     rank = comm.Get_rank()
-    atomic_savez(checkpoint_path(logdir, rank), arrays,
-                 keep_previous=checkpoint_path(logdir, rank, previous=True))
+    files.atomic_savez(runfolder.checkpoint_path(logdir, rank), arrays,
+                       keep_previous=runfolder.checkpoint_path(logdir, rank, previous=True))
 
 
 def run_settings(cfg):
@@ -71,6 +50,18 @@ def run_settings(cfg):
     and where its folder is (a run folder may be moved, and resumed there)."""
     return json.loads(json.dumps({k: v for k, v in dataclasses.asdict(cfg).items()
                                   if k not in RESUME_FLAGS and k != "logdir"}))
+
+
+def checksum(arrays):
+    """sha256 over every array of a checkpoint but "checksum" (name, dtype, shape, bytes), so
+    that one edited by hand, one array or one number, is refused rather than resumed (its zip's
+    CRC is written anew with it)."""
+    digest = hashlib.sha256()
+    for key in sorted(set(arrays) - {"checksum"}):
+        value = np.ascontiguousarray(arrays[key])
+        digest.update(f"{key} {value.dtype.str} {value.shape}".encode())
+        digest.update(value.reshape(-1).view(np.uint8))
+    return digest.hexdigest()
 
 
 def restore_checkpoint(arrays, path, policy, workers):
@@ -81,7 +72,8 @@ def restore_checkpoint(arrays, path, policy, workers):
         policy.load_arrays(arrays, CHECKPOINT_PARTS)
     except ValueError as e:
         raise BadFileError(f"{path}: {e}") from None
-    best, n_updates, rng_json, n_episodes, history, losses = (arrays[k] for k in STATE_KEYS)
+    best, n_updates, rng_json, n_episodes, history, losses = (
+        arrays[k] for k in runfolder.STATE_KEYS)
     policy.n_updates = int(n_updates)
     policy.rng.bit_generator.state = json.loads(str(rng_json))
     for worker, count in zip(workers, n_episodes, strict=True):
@@ -96,41 +88,27 @@ def checkpoint_positions(run_dir, rank, n_ranks):
     """{(epoch, cycle): path} of this rank's readable checkpoints, newest and previous (local:
     no MPI calls). Reads the few scalars only, not the replay buffer."""
     positions = {}
-    for path in (checkpoint_path(run_dir, rank), checkpoint_path(run_dir, rank, previous=True)):
+    for previous in (False, True):
+        path = runfolder.checkpoint_path(run_dir, rank, previous)
         if not os.path.exists(path):  # rank<r>.npz is missing only after a stop mid-save
             continue
         try:
             with np.load(path, allow_pickle=False) as data:
-                epoch, cycle, ranks = (int(data[key]) for key in POSITION_KEYS)
+                epoch, cycle, ranks = (int(data[key]) for key in runfolder.POSITION_KEYS)
         except Exception:  # written whole or not at all, so damaged from outside: say so
-            load_npz(path, POSITION_KEYS, "checkpoint")  # raises the one-line BadFileError
+            files.load_npz(path, runfolder.POSITION_KEYS, "checkpoint")  # raises, in one line
             raise
         if ranks != n_ranks:
             raise UsageError(f"{path} was written by a run of {ranks} ranks; resume it with "
                              f"mpirun -np {ranks}, not {n_ranks}")
         positions.setdefault((epoch, cycle), path)
-    if not positions and run_files(run_dir)[1]:
+    if not positions and runfolder.run_files(run_dir)[1]:
         raise UsageError(f"{run_dir}: no checkpoint, its start ended before the first one; run "
                          "its command again (log.txt's header), without --resume")
     if not positions:  # neither file: the one-line "no such file" of the newest
-        load_npz(checkpoint_path(run_dir, rank), POSITION_KEYS, "checkpoint")
+        files.load_npz(runfolder.checkpoint_path(run_dir, rank), runfolder.POSITION_KEYS,
+                       "checkpoint")
     return positions
-
-
-def common_position(run_dir, positions, comm):
-    """Collective: the newest (epoch, cycle) whose checkpoint every rank has, and a note if
-    some rank's newest is later (a rank was stopped while the others had saved)."""
-    everyone = comm.allgather(sorted(positions))  # [MPI]
-    shared = set.intersection(*map(set, everyone))
-    if not shared:
-        raise UsageError(f"the checkpoints in {run_dir}/{CHECKPOINTS} share no epoch (ranks at "
-                         f"{[max(p) for p in everyone]}); start a new run")
-    epoch, cycle = max(shared)
-    note = None
-    if any(max(p) != (epoch, cycle) for p in everyone):
-        note = (f"note: not every rank has its newest checkpoint (a run stopped while saving); "
-                f"every rank resumes from epoch {epoch}, cycle {cycle}, which they all have")
-    return (epoch, cycle), note
 
 
 @dataclasses.dataclass(frozen=True)
@@ -157,18 +135,28 @@ def read_inputs(cfg, task, args, comm):
         error = str(e)
     raise_if_any_rank_failed(comm, error)  # [MPI]
     position, note = (0, 0), None
-    if resume:  # the newest position every rank has
-        position, note = common_position(resume, positions, comm)  # [MPI]
+    if resume:  # the newest position every rank has (a rank stopped while the others saved)
+        everyone = comm.allgather(sorted(positions))  # [MPI]
+        shared = set.intersection(*map(set, everyone))
+        if not shared:
+            raise UsageError(f"the checkpoints in {resume}/{runfolder.CHECKPOINTS} share no "
+                             f"epoch (ranks at {[max(p) for p in everyone]}); start a new run")
+        position = max(shared)
+        if any(max(p) != position for p in everyone):
+            note = (f"note: not every rank has its newest checkpoint (a run stopped while "
+                    f"saving); every rank resumes from epoch {position[0]}, cycle "
+                    f"{position[1]}, which they all have")
     read = {}
     try:
         if resume:
             read = read_checkpoint(positions[position], resume, cfg, task, rank == 0)
         if args.load_path:
-            read["init_policy"], policy_config = load_policy_arrays(args.load_path)
-            check_policy_fits(policy_config, args.load_path, cfg.env, task.dims,
-                              network=(cfg.hidden, cfg.layers))
+            read["init_policy"], policy_config = files.load_policy_arrays(args.load_path)
+            files.check_policy_fits(policy_config, args.load_path, cfg.env, task.dims,
+                                    network=(cfg.hidden, cfg.layers))
         if cfg.demo_file:  # every rank reads the whole file, as in baselines
-            read["demos"] = load_demos(cfg.demo_file, cfg.env, task.dims, task.T, cfg.num_demo)
+            read["demos"] = files.load_demos(cfg.demo_file, cfg.env, task.dims, task.T,
+                                             cfg.num_demo)
     except (UsageError, BadFileError) as e:
         error = str(e)
     raise_if_any_rank_failed(comm, error)  # [MPI]
@@ -179,21 +167,19 @@ def read_inputs(cfg, task, args, comm):
 
 
 def read_checkpoint(path, run_dir, cfg, task, rank0):
-    """This rank's checkpoint at `path`, checked (local: no MPI call): its checksum, the task it
-    was saved on (its config_json), the settings it was saved with (run_settings); rank 0: the
-    policies, progress.csv's rows of the epochs done and the best test success rate in them.
-    Returns Inputs' fields of a resume."""
-    arrays = load_npz(path, POSITION_KEYS, "checkpoint")
+    """This rank's checkpoint at `path`, checked as docs/usage.md (Resuming) lists (local: no
+    MPI call; rank 0 reads the policies and progress.csv too). Returns Inputs' fields."""
+    arrays = files.load_npz(path, runfolder.POSITION_KEYS, "checkpoint")
     if str(arrays.get("checksum")) != checksum(arrays):
         raise BadFileError(f"{path}: its arrays are not those saved (checksum differs): "
                            "edited or damaged; resume from an untouched copy")
-    check_policy_fits(policy_config(arrays, path), path, cfg.env, task.dims)
+    files.check_policy_fits(files.policy_config(arrays, path), path, cfg.env, task.dims)
     epoch, rows = int(arrays["epoch"]), None
     if rank0 and epoch > 0:  # the policies, written before the checkpoint
         for which in ("best", "latest"):
-            load_policy_arrays(policy_path(run_dir, which))
+            files.load_policy_arrays(runfolder.policy_path(run_dir, which))
     if rank0:
-        rows = read_progress(run_dir, epoch, str(arrays["log/progress_sha256"]))
+        rows = runfolder.read_progress(run_dir, epoch, str(arrays["log/progress_sha256"]))
     saved, own = json.loads(str(arrays.get("run_config", "{}"))), run_settings(cfg)
     differ = [k for k in own if saved.get(k) != own[k]]
     if differ:

@@ -4,18 +4,12 @@ No baselines counterpart as such: baselines pickles its policies and demo files 
 in place. Here every file but log.txt (appended to) and run.lock is a plain .npz (or text, or a
 figure's PNG or a GIF), written atomically and read with allow_pickle=False, so a file from
 elsewhere can be refused but never runs code. A file that cannot be read is a one-line
-BadFileError, one that cannot be written a SaveError.
-
-What a policy file holds, and how an agent is rebuilt from it, is ddpg.py's alone
-(DDPG.policy_arrays, DDPG.load_arrays, DDPG.from_policy): this file writes and reads them, and
-names the file in every error. The demo file of Nair et al. (2018) (experiment/demos.py writes
-it, train.py reads it): a float32 array per key in the replay buffer's layout (replay.py),
-episodes first: o, ag (n, T+1, dim); g, u, info_is_success (n, T, dim); the env id and T.
+BadFileError, one that cannot be written a SaveError. What a policy file holds is ddpg.py's
+alone (DDPG.policy_arrays, DDPG.from_policy); the demo file's: save_demos.
 
 Test: `python -m pytest -q tests/test_files.py`.
 """
 import contextlib
-import hashlib
 import json
 import os
 
@@ -90,18 +84,6 @@ def load_npz(path, required_keys, what, writer="train.py"):
                            f"the file is truncated, corrupt or not from {writer}") from None
 
 
-def checksum(arrays):
-    """sha256 over every array of a checkpoint but "checksum" (name, dtype, shape, bytes), so
-    that one edited by hand, one array or one number, is refused rather than resumed (its zip's
-    CRC is written anew with it)."""
-    digest = hashlib.sha256()
-    for key in sorted(set(arrays) - {"checksum"}):
-        value = np.ascontiguousarray(arrays[key])
-        digest.update(f"{key} {value.dtype.str} {value.shape}".encode())
-        digest.update(value.reshape(-1).view(np.uint8))
-    return digest.hexdigest()
-
-
 def atomic_write_text(path, text):
     with atomic_file(path, "w") as f:
         f.write(text)
@@ -173,7 +155,9 @@ FILE_KEYS = EPISODE_KEYS + ("env", "T")
 
 
 def save_demos(path, episodes, env_id, T):
-    """The episodes (EPISODE_KEYS) with the env id and T."""
+    """The demo file (experiment/demos.py writes it, train.py reads it): a float32 array per key
+    of the replay buffer's layout (replay.py), episodes first: o, ag (n, T+1, dim); g, u,
+    info_is_success (n, T, dim); the env id and T."""
     arrays = {key: np.asarray(episodes[key], np.float32) for key in EPISODE_KEYS}
     atomic_savez(path, dict(arrays, env=np.array(env_id), T=np.array(T)))
 

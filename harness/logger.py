@@ -1,11 +1,10 @@
 """What a run prints and logs: progress.csv, the epoch table, log.txt, where the progress bar goes.
 
 Mirrors openai/baselines `common/logger.py` (record_tabular, dump_tabular, the CSV output
-format) as far as HER uses it. Rank 0 alone writes (train.epoch_logs averages the success rates,
-Q and losses over ranks and counts the totals of all ranks; the normalisers' stats are alike on
-every rank, the epoch's seconds rank 0's); the CSV is rewritten atomically each epoch. log.txt
-(baselines' logger writes one too): RunLog. The progress bar (harness/run.py) is drawn only
-where the output is a terminal (output_is_terminal); elsewhere a few lines an epoch stand in.
+format, log.txt) as far as HER uses it. Rank 0 alone writes (train.epoch_logs says what is
+averaged over ranks); the CSV is rewritten atomically each epoch. The progress bar
+(harness/run.py) is drawn only where the output is a terminal (output_is_terminal); elsewhere
+a few lines an epoch stand in.
 
 Test: `python -m pytest -q tests/test_logger.py`.
 """
@@ -24,19 +23,11 @@ from importlib.metadata import version
 import numpy as np
 from threadpoolctl import threadpool_info
 
+from harness import runfolder
 from harness.errors import SaveError
 from harness.files import atomic_write_text
 from harness.launch import describe_job, launched, library_name
 from harness.mpi_util import raise_if_any_rank_failed, save_on_every_rank
-from harness.runfolder import (
-    CHECKPOINTS,
-    CONFIG,
-    LOG,
-    PROGRESS,
-    PROGRESS_COLUMNS,
-    RUN_FACTS,
-    progress_digest,
-)
 
 
 class EpochLogger:
@@ -44,10 +35,9 @@ class EpochLogger:
     epoch's appended; `digest`, progress_digest of the rows so far, goes into each checkpoint."""
 
     def __init__(self, logdir, enabled, rows=()):
-        self.enabled = enabled
-        self.path = os.path.join(logdir, PROGRESS)
-        self.rows = list(rows)
-        self.digest = progress_digest(self.rows)
+        self.enabled, self.rows = enabled, list(rows)
+        self.path = os.path.join(logdir, runfolder.PROGRESS)
+        self.digest = runfolder.progress_digest(self.rows)
 
     def dump(self, row):
         """Print the row as a table and rewrite progress.csv with it appended."""
@@ -60,11 +50,11 @@ class EpochLogger:
         print("\n".join([bar, *lines, bar]), flush=True)
         self.rows.append(row)
         text = io.StringIO()
-        writer = csv.DictWriter(text, fieldnames=PROGRESS_COLUMNS)  # ValueError: a key not one
+        writer = csv.DictWriter(text, runfolder.PROGRESS_COLUMNS)  # ValueError: a key not one
         writer.writeheader()
         writer.writerows(self.rows)
         atomic_write_text(self.path, text.getvalue())
-        self.digest = progress_digest(self.rows)
+        self.digest = runfolder.progress_digest(self.rows)
 
 
 def open_run_folder(cfg, comm, task, argv, resumed_at, note):
@@ -75,17 +65,17 @@ def open_run_folder(cfg, comm, task, argv, resumed_at, note):
     checkpoint; rank 0's); every rank learns if any could not. Returns the RunLog."""
     rank, n_ranks, error = comm.Get_rank(), comm.Get_size(), None
     try:
-        os.makedirs(os.path.join(cfg.logdir, CHECKPOINTS), exist_ok=True)
+        os.makedirs(os.path.join(cfg.logdir, runfolder.CHECKPOINTS), exist_ok=True)
     except OSError as e:
         error = (f"cannot write to log dir {cfg.logdir!r} on rank {rank} ({e.strerror}); pass "
                  "a --logdir that every rank can write")
     raise_if_any_rank_failed(comm, error)  # [MPI]
-    facts = dict(zip(RUN_FACTS, (n_ranks, task.T), strict=True))
+    facts = dict(zip(runfolder.RUN_FACTS, (n_ranks, task.T), strict=True))
     config = json.dumps({**dataclasses.asdict(cfg), **facts}, indent=1)
 
     def write_config():
         if rank == 0:
-            atomic_write_text(os.path.join(cfg.logdir, CONFIG), config)
+            atomic_write_text(os.path.join(cfg.logdir, runfolder.CONFIG), config)
     save_on_every_rank(comm, write_config)  # [MPI]
     log = RunLog(cfg.logdir, enabled=rank == 0, argv=argv, resumed_at=resumed_at)
     job = describe_job(comm)  # [MPI] every rank's host and cores
@@ -103,14 +93,12 @@ def open_run_folder(cfg, comm, task, argv, resumed_at, note):
 
 
 class RunLog:
-    """Rank 0's stdout and stderr, copied line for line into <logdir>/log.txt (appended to,
-    so a resumed run's log keeps its earlier starts). Each start writes a header first: the
-    time, the commit the code ran at and the command; a resume adds where it went on. Closing
-    puts the streams back. A log that cannot be written (a full disk) is dropped with one
-    warning: the run itself does not stop for it."""
+    """Rank 0's stdout and stderr, copied line for line into <logdir>/log.txt, appended to
+    after a header (docs/usage.md, What a run writes); closing puts the streams back. A log that
+    cannot be written (a full disk) is dropped with one warning: the run does not stop for it."""
 
     def __init__(self, logdir, enabled, argv, resumed_at=None):
-        self.enabled, self.path, self.file = enabled, os.path.join(logdir, LOG), None
+        self.enabled, self.path, self.file = enabled, os.path.join(logdir, runfolder.LOG), None
         self.screen = _Tee(sys.stdout, "stdout")  # where the progress bar goes: not into the log
         self.screen_is_terminal = output_is_terminal(self.screen)
         if not enabled:
@@ -150,7 +138,7 @@ class RunLog:
     def close(self, error=None):
         """Put the streams back; `error`: the exception that ends the run, if one does (its
         one line is printed after this, so the log gets it here)."""
-        if self.enabled and self.file is not None:
+        if self.file is not None:
             sys.stdout, sys.stderr = self.streams
             if error is not None:
                 line = str(error).splitlines()[0] if str(error) else type(error).__name__
@@ -206,10 +194,8 @@ def code_version(folder):
 
 
 def machine():
-    """What decides a run's last digits, where a seed and a commit do not (docs/usage.md, what
-    a seed reproduces): the CPU, Python, NumPy with its SIMD loops (the baseline it was built
-    for, those dispatched at run time), the BLAS with its kernels, MuJoCo, gymnasium-robotics,
-    and the MPI where mpi4py has started it (this never starts it)."""
+    """What decides a run's last digits, where a seed and a commit do not (docs/usage.md, What
+    a seed reproduces); the MPI only where mpi4py has started it (this never starts it)."""
     # NumPy's public report; "found": the dispatched loops in use (no key where none are:
     # NPY_DISABLE_CPU_FEATURES)
     simd = np.show_config(mode="dicts")["SIMD Extensions"]

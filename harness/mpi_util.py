@@ -5,10 +5,8 @@ job of N ranks (Plappert et al. 2018, Sec. 2.2, run 19) needs to log one number 
 together and clean up after itself. Every line whose call reaches other ranks, by a comm method
 or through a function that says "Collective", is tagged `[MPI]`.
 
-A job ended by MPI_Abort or a signal (MPICH), or whose mpirun is killed too (Open MPI), leaves
-its shared segments in /dev/shm (docs/faults.md) until the machine reboots, or until this
-deletes those no process uses:
-    python -c "from harness import mpi_util; print(mpi_util.remove_orphaned_mpi_segments())"
+What a job ended by MPI_Abort or a signal leaves in /dev/shm (docs/faults.md) stays there
+until the machine reboots, or until remove_orphaned_mpi_segments deletes what no process uses.
 
 Test: `python -m pytest -q tests/test_mpi_util.py`.
 """
@@ -74,27 +72,23 @@ def mpi_average(value, comm):
     return float(total[0] / max(total[1], 1.0))
 
 
-def raise_if_any_rank_failed(comm, error):
+def raise_if_any_rank_failed(comm, error, error_class=UsageError):
     """Collective, after local work: if any rank hit an error (`error`: its message, or None),
-    every rank raises UsageError with the first one, before anything collective can hang."""
-    raise_first(comm.allgather(error), UsageError)  # [MPI]
+    every rank raises error_class with the first one, before anything collective can hang."""
+    first = next((e for e in comm.allgather(error) if e), None)  # [MPI]
+    if first:
+        raise error_class(first)
 
 
 def save_on_every_rank(comm, save, *args):
     """Collective: save(*args) here; if it failed on any rank (a full disk), every rank raises
     that SaveError, instead of the failed rank leaving the others waiting in an Allreduce."""
+    error = None
     try:
         save(*args)
-        error = None
     except SaveError as e:
         error = str(e)
-    raise_first(comm.allgather(error), SaveError)  # [MPI]
-
-
-def raise_first(errors, error_class):
-    first = next((e for e in errors if e), None)
-    if first:
-        raise error_class(first)
+    raise_if_any_rank_failed(comm, error, SaveError)  # [MPI]
 
 
 @contextlib.contextmanager

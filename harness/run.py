@@ -78,7 +78,7 @@ def start_run(argv):
                                   resumed_at, inputs.note or note)
             opened.push(lambda _, error, __: log.close(error))  # notes what ended the run
             run = Run(cfg, comm, watchdog, tracer, task, venv, log, args.trace, inputs)
-            opened.callback(run.close_bar)
+            opened.callback(lambda: run.bar.close())  # off the screen, also if a cycle raised
             yield run
             tracer.finish()  # [MPI] --trace: a run with fewer cycles than it asked for
     finally:
@@ -90,7 +90,8 @@ class Run:
 
     def __init__(self, cfg, comm, watchdog, tracer, task, venv, log, trace, inputs):
         self.cfg, self.comm, self.watchdog, self.tracer = cfg, comm, watchdog, tracer
-        self.task, self.venv, self.log, self.trace, self.bar = task, venv, log, trace, None
+        self.task, self.venv, self.trace = task, venv, trace
+        self.bar = tqdm(disable=True)  # the epoch's once it begins; a second close does nothing
         self.screen, self.rank0 = log.screen, comm.Get_rank() == 0
         self.draw_bar = self.rank0 and log.screen_is_terminal
         self.inputs = inputs  # checkpoint.Inputs: what the flags' files held
@@ -100,8 +101,7 @@ class Run:
     def restore(self, policy, workers):
         """Where train() starts; a resumed run's agent and workers (rollout_worker, evaluator)
         from this rank's checkpoint (local: no MPI call). The Run keeps both, to save them."""
-        self.policy, self.workers = policy, workers
-        inputs = self.inputs
+        self.policy, self.workers, inputs = policy, workers, self.inputs
         self.logger = EpochLogger(self.cfg.logdir, enabled=self.rank0, rows=inputs.progress)
         if inputs.checkpoint is None:
             return Start(0, 0, -1., [])
@@ -135,7 +135,7 @@ class Run:
         bad = nonfinite_names(losses, self.policy)
         statuses = self.comm.allgather((self.watchdog.requested, bad))  # [MPI]
         nonfinite = [(rank, names) for rank, (_, names) in enumerate(statuses) if names]
-        logdir = self.cfg.logdir
+        logdir, n_cycles, done = self.cfg.logdir, self.cfg.n_cycles, cycle + 1
         if nonfinite:
             rank, names = min(nonfinite, key=lambda r_names: STORED_EPISODES not in r_names[1])
             raise NonFiniteError.stop(names, f"in epoch {epoch}, cycle {cycle} (rank {rank})",
@@ -149,9 +149,17 @@ class Run:
                               f"policy_latest.npz and checkpoint/ in {logdir}; continue with "
                               f"--resume {logdir}")
         self.bar.update()
-        self.report_progress(epoch, cycle + 1)
-        if cycle + 1 == self.cfg.n_cycles:
-            self.close_bar()
+        # Where no bar is drawn (a file, a pipe: a Slurm job's output), rank 0 prints a line
+        # PROGRESS_LINES times an epoch, so that a long epoch is not minutes of silence; its
+        # seconds a cycle are what a save on a stop signal may need (Slurm's KillWait)
+        every = -(-n_cycles // PROGRESS_LINES)  # ceil: at 50 cycles, after 13, 26 and 39
+        if self.rank0 and not self.draw_bar and done < n_cycles and done % every == 0:
+            seconds = time.time() - self.t_start
+            print(f"epoch {epoch}: {done} of {n_cycles} cycles, {seconds / 60:.1f} min, "
+                  f"{seconds / (done - self.first_cycle):.1f} s a cycle", file=self.screen,
+                  flush=True)
+        if done == n_cycles:
+            self.bar.close()
 
     def save_interrupted(self, epoch, cycle, losses, best_success_rate):
         """This rank's checkpoint after `cycle`, then (rank 0) policy_latest.npz."""
@@ -159,19 +167,6 @@ class Run:
                         self.workers, self.comm, losses, self.logger.digest)
         if self.rank0:
             save_policy(self.policy, policy_path(self.cfg.logdir, "latest"))
-
-    def report_progress(self, epoch, cycles_done):
-        """Where no bar is drawn (a file, a pipe: a Slurm job's output), rank 0 prints a short
-        line PROGRESS_LINES times an epoch, so that a long epoch is not minutes of silence; its
-        seconds a cycle are what a save on a stop signal may need (Slurm's KillWait)."""
-        n_cycles = self.cfg.n_cycles
-        every = -(-n_cycles // PROGRESS_LINES)  # ceil: at 50 cycles, after 13, 26 and 39
-        if not self.rank0 or self.draw_bar or cycles_done == n_cycles or cycles_done % every:
-            return
-        seconds = time.time() - self.t_start
-        cycle_s = seconds / (cycles_done - self.first_cycle)
-        print(f"epoch {epoch}: {cycles_done} of {n_cycles} cycles, {seconds / 60:.1f} min, "
-              f"{cycle_s:.1f} s a cycle", file=self.screen, flush=True)
 
     def end_epoch(self, epoch, logs, is_best, best_success_rate):
         """Collective: the epoch's progress.csv row (rank 0), the policies (rank 0: ranks hold
@@ -195,9 +190,3 @@ class Run:
                 save_policy(self.policy, policy_path(logdir, epoch))
         save_checkpoint(logdir, (epoch + 1, 0, best_success_rate), self.policy, self.workers,
                         self.comm, progress=self.logger.digest)
-
-    def close_bar(self):
-        """Take the progress bar off the screen (also when a cycle raised)."""
-        if self.bar is not None:
-            self.bar.close()
-            self.bar = None

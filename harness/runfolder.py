@@ -3,11 +3,10 @@ columns; the checked readers of config.json and progress.csv that a resume and p
 and one job per run folder, never over another run: a lock that rank 0 holds for the run.
 
 No baselines counterpart: baselines names its files inline, and two jobs given the same log
-dir both write it. What a run folder holds: docs/usage.md (what a run writes). A fresh start
-into a folder that holds a run's files is refused (refuse_a_run_folder): a rerun of the same
-command loses no run. The lock is the operating system's (flock on run.lock), released however
-the process ends, the file left holding who had it last, which the refusal quotes; only rank 0
-takes it. Shared file systems (NFS, Lustre) and one that takes no flock: docs/usage.md.
+dir both write it. What a run folder holds, shared file systems (NFS, Lustre) and one that takes
+no flock: docs/usage.md. A fresh start into a folder that holds a run's files is refused
+(hold_run_folder). The lock is the operating system's (flock on run.lock), released however the
+process ends, the file left holding who had it last, which the refusal quotes.
 
 Test: `python -m pytest -q tests/test_launch.py tests/test_checkpoint.py tests/test_tools.py`.
 """
@@ -64,8 +63,7 @@ def checkpoint_path(logdir, rank, previous=False):
 
 def run_files(logdir):
     """The names of a run's files in logdir (none where there is no folder), and whether they
-    are those of a start that ended (an error, a signal, a kill) before its first checkpoint:
-    config.json, log.txt, a checkpoint/ without one; such a start holds no run."""
+    are a start's that ended before its first checkpoint (docs/faults.md): no run."""
     try:
         names = os.listdir(logdir)
         saved = [name for name in os.listdir(os.path.join(logdir, CHECKPOINTS))
@@ -143,9 +141,7 @@ def is_number(text):
 
 def read_run_folder(run_dir):
     """(config.json's object, progress.csv's rows) of a finished or running run, for plot.py,
-    checked as a resume checks them where rank 0's checkpoint is there (results/ keeps none):
-    the rows it has done are the rows the run wrote, config.json holds its run_config, n_ranks
-    and T (its config_json's)."""
+    checked as docs/usage.md (Resuming) says, against rank 0's checkpoint where it is there."""
     config, rows = read_config(run_dir), read_progress(run_dir)
     path = next((p for p in (checkpoint_path(run_dir, 0), checkpoint_path(run_dir, 0, True))
                  if os.path.exists(p)), None)
@@ -172,9 +168,8 @@ def read_run_folder(run_dir):
 # ---------------------------------------------------------------- one job per run folder
 
 def lock_run_folder(logdir):
-    """The open lock file of logdir, locked (closing it, or the process's end, releases the
-    lock), or UsageError naming the job that holds it. Creates the folder and the lock file if
-    they are not there (a new run); writes nothing else."""
+    """The open lock file of logdir, locked until it is closed, or UsageError naming the job
+    that holds it. Makes the folder and the lock file where missing; writes nothing else."""
     os.makedirs(logdir, exist_ok=True)
     lock_file = open(os.path.join(logdir, LOCK), "a+")
     try:
@@ -201,14 +196,22 @@ def lock_run_folder(logdir):
 
 @contextlib.contextmanager
 def hold_run_folder(logdir, comm, fresh):
-    """Collective: rank 0 takes the run folder's lock (lock_run_folder), a fresh start only
-    where the folder holds no run; if another job holds it, it holds a run, or it cannot be
-    made, every rank raises that one line. Yields rank 0's line that says a fresh start takes a
-    start that ended early (or None); leaving releases the lock."""
-    lock, error, note = contextlib.nullcontext(), linked_file(logdir), None  # on every machine
-    if comm.Get_rank() == 0 and error is None:
+    """Collective: rank 0 takes the run folder's lock (lock_run_folder), a fresh start only where
+    the folder holds no run's files (run_files); if another job holds it, it holds a run, or it
+    cannot be made, every rank raises that one line. Yields rank 0's note that a fresh start
+    takes a start that ended before its first checkpoint, or None; leaving releases the lock."""
+    rank0, lock, note = comm.Get_rank() == 0, contextlib.nullcontext(), None
+    error = linked_file(logdir)  # on every machine
+    found, ended_early = run_files(logdir) if rank0 and fresh and not error else ([], False)
+    if found and ended_early:
+        note = (f"note: {logdir} holds a start that ended before its first checkpoint "
+                f"({', '.join(found)}): this start takes it, its log.txt kept")
+    elif found:
+        error = (f"{logdir} holds a run already ({', '.join(found[:4])}); continue it with "
+                 f"--resume {logdir} (with --n_epochs to go past its last epoch), or give a "
+                 f"fresh --logdir: nothing in it was changed")
+    if rank0 and error is None:
         try:
-            note = refuse_a_run_folder(logdir) if fresh else None
             lock = lock_run_folder(logdir)
         except UsageError as e:
             error = str(e)
@@ -236,17 +239,3 @@ def linked_file(logdir):
                      "files only inside its folder; put the file itself there in its place, "
                      "or give another --logdir")
 
-
-def refuse_a_run_folder(logdir):
-    """UsageError if logdir holds a run's files: a fresh start never writes over a run. Where a
-    start ended before its first checkpoint, returns the line that says this one takes its
-    folder (config.json is written anew, log.txt appended to)."""
-    found, ended_early = run_files(logdir)
-    if found and ended_early:
-        return (f"note: {logdir} holds a start that ended before its first checkpoint "
-                f"({', '.join(found)}): this start takes it, its log.txt kept")
-    if found:
-        raise UsageError(f"{logdir} holds a run already ({', '.join(found[:4])}); continue it "
-                         f"with --resume {logdir} (with --n_epochs to go past its last "
-                         f"epoch), or give a fresh --logdir: nothing in it was changed")
-    return None

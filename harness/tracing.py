@@ -1,12 +1,9 @@
 """--trace N: every collective call and every env-process message of a start's first N cycles.
 
-No baselines counterpart (deviation 30: an addition; docs/usage.md says what it writes). The
-Tracer is the communicator proxy's second observer (mpi_util.ObservedComm): a row per call, with
-the line that made it and the bytes this rank put in (a broadcast's receivers: 0); a TracedPipe
-on the rank's end of each env process's pipe times a command until its answer is read. It
-records from the first cycle of this start to the end of the N-th; then every rank writes
-<logdir>/trace/rank-R.csv, and rank 0, having gathered all rows, trace.json and a table. Time
-0: when a rank has the bcast of rank 0's clock that starts the trace.
+No baselines counterpart (deviation 30: an addition; docs/usage.md says what it writes, and
+when). The Tracer is the communicator proxy's second observer (mpi_util.ObservedComm): a row
+per call, with the line that made it and the bytes this rank put in; a TracedPipe on the rank's
+end of each env process's pipe times a command until its answer is read.
 
 Run:  mpirun -np 2 python train.py --env FetchReach-v4 --num_env 2 --n_cycles 2 --trace 1
 Test: `python -m pytest -q tests/test_tracing.py`.

@@ -1,14 +1,12 @@
 """A time limit on every collective call, and Ctrl-C that works while a rank waits in one.
 
-No baselines counterpart: baselines and the PyTorch port wait for ever, and so does MPI, which
-has no time limit. A rank blocked in a collective (a peer stopped or hung, a host lost with its
-wire) runs no Python code, signal handlers included, until the call returns. So one thread per
-rank, the watchdog, does what the main thread cannot while it waits (docs/faults.md gives each
-case's line and exit code):
-  * it times the collective call the rank is in, observing the communicator through
-    mpi_util.ObservedComm and only watching: nothing it does changes what is computed. Past
-    WARN_FRACTION of --mpi_timeout one warning; past --mpi_timeout one line, this rank's env
-    processes killed, MPI_Abort. Time this process spent suspended (Ctrl-Z) does not count.
+No baselines counterpart: baselines waits for ever, and so does MPI. A rank blocked in a
+collective runs no Python code, signal handlers included, until the call returns. So one thread
+per rank, the watchdog, does what the main thread cannot while it waits (docs/faults.md gives
+each case's line and exit code):
+  * it times the collective call the rank is in (mpi_util.ObservedComm): past WARN_FRACTION of
+    --mpi_timeout one warning; past it one line, this rank's env processes killed, MPI_Abort.
+    Time this process spent suspended (Ctrl-Z) does not count.
   * it takes the stop SIGNALS (set_wakeup_fd hands it each the moment it arrives). While the
     run starts (until stop_at_cycle_ends) one ends it at once; after that the first asks the
     loop to stop safely at the end of the cycle (`requested`, read by run.Run.end_cycle), the
@@ -36,10 +34,10 @@ SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGHUP)
 
 class Watchdog:
     """One rank's watchdog thread; limit_s = 0: no time limit (signals are still taken). comm:
-    the communicator MPI_Abort ends the job through (not observed; None: no MPI)."""
+    the communicator MPI_Abort ends the job through (not observed)."""
 
-    def __init__(self, limit_s, comm, prog="train.py"):
-        self.limit_s, self.comm, self.prog = limit_s, comm, prog
+    def __init__(self, limit_s, comm):
+        self.limit_s, self.comm = limit_s, comm
         self.requested = False  # a first stop signal asked to stop after this cycle
         self.starting = True  # nothing written yet: a stop signal ends the start-up at once
         self.logdir = None  # named in the second signal's line, once it holds a checkpoint
@@ -101,16 +99,13 @@ class Watchdog:
         """The Python-level handler. A job of one rank that is starting stops here, in its main
         thread, so that it leaves as any error does (its MPI finalised: no segment left in
         /dev/shm); everything else is the watchdog thread's, which set_wakeup_fd has woken."""
-        if not (self.starting and self.one_rank()):
+        if not (self.starting and self.comm.Get_size() == 1):
             return
         if signum in signal.pthread_sigmask(signal.SIG_BLOCK, []):
             # env processes are being started (vecenv.stop_signals_blocked): once they are
             signal.pthread_kill(threading.get_ident(), signum)
             return
         raise Interrupted(starting_line(signum))
-
-    def one_rank(self):
-        return self.comm is None or self.comm.Get_size() == 1
 
     # -------------------------------------------------- the watchdog thread
 
@@ -135,13 +130,14 @@ class Watchdog:
                 return
             call[2] += seconds
             frame, name, waited, warned = call
+        code = frame.f_code  # the caller's: "MpiAdam.update's Allreduce (mpi_adam.py)"
+        what = f"{code.co_qualname}'s {name} ({os.path.basename(code.co_filename)})"
         if waited >= self.limit_s:
-            self._expire(describe_call(frame, name), waited)  # [MPI] Abort
+            self._expire(what, waited)  # [MPI] Abort
         elif waited >= WARN_FRACTION * self.limit_s and not warned:
             call[3] = True
-            self._say(f"warning: {describe_call(frame, name)} has waited {waited:.0f} s for "
-                      f"the other ranks; the job ends if it waits {self.limit_s:g} s "
-                      f"(--mpi_timeout)")
+            self._say(f"warning: {what} has waited {waited:.0f} s for the other ranks; the job "
+                      f"ends if it waits {self.limit_s:g} s (--mpi_timeout)")
 
     def _expire(self, what, waited):
         """Collective in effect: a call waited past the limit, so MPI's Abort ends every rank."""
@@ -159,7 +155,7 @@ class Watchdog:
     def _on_signal(self, signum):
         if signum not in SIGNALS:
             return
-        if self.starting and self.one_rank():
+        if self.starting and self.comm.Get_size() == 1:
             return  # the main thread raises it (_in_main_thread)
         if self.starting:  # no file written yet; env processes die with their rank (prctl)
             self._say(starting_line(signum), announce_only=True)
@@ -177,11 +173,11 @@ class Watchdog:
         os._exit(130)
 
     def _say(self, text, announce_only=False):
-        rank = self.comm.Get_rank() if self.comm is not None else 0
+        rank = self.comm.Get_rank()
         if announce_only and rank != 0:
             return
-        where = f" (rank {rank})" if self.comm is not None and self.comm.Get_size() > 1 else ""
-        print(f"{self.prog}{where}: {text}", file=sys.stderr, flush=True)
+        where = f" (rank {rank})" if self.comm.Get_size() > 1 else ""
+        print(f"train.py{where}: {text}", file=sys.stderr, flush=True)
 
 
 def starting_line(signum):
@@ -192,12 +188,3 @@ def kill_env_processes():
     for child in mp.active_children():  # this rank's env processes
         child.kill()
 
-
-def describe_call(frame, name):
-    """"MpiAdam.update's Allreduce (mpi_adam.py)" for the call `name` made from `frame`."""
-    while frame is not None and os.path.basename(frame.f_code.co_filename) == "watchdog.py":
-        frame = frame.f_back
-    if frame is None:
-        return f"{name} (?)"
-    file = os.path.basename(frame.f_code.co_filename)
-    return f"{frame.f_code.co_qualname}'s {name} ({file})"

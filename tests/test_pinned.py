@@ -42,7 +42,6 @@ Run: `python -m pytest -q tests/test_pinned.py`; `python -m tests.test_pinned ag
 the agent's figures as JSON (under the pinned environment only when started by the test), and
 `python -m tests.test_pinned fetch_reach LOGDIR [N_RANKS]` those of a finished run's folder.
 """
-import csv
 import hashlib
 import json
 import os
@@ -57,6 +56,7 @@ import pytest
 from config import Config
 from ddpg import DDPG
 from harness.goal_env import GoalTask
+from harness.runfolder import WALL_CLOCK, read_progress
 from mpi_adam import ONE_RANK
 from rollout import RolloutWorker
 from tests.helpers import ROOT, train_cmd
@@ -464,7 +464,7 @@ def test_agent_is_pinned():
 
 # The arrays of a policy or checkpoint that hold nothing learnt: the settings, which the run's
 # command line fixes (config_json, run_config), and what only keeps the rest whole
-# (checkpoint.py's checksum over the arrays, logger.py's progress_digest of the earlier rows).
+# (checkpoint.py's checksum over the arrays, runfolder.py's progress_digest of the earlier rows).
 NOT_LEARNT = ("config_json", "run_config", "checksum", "log/progress_sha256")
 
 
@@ -480,10 +480,8 @@ def fetch_reach_figures(logdir, n_ranks=1):
     policy/) and every rank's checkpoint (rank 0's keys under checkpoint/, rank r's under
     checkpoint/rank<r>/): weights, targets, normaliser sums, Adam moments and steps, buffer,
     generator, update and episode counts, the logs and the resume position."""
-    with open(os.path.join(logdir, "progress.csv")) as f:
-        rows = list(csv.DictReader(f))
-    figures = {f"progress/{key}": value for row in rows for key, value in row.items()
-               if key != "time/epoch_s"}
+    figures = {f"progress/{key}": value for row in read_progress(logdir)
+               for key, value in row.items() if key != WALL_CLOCK}
     for name, prefix in (("latest", "policy/"), ("best", "policy_best/"), ("0", "policy_0/")):
         figures.update(npz_figures(os.path.join(logdir, f"policy_{name}.npz"), prefix))
     for rank in range(n_ranks):
