@@ -29,7 +29,7 @@ from experiment.plot_tables import gap_table, results_table, runs_table, scaling
 from experiment.runs import group_runs, has_epochs, median_and_band, seeds_and_epochs, with_variant
 from experiment.stats import iqm_interval
 from harness.cli import ArgumentParser
-from harness.errors import BadFileError, UsageError
+from harness.errors import BadFileError, SaveError, UsageError
 from harness.files import pyplot, save_figure
 
 X_LABELS = {"epoch": "epoch (row e: after e + 1 epochs)", "steps": "total env steps (all ranks)",
@@ -260,10 +260,14 @@ def main(argv=None):
               gap_table(run_dirs) if args.gap else results_table(run_dirs))
         return 0
     check_output(p, "-o", args.out, args.force, ".png")
-    if args.scaling:
-        plot_scaling(run_dirs, args.scaling, args.out)
-    else:
-        (plot_suite if args.suite else plot)(run_dirs, args.out)
+    try:
+        if args.scaling:
+            plot_scaling(run_dirs, args.scaling, args.out)
+        else:
+            (plot_suite if args.suite else plot)(run_dirs, args.out)
+    except SaveError as e:  # a full disk, or a folder that takes no file (/proc): as train.py's
+        print(f"plot.py: error: {e}", file=sys.stderr)
+        return 1
     print(f"wrote {args.out} from {len(run_dirs)} run(s)")
     return 0
 

@@ -268,7 +268,9 @@ def one_decimal(value):
 
 
 def spread(values):
-    """Their median (lowest to highest), to one decimal."""
+    """Their median (lowest to highest), to one decimal; "-" where there are none."""
+    if not values:
+        return "-"
     low, high = one_decimal(min(values)), one_decimal(max(values))
     return f"{one_decimal(np.median(values))} ({low} to {high})"
 

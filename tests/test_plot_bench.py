@@ -304,6 +304,10 @@ class TestPlotBench:
                                  "runs) | 2.5 (2.5 to 2.5), 1 of 1 runs |")
         assert gap[4] == ("| the PyTorch port's median, 8 x 2, traced | 11.5 | 13.5 | 15.8 |  |  "
                           "|  |")
+        # a level no run reaches: "-", not min() of nothing (was a ValueError traceback)
+        gap = plot.gap_table(dirs[1:2]).splitlines()
+        assert gap[3] == ("| median (lowest to highest) of the runs that reached it (1 runs) | -, "
+                          "0 of 1 runs | -, 0 of 1 runs | -, 0 of 1 runs | - | - | - |"), gap[3]
 
     @pytest.mark.slow
     def test_bench_update_section_runs_and_prints_its_ratios(self):

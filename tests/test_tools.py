@@ -210,6 +210,13 @@ class TestToolsRefuseOrRun:
         for case in PLOT_CASES:
             check_case("plot", tmp, case)
 
+    @pytest.mark.skipif(os.geteuid() != 0, reason="root passes the writable-folder check there")
+    def test_plot_into_a_folder_that_takes_no_file_is_one_line(self, tmp):
+        """/proc: writable to root's access(), but no file can be made in it."""
+        rc, out, err = run_tool("plot", ["runs/seed0", "-o", "/proc/c.png"], tmp)
+        assert_one_line(rc, out, err, 1, "plot.py: error: cannot write /proc/c.png: No such "
+                        "file or directory")
+
     def test_demos_refuses_before_making_an_env(self, tmp):
         for case in DEMOS_CASES:
             check_case("demos", tmp, case)
