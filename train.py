@@ -28,8 +28,7 @@ Test: `python -m pytest -q test_all.py::TestTrain tests/test_train.py`.
 """
 import time
 
-# first, so that Ctrl-C while the rest is imported is one line (harness/__init__.py)
-from harness.run import start_run
+from harness.run import start_run  # first: Ctrl-C while the rest imports is one line
 
 # isort: split
 import numpy as np

@@ -11,8 +11,7 @@ import os
 import signal
 import sys
 
-# first, so that Ctrl-C while a command imports is one line (harness/__init__.py)
-from harness import CTRL_C
+from harness import CTRL_C  # first: Ctrl-C while the rest imports is one line
 
 # isort: split
 import threading

@@ -18,8 +18,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))  # run as a file too
-# first, so that Ctrl-C while the rest is imported is one line (harness/__init__.py)
-from experiment import run_command
+from experiment import run_command  # first: Ctrl-C while the rest imports is one line
 
 # isort: split
 import functools
