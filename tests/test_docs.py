@@ -10,7 +10,6 @@ of README.md and docs/*.md resolves.
 Run: `python -m pytest -q tests/test_docs.py` (from the repository's root).
 """
 import ast
-import csv
 import fnmatch
 import glob
 import itertools
@@ -22,6 +21,7 @@ import subprocess
 import numpy as np
 import pytest
 
+from harness.runfolder import read_progress
 from tests.helpers import FAULTS_TABLE, MPI_TABLE, ROOT, doc_section, table_rows
 
 # -------------------------------------------------------- links, files and tests of the docs
@@ -229,8 +229,8 @@ class TestDocs:
         with open(os.path.join(ROOT, "docs", "results.md")) as f:
             page = " ".join(f.read().split())
         for run, first, last, words in QUOTED_MEDIANS:
-            with open(os.path.join(ROOT, "results", run, "progress.csv")) as f:
-                success = [float(row["test/success_rate"]) for row in csv.DictReader(f)]
+            rows = read_progress(os.path.join(ROOT, "results", run))
+            success = [float(row["test/success_rate"]) for row in rows]
             figure = f"{np.median(success[first:last + 1]):.2f}"
             assert words.format(figure) in page, f"{run}, epochs {first}-{last}: {figure}"
         assert "0.73 over 21-29" in page  # 0.725, stored as 0.7250000000000001
@@ -297,8 +297,7 @@ class TestDocs:
         assert len(rows) == 20, len(rows)
         for arm, run, code, commit, started, seconds in rows:
             folder = os.path.join(ROOT, "results", run.strip("`"))
-            with open(os.path.join(folder, "progress.csv")) as f:
-                times = [float(r["time/epoch_s"]) for r in csv.DictReader(f)][:10]
+            times = [float(r["time/epoch_s"]) for r in read_progress(folder)][:10]
             assert seconds == f"{min(times):.0f}-{max(times):.0f}", (run, seconds)
             log = os.path.join(folder, "log.txt")
             if os.path.exists(log):
@@ -339,9 +338,8 @@ class TestDocs:
             key = next(k for k in groups if cells[0].startswith(k))
             success = {}  # seed: test success of every epoch
             for run in groups[key]:
-                with open(os.path.join(run, "progress.csv")) as f:
-                    rows_of_run = list(csv.DictReader(f))
-                success[int(run[-1])] = [float(r["test/success_rate"]) for r in rows_of_run]
+                success[int(run[-1])] = [float(r["test/success_rate"])
+                                         for r in read_progress(run)]
             assert all(len(s) >= 10 for s in success.values()), (key, success)
             assert cells[1:6] == [f"{success[i][9]:.2f}" if i in success else "not run"
                                   for i in range(5)], (key, cells)
