@@ -86,14 +86,13 @@ def checked(f, value):
 def flag_value(f, text):
     """argparse's type of the flag --<f.name>: its text as the JSON value it stands for ('0' or
     '1' for a bool), then checked."""
-    kind, _, _ = field_type(f)
-    parse = {int: int, float: float, bool: {"0": False, "1": True}.get}.get(kind, str)
-    try:
+    bools = {"0": False, "1": True}
+    parse = {int: int, float: float, bool: lambda t: bools.get(t, t)}.get(field_type(f)[0], str)
+    value = text  # where it does not parse, refused by checked as what it is: text
+    with contextlib.suppress(ValueError, OverflowError):
         value = parse(text)
-    except (ValueError, OverflowError):
-        value = text  # refused by checked as what it is: text
     try:
-        return checked(f, text if value is None else value)
+        return checked(f, value)
     except ValueError as e:
         raise argparse.ArgumentTypeError(f"--{f.name} {e}") from None
 
@@ -137,11 +136,10 @@ TASKS_PER_RANK, TASKS_PER_ENV = 2, 2
 
 
 def config_for_task(cfg, ranks_here):
-    """(cfg, task): the task read off the env and the values in force: the discount (1 - 1/T
-    unless given), the reward range (measured unless given). UsageError where this process's
-    limits are too small for the run (check_limits: first, reading the env opens files), or
-    the flags contradict the task: a given range that leaves out rewards the task gives, a
-    buffer that holds no rollout, or more memory than there is (check_memory)."""
+    """(cfg, task): the task read off the env, the discount (1 - 1/T) and reward range (measured)
+    unless given. UsageError where this process's limits are too small (check_limits: first,
+    reading the env opens files), or the flags contradict the task: a range that leaves out its
+    rewards, a buffer that holds no rollout, more memory than there is (check_memory)."""
     check_limits(cfg, ranks_here)
     task = describe_env(cfg.env)
     if task.r_range is None and cfg.reward_range is None:
@@ -181,13 +179,24 @@ def check_memory(cfg, task, ranks_here):
     # layer's activations and gradients, actor and critic, main and target; weights 6 times
     batch = 4 * cfg.batch_size * (2 * d["o"] + 3 * d["g"] + d["u"] + 16 * cfg.layers * cfg.hidden)
     processes = PROCESS_MB * 2**20 * (1 + (cfg.num_env if cfg.num_env > 1 else 0))
-    arrays, room = buffer + batch + 24 * params, address_space_left()
+    arrays, room = buffer + batch + 24 * params, None
+    limit = resource.getrlimit(resource.RLIMIT_AS)[0]
+    with contextlib.suppress(OSError, ValueError, StopIteration), open("/proc/self/status") as f:
+        if limit != resource.RLIM_INFINITY:  # what ulimit -v leaves: the limit less its size now
+            room = limit - 1024 * int(next(ln for ln in f if ln.startswith("VmSize:")).split()[1])
     if room is not None and arrays + PROCESS_MB * 2**20 > room:  # a margin: threads, buffers
         raise UsageError(f"the replay buffer and one batch need about {arrays / 2**30:.2f} GiB "
                          f"in this process, and its address-space limit (ulimit -v) leaves it "
                          f"{room / 2**30:.2f} GiB: raise the limit (ulimit -v unlimited), or "
                          "lower --buffer_size or --batch_size")
-    need, have = ranks_here * (arrays + processes), available_memory()
+    # what this process may still take: Linux's MemAvailable, or less under a cgroup limit
+    sizes = []
+    with contextlib.suppress(OSError, ValueError, StopIteration), open("/proc/meminfo") as f:
+        sizes.append(1024 * int(next(ln for ln in f if ln.startswith("MemAvailable:")).split()[1]))
+    with contextlib.suppress(OSError, ValueError):
+        with open("/sys/fs/cgroup/memory.max") as f, open("/sys/fs/cgroup/memory.current") as g:
+            sizes.append(int(f.read()) - int(g.read()))
+    need, have = ranks_here * (arrays + processes), min(sizes, default=None)
     if have is not None and need > 0.8 * have:
         line = (f"the run needs about {need / 2**30:.1f} GiB on this host ({ranks_here} rank(s) x "
                 f"{buffer / 2**30:.2f} GiB of replay buffer, {batch / 2**30:.2f} GiB for one "
@@ -209,49 +218,21 @@ def check_limits(cfg, ranks_here):
         raise UsageError(f"--num_env {cfg.num_env} needs about {need} open files in each process, "
                          f"and this one may open {soft} (ulimit -n): raise the limit with ulimit "
                          f"-n {need}" + (f", or give --num_env {fewer}" if fewer > 0 else ""))
-    soft, used = resource.getrlimit(resource.RLIMIT_NPROC)[0], tasks_of(os.getuid())
-    envs = cfg.num_env if cfg.num_env > 1 else 0
+    # the processes and threads of this user on this host now, what ulimit -u counts (/proc)
+    used = 0
+    for path in glob.glob("/proc/[0-9]*/status"):
+        with contextlib.suppress(OSError, ValueError, KeyError), open(path) as f:
+            fields = dict(line.split(":", 1) for line in f)
+            used += int(fields["Threads"]) if int(fields["Uid"].split()[0]) == os.getuid() else 0
+    # --num_env 1 starts no env process
+    soft, envs = resource.getrlimit(resource.RLIMIT_NPROC)[0], cfg.num_env * (cfg.num_env > 1)
     need = used + ranks_here * (TASKS_PER_RANK + TASKS_PER_ENV * envs)
     if 0 <= soft < need and os.getuid() != 0:
-        # --num_env 1 starts no env process
         fits = ((soft - used) // ranks_here - TASKS_PER_RANK) // TASKS_PER_ENV
         raise UsageError(f"--num_env {cfg.num_env} needs about {need} processes and threads of "
                          f"this user on this host ({used} now), and ulimit -u allows {soft}: "
                          f"raise the limit with ulimit -u {need}"
                          + (f", or give --num_env {max(fits, 1)}" if fits >= 0 else ""))
-
-
-def tasks_of(uid):
-    """Processes and threads of user `uid` on this host now, what ulimit -u counts (Linux's
-    /proc; 0 where there is none)."""
-    n = 0
-    for path in glob.glob("/proc/[0-9]*/status"):
-        with contextlib.suppress(OSError, ValueError, KeyError), open(path) as f:
-            fields = dict(line.split(":", 1) for line in f)
-            n += int(fields["Threads"]) if int(fields["Uid"].split()[0]) == uid else 0
-    return n
-
-
-def address_space_left():
-    """Bytes this process may still map under its own limit (ulimit -v), or None: no limit."""
-    limit = resource.getrlimit(resource.RLIMIT_AS)[0]
-    with contextlib.suppress(OSError, ValueError, StopIteration), open("/proc/self/status") as f:
-        if limit != resource.RLIM_INFINITY:
-            return limit - 1024 * int(next(ln for ln in f if ln.startswith("VmSize:")).split()[1])
-    return None
-
-
-def available_memory():
-    """Bytes this process may still take: Linux's MemAvailable, or less under a cgroup limit;
-    None where neither can be read."""
-    sizes = []
-    with contextlib.suppress(OSError, ValueError, StopIteration), open("/proc/meminfo") as f:
-        line = next(line for line in f if line.startswith("MemAvailable:"))
-        sizes.append(1024 * int(line.split()[1]))
-    with contextlib.suppress(OSError, ValueError):
-        with open("/sys/fs/cgroup/memory.max") as f, open("/sys/fs/cgroup/memory.current") as g:
-            sizes.append(int(f.read()) - int(g.read()))
-    return min(sizes) if sizes else None
 
 
 # ---------------------------------------------------------------- command line
@@ -269,15 +250,11 @@ def config_flags(p, names=None):
     annotation, help from the comment that ends its line in config.py (never a rule). Every
     default is None, so that make_config can tell a flag given from one left out (the env's
     overrides apply to those)."""
-    with open(inspect.getfile(Config)) as f:
-        source = f.read()
-    lines = source.splitlines()
-    body = next(node for node in ast.parse(source).body if getattr(node, "name", "") == "Config")
+    source = inspect.getsource(Config)
+    lines, body = source.splitlines(), ast.parse(source).body[0].body
     helps = {node.target.id: lines[node.end_lineno - 1][node.end_col_offset:].strip(" #")
-             for node in body.body if isinstance(node, ast.AnnAssign)}
-    for f in dataclasses.fields(Config):
-        if names is not None and f.name not in names:
-            continue
+             for node in body if isinstance(node, ast.AnnAssign)}
+    for f in (f for f in dataclasses.fields(Config) if names is None or f.name in names):
         kind, rule, _ = field_type(f)
         notes = [str(rule)] if isinstance(rule, Interval) else []
         if f.default is not None:  # X | None: the comment says what the run works out
@@ -350,9 +327,8 @@ def shared_config(argv, comm):
             else:
                 cfg = make_config(args)
             if cfg.logdir is None:
-                stamp = time.strftime("%Y%m%d-%H%M%S")
-                cfg = dataclasses.replace(cfg, logdir=os.path.join(
-                    "runs", f"{cfg.env}-seed{cfg.seed}-{stamp}"))
+                name = f"{cfg.env}-seed{cfg.seed}-{time.strftime('%Y%m%d-%H%M%S')}"
+                cfg = dataclasses.replace(cfg, logdir=os.path.join("runs", name))
             cfg = dataclasses.asdict(cfg)
         except UsageError as e:
             error = str(e)

@@ -29,9 +29,6 @@ import numpy as np
 from harness.errors import UsageError
 from vecenv import DummyVecEnv, ShmemVecEnv, SubprocVecEnv, stop_signals_blocked
 
-# --vec_env: how env processes send their observations to the rank (vecenv.py).
-VEC_ENVS = {"subproc": SubprocVecEnv, "shmem": ShmemVecEnv}
-
 
 def import_gym():
     """gymnasium with the robotics envs registered. gymnasium-robotics 1.4.2 prints a notice
@@ -61,11 +58,10 @@ def make_env(env_id, render_mode=None):
 
 
 class HeldAtEnd(gym.Wrapper):
-    """Not in baselines (deviation 35 of docs/deviations.md): HER here stores episodes of
-    exactly T steps, so an episode the env ends before T (terminated or truncated) is held at
-    its end: the env is not stepped again, and every later step until the rollout's reset
-    returns its last observation, reward and info. A task that ends on success so has an
-    absorbing goal state; one that ends on failure repeats its last reward."""
+    """Not in baselines (deviation 35 of docs/deviations.md): episodes here are T steps, so one
+    the env ends early is held at its end: not stepped again, every later step returns its last
+    observation, reward and info. A task that ends on success so has an absorbing goal state;
+    one that ends on failure repeats its last reward."""
 
     def reset(self, **kwargs):
         self.end = None
@@ -93,17 +89,25 @@ class GoalTask:
 
 
 def describe_env(env_id):
-    """The GoalTask of env_id, after checking that the env keeps a goal task's contract (each
-    rule one UsageError line; docs/own-task.md): its module imports, its id
-    is registered with a time limit, and one env gives a dict observation of flat arrays, a
-    symmetric action box, a compute_reward(ag, g, None) that takes batches and agrees with
-    step's reward, and the success in info. Its reward range is measured (None where it cannot
-    be: what a run does then is cli.config_for_task's). The env stays open: it computes the
-    rewards of relabelled goals (baselines keeps a tmp env for the same reason)."""
+    """The GoalTask of env_id, after checking the contract of docs/own-task.md, each rule one
+    UsageError line. Its reward range is measured (None where it cannot be: what a run does then
+    is cli.config_for_task's). The env stays open: it computes the rewards of relabelled goals
+    (baselines keeps a tmp env for the same reason)."""
     gym = import_gym()
     module, _, name = env_id.rpartition(":")
-    if module:
-        import_task_module(env_id, module)
+    try:  # the module of --env module:EnvId; whatever it raises is one UsageError line
+        if module:
+            importlib.import_module(module)
+    except ModuleNotFoundError as e:
+        if e.name is None or not f"{module}.".startswith(f"{e.name}."):
+            raise UsageError(f"--env {env_id}: importing {module!r} failed: {one_line(e)}; "
+                             f"install what it imports") from None
+        raise UsageError(f"--env {env_id}: no module {module!r} on Python's path; add the "
+                         "folder that holds it to PYTHONPATH (exported, so that every rank and "
+                         "env process has it)") from None
+    except Exception as e:
+        raise UsageError(f"--env {env_id}: importing {module!r} raised {type(e).__name__}: "
+                         f"{one_line(e)}") from None
     if name not in gym.registry:
         close = difflib.get_close_matches(name, list(gym.registry), n=3, cutoff=0.6)
         hint = f"; did you mean {' or '.join(close)}?" if close else \
@@ -120,9 +124,7 @@ def describe_env(env_id):
         warnings.simplefilter("ignore")
         env = calling(env_id, "gymnasium.make", make_env, env_id)
         try:
-            dims = observation_dims(env_id, env.observation_space)
-            max_u = action_bound(env_id, env.action_space)
-            dims["u"] = int(env.action_space.shape[0])
+            dims, max_u = space_dims(env_id, env)
             reward_fun = functools.partial(_compute_reward, env.unwrapped)
             checked_reward = functools.partial(batch_rewards, env_id, reward_fun)
             r_range = measure_reward_range(env_id, env, dims, checked_reward)  # resets the env
@@ -134,30 +136,12 @@ def describe_env(env_id):
                     r_range=r_range)
 
 
-def import_task_module(env_id, module):
-    """Import the module of --env module:EnvId; whatever it raises is one UsageError line."""
-    try:
-        importlib.import_module(module)
-    except ModuleNotFoundError as e:
-        if e.name is None or not f"{module}.".startswith(f"{e.name}."):
-            raise UsageError(f"--env {env_id}: importing {module!r} failed: {one_line(e)}; "
-                             f"install what it imports") from None
-        raise UsageError(f"--env {env_id}: no module {module!r} on Python's path; add the "
-                         "folder that holds it to PYTHONPATH (exported, so that every rank and "
-                         "env process has it)") from None
-    except Exception as e:
-        raise UsageError(f"--env {env_id}: importing {module!r} raised {type(e).__name__}: "
-                         f"{one_line(e)}") from None
-
-
 def one_line(error):
-    lines = str(error).strip().splitlines()
-    return lines[0] if lines else "(no message)"
+    return (str(error).strip().splitlines() or ["(no message)"])[0]
 
 
 def calling(env_id, what, fn, *args, **kwargs):
-    """fn(*args, **kwargs); anything it raises but a UsageError is one UsageError line naming
-    `what`."""
+    """fn(*args, **kwargs); an error it raises, but a UsageError, is one line naming `what`."""
     try:
         return fn(*args, **kwargs)
     except UsageError:
@@ -172,21 +156,31 @@ ANSWERS = {"reset": ("observation", "info"),
            "step": ("observation", "reward", "terminated", "truncated", "info")}
 
 
-def api(env_id, what, answer):
-    """reset's or step's answer, if it is the tuple gymnasium's API has (not gym's older one)."""
-    if not (isinstance(answer, tuple) and len(answer) == len(ANSWERS[what])):
-        raise UsageError(f"env {env_id!r}: {what} returned a {type(answer).__name__}, not "
-                         f"gymnasium's ({', '.join(ANSWERS[what])})")
-    return answer
-
-
 GOAL_KEYS = ("observation", "achieved_goal", "desired_goal")
 
 
-def observation_dims(env_id, space):
-    """{'o': dim_o, 'g': dim_g} of a dict observation of three flat boxes, its two goals of one
-    shape."""
-    boxes = getattr(space, "spaces", {})
+def env_answer(env_id, what, env, dims, *args, **kwargs):
+    """env.reset's or env.step's answer (`what`: its name), checked: the tuple gymnasium's API
+    has (not gym's older one), its observation a dict of the shapes its space gives (dims)."""
+    answer = calling(env_id, what, getattr(env, what), *args, **kwargs)
+    if not (isinstance(answer, tuple) and len(answer) == len(ANSWERS[what])):
+        raise UsageError(f"env {env_id!r}: {what} returned a {type(answer).__name__}, not "
+                         f"gymnasium's ({', '.join(ANSWERS[what])})")
+    obs, want = answer[0], {k: (dims["o" if k == "observation" else "g"],) for k in GOAL_KEYS}
+    if not isinstance(obs, dict):
+        raise UsageError(f"env {env_id!r}: {what} gave a {type(obs).__name__}, not a dict "
+                         f"observation with keys {', '.join(GOAL_KEYS)}")
+    got = {k: np.shape(obs.get(k)) for k in GOAL_KEYS}
+    if got != want or not all(np.all(np.isfinite(obs[k])) for k in GOAL_KEYS):
+        raise UsageError(f"env {env_id!r}: {what} gave an observation of shapes {got} (or not "
+                         f"finite), where its space says {want}")
+    return answer
+
+
+def space_dims(env_id, env):
+    """({'o': dim_o, 'g': dim_g, 'u': dim_u}, max_u) of a dict observation of three flat boxes,
+    its two goals of one shape, and an action box [-max_u, max_u]^dim_u."""
+    space, boxes = env.observation_space, getattr(env.observation_space, "spaces", {})
     if not all(isinstance(boxes.get(k), gym.spaces.Box) for k in GOAL_KEYS):
         kinds = ", ".join(f"{k}: {type(boxes.get(k)).__name__}" for k in GOAL_KEYS) \
             if boxes else f"a {type(space).__name__} space"
@@ -198,11 +192,7 @@ def observation_dims(env_id, space):
             shapes["achieved_goal"] != shapes["desired_goal"]:
         raise UsageError(f"env {env_id!r}: observation shapes {shapes}; each must be flat, (n,), "
                          "and achieved_goal's the same as desired_goal's")
-    return {"o": shapes["observation"][0], "g": shapes["desired_goal"][0]}
-
-
-def action_bound(env_id, space):
-    """max_u of an action box [-max_u, max_u]^dim_u."""
+    space = env.action_space
     if not isinstance(space, gym.spaces.Box) or len(space.shape) != 1:
         raise UsageError(f"env {env_id!r} has the action space {space}; DDPG's actor needs a "
                          "flat Box [-a, a]^n (a discrete choice can be a continuous action, "
@@ -212,7 +202,8 @@ def action_bound(env_id, space):
             and np.allclose(high, high.flat[0]) and high.flat[0] > 0):
         raise UsageError(f"env {env_id!r} has an action box that is not [-a, a] in every "
                          "dimension; the tanh actor needs a symmetric box")
-    return float(high.flat[0])
+    (dim_o,), (dim_g,), (dim_u,) = shapes["observation"], shapes["desired_goal"], space.shape
+    return {"o": dim_o, "g": dim_g, "u": int(dim_u)}, float(high.flat[0])
 
 
 def batch_rewards(env_id, reward_fun, ag, g):
@@ -224,20 +215,6 @@ def batch_rewards(env_id, reward_fun, ag, g):
                          f"{r.shape} for {len(ag)} goals; it must take arrays of goals, (K, "
                          f"{ag.shape[1]}), and return K finite rewards, one for each")
     return r
-
-
-def checked_obs(env_id, what, obs, dims):
-    """obs of reset or step, checked against the dims its space gives."""
-    dim = {"observation": dims["o"], "achieved_goal": dims["g"], "desired_goal": dims["g"]}
-    want = {k: (d,) for k, d in dim.items()}
-    if not isinstance(obs, dict):
-        raise UsageError(f"env {env_id!r}: {what} gave a {type(obs).__name__}, not a dict "
-                         f"observation with keys {', '.join(GOAL_KEYS)}")
-    got = {k: np.shape(obs.get(k)) for k in GOAL_KEYS}
-    if got != want or not all(np.all(np.isfinite(obs[k])) for k in GOAL_KEYS):
-        raise UsageError(f"env {env_id!r}: {what} gave an observation of shapes {got} (or not "
-                         f"finite), where its space says {want}")
-    return obs
 
 
 # Steps of the first episode that are checked (step's reward against compute_reward's, the
@@ -252,9 +229,8 @@ def first_steps(env_id, env, dims, T, max_u, reward_fun):
     calling(env_id, "reset", env.reset, seed=0)
     for _ in range(min(T, FIRST_STEPS)):
         u = rng.uniform(-max_u, max_u, space.shape).astype(space.dtype)
-        obs, r, terminated, truncated, info = api(env_id, "step",
-                                                  calling(env_id, "step", env.step, u))
-        steps.append((checked_obs(env_id, "step", obs, dims), r))
+        obs, r, terminated, truncated, info = env_answer(env_id, "step", env, dims, u)
+        steps.append((obs, r))
         if terminated or truncated:
             break
     # (FIRST_STEPS, dim_g) each, the steps repeated: HandManipulatePen's compute_reward fails on
@@ -280,8 +256,7 @@ def measure_reward_range(env_id, env, dims, reward_fun):
     from one value would clip every critic target to one constant, and nothing learns)."""
     goals, achieved = [], []
     for seed in range(MAX_RANGE_RESETS):
-        obs = api(env_id, "reset", calling(env_id, "reset", env.reset, seed=seed))[0]
-        checked_obs(env_id, "reset", obs, dims)
+        obs = env_answer(env_id, "reset", env, dims, seed=seed)[0]
         goals.append(obs["desired_goal"])
         achieved.append(obs["achieved_goal"])
         if seed + 1 >= MIN_RANGE_RESETS:
@@ -334,4 +309,6 @@ def build_venv(cfg, render_mode=None):
     # One env runs inside the rank, with no env process; baselines too uses DummyVecEnv then.
     if cfg.num_env == 1:
         return DummyVecEnv(env_fns)
-    return VEC_ENVS[cfg.vec_env](env_fns, timeout=cfg.env_timeout)
+    # --vec_env: how env processes send their observations to the rank (vecenv.py)
+    vec_env = {"subproc": SubprocVecEnv, "shmem": ShmemVecEnv}[cfg.vec_env]
+    return vec_env(env_fns, timeout=cfg.env_timeout)

@@ -45,22 +45,20 @@ def launched(environ=os.environ):
 def launcher_rank(environ=os.environ):
     """This process's rank as its launcher numbered it (0 when started by hand); for processes
     that must not initialise MPI."""
-    launch = launched(environ)
-    return launch.rank if launch else 0
+    return launch.rank if (launch := launched(environ)) else 0
 
 
 def start_mpi():
     """Import mpi4py, which initialises MPI, and return its MPI module. Called inside main(),
     never at the top of an entry point: every env process re-imports the entry point's file
     (`spawn` runs it as __mp_main__), where a top-level import would initialise MPI as a second
-    copy of its rank, which hangs the job. A process that Open
-    MPI's mpirun did not start (`python train.py`, a job of one) is an Open MPI singleton, and
-    Open MPI 5 gives it a 16 MB shared-memory segment that it never removes, even after a clean
-    end (/dev/shm/sm_segment.*; measured with 5.0.11: one per run). A world of one talks only
-    to itself, so for the start its transport is restricted to `self` (the MCA parameter btl,
-    read once, in MPI_Init); the variable is gone again afterwards, so that an mpirun this
-    process starts (the tests do) is not told the same. MPICH reads no OMPI_* variable; a
-    value the user set is kept."""
+    copy of its rank, which hangs the job. A process that Open MPI's mpirun did not start
+    (`python train.py`, a job of one) is an Open MPI singleton, and Open MPI 5 gives it a 16 MB
+    shared-memory segment that it never removes, even after a clean end (/dev/shm/sm_segment.*;
+    measured with 5.0.11: one per run). A world of one talks only to itself, so for the start
+    its transport is restricted to `self` (the MCA parameter btl, read once, in MPI_Init); the
+    variable is gone again afterwards, so that an mpirun this process starts (the tests do) is
+    not told the same. MPICH reads no OMPI_* variable; a value the user set is kept."""
     restrict = "OMPI_COMM_WORLD_SIZE" not in os.environ and "OMPI_MCA_btl" not in os.environ
     if restrict:
         os.environ["OMPI_MCA_btl"] = "self"
@@ -81,7 +79,7 @@ def mpi_library():
 
 def library_name(version_text):
     """The name and version in the first line of MPI.Get_library_version()'s text."""
-    first = version_text.strip().splitlines()[0] if version_text.strip() else "unknown MPI"
+    first = (version_text.strip().splitlines() or ["unknown MPI"])[0]
     if first.startswith("MPICH Version:"):
         return "MPICH " + first.split(":", 1)[1].strip()
     return first.split(",")[0].strip()
@@ -150,15 +148,12 @@ def describe_job(comm):
     mpirun's binding, taskset)."""
     here = (socket.gethostname(), len(os.sched_getaffinity(0)))
     places = comm.allgather(here)  # [MPI]
-    by_host = collections.defaultdict(list)
-    for rank, (host, cores) in enumerate(places):
-        by_host[host].append((rank, cores))
     parts = []
-    for host, ranks in by_host.items():
-        cores = sorted({c for _, c in ranks})
+    for host in dict.fromkeys(host for host, _ in places):  # in the order of their first rank
+        ranks = [rank for rank, (at, _) in enumerate(places) if at == host]
+        cores = sorted({places[rank][1] for rank in ranks})
         usable = f"{cores[0]}" if len(cores) == 1 else f"{cores[0]}-{cores[-1]}"
-        parts.append(f"{host}: rank(s) {rank_ranges([r for r, _ in ranks])}, "
-                     f"{usable} usable core(s) each")
+        parts.append(f"{host}: rank(s) {rank_ranges(ranks)}, {usable} usable core(s) each")
     return f"MPI: {mpi_library()}, {comm.Get_size()} rank(s); {'; '.join(parts)}"
 
 

@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # Runs an MPI launcher so that Ctrl-C stops train.py safely under Open MPI as under MPICH:
 #   bash tools/ctrl-c-saves.sh mpirun -np 8 python train.py --env FetchPush-v4 --num_env 2
-# Open MPI's mpirun takes Ctrl-C (SIGINT) and SIGTERM as an order to end the job at once: the
-# ranks get SIGTERM and, about 0.25 s later, SIGKILL, too soon to finish the cycle and save
-# (docs/usage.md). This script starts the launcher with setsid, detached from the terminal, so
-# that the terminal's Ctrl-C reaches this script alone, and passes the first Ctrl-C or SIGTERM on
-# to the launcher as SIGUSR1, which both MPIs' mpirun pass to the ranks: train.py stops at the end
-# of the cycle, saves its checkpoint, prints its `--resume` line and exits 130. A second one is
-# passed on as SIGTERM: the job ends at once, without saving, as a second Ctrl-C does under MPICH.
-# A closed terminal (HUP) and Ctrl-\ (QUIT) count as Ctrl-C too. The exit code is the launcher's.
-# The launcher reads no terminal (stdin is /dev/null).
+# Open MPI's mpirun ends the job at once on Ctrl-C (SIGINT) or SIGTERM: SIGTERM to the ranks,
+# SIGKILL about 0.25 s later, too soon to finish the cycle and save (docs/usage.md). This script
+# starts the launcher with setsid, out of the terminal's reach, so that its Ctrl-C reaches this
+# script alone, and passes the first Ctrl-C or SIGTERM on as SIGUSR1, which both MPIs' mpirun
+# pass to the ranks: train.py stops at the end of the cycle, saves its checkpoint, prints its
+# `--resume` line and exits 130. A second one is passed on as SIGTERM: the job ends at once,
+# without saving, as a second Ctrl-C does under MPICH. A closed terminal (HUP) and Ctrl-\ (QUIT)
+# count as Ctrl-C too (else the launcher would go on alone). The launcher reads no terminal
+# (stdin is /dev/null); the exit code is its own.
 # Test: tests/test_checkpoint.py, test_ctrl_c_to_ctrl_c_saves_sh_saves_and_exits_130.
 if [ $# -lt 2 ]; then
   echo "usage: bash tools/ctrl-c-saves.sh mpirun -np N python train.py [ARGS...]" >&2
@@ -26,8 +26,6 @@ pass_on() {
   signals=$((signals + 1))
   if [ "$signals" -eq 1 ]; then kill -USR1 "$launcher"; else kill -TERM "$launcher"; fi 2>/dev/null
 }
-# HUP (the terminal closed) and QUIT too: the launcher, out of the terminal's reach, would
-# otherwise go on alone
 trap pass_on INT TERM HUP QUIT
 # Not a process group leader (no job control here), so setsid detaches it in place and $! is
 # the launcher itself
