@@ -26,8 +26,9 @@ import warnings
 import gymnasium as gym
 import numpy as np
 
+import vecenv
 from harness.errors import UsageError
-from vecenv import DummyVecEnv, ShmemVecEnv, SubprocVecEnv, stop_signals_blocked
+from vecenv import DummyVecEnv, ShmemVecEnv, SubprocVecEnv
 
 
 def import_gym():
@@ -37,7 +38,7 @@ def import_gym():
     # Easy to miss: glfw (gymnasium's MuJoCo renderer imports it) finds its library through a
     # `python -c` child, which a Ctrl-C to the process group would end with a traceback of its
     # own: started with the stop signals blocked, it takes none (this process does, after)
-    with contextlib.redirect_stderr(io.StringIO()), stop_signals_blocked():
+    with contextlib.redirect_stderr(io.StringIO()), vecenv.stop_signals_blocked():
         import gymnasium_robotics
     gym.register_envs(gymnasium_robotics)
     # The library named here, env processes load it without such a child, so that none is left
@@ -174,6 +175,13 @@ def env_answer(env_id, what, env, dims, *args, **kwargs):
     if got != want or not all(np.all(np.isfinite(obs[k])) for k in GOAL_KEYS):
         raise UsageError(f"env {env_id!r}: {what} gave an observation of shapes {got} (or not "
                          f"finite), where its space says {want}")
+    try:  # the dtypes too, and any other entry's: what the vec env holds every step to
+        vecenv.check_obs(obs, vecenv.obs_layout(env.observation_space))
+    except KeyError as e:
+        raise UsageError(f"env {env_id!r}: {what} gave no {e} entry, which its observation "
+                         "space has") from None
+    except TypeError as e:
+        raise UsageError(f"env {env_id!r}: {what}: {e}") from None
     return answer
 
 
@@ -197,6 +205,9 @@ def space_dims(env_id, env):
         raise UsageError(f"env {env_id!r} has the action space {space}; DDPG's actor needs a "
                          "flat Box [-a, a]^n (a discrete choice can be a continuous action, "
                          "e.g. bit i flips where a_i > 0)")
+    if not np.issubdtype(space.dtype, np.floating):
+        raise UsageError(f"env {env_id!r} has an action box of {space.dtype}; DDPG's actor "
+                         "gives real numbers: make it a float Box [-a, a]^n")
     low, high = space.low, space.high
     if not (np.all(np.isfinite(high)) and np.allclose(low, -high)
             and np.allclose(high, high.flat[0]) and high.flat[0] > 0):
@@ -217,6 +228,8 @@ def batch_rewards(env_id, reward_fun, ag, g):
     return r
 
 
+# One value of gymnasium's API: a reward (a number, not a bool), terminated, truncated, success
+SCALARS = (bool, np.bool_, int, float, np.number)
 # Steps of the first episode that are checked (step's reward against compute_reward's, the
 # success key in info): enough to see a reward move, few for a slow task.
 FIRST_STEPS = 5
@@ -230,6 +243,12 @@ def first_steps(env_id, env, dims, T, max_u, reward_fun):
     for _ in range(min(T, FIRST_STEPS)):
         u = rng.uniform(-max_u, max_u, space.shape).astype(space.dtype)
         obs, r, terminated, truncated, info = env_answer(env_id, "step", env, dims, u)
+        for what, value, number in (("reward", r, True), ("terminated", terminated, False),
+                                    ("truncated", truncated, False)):
+            if isinstance(value, (bool, np.bool_)) == number or not isinstance(value, SCALARS):
+                raise UsageError(f"env {env_id!r}: step's {what} is a {type(value).__name__} "
+                                 f"of shape {np.shape(value)}; gymnasium's API has "
+                                 f"{'one number, a float or int' if number else 'True or False'}")
         steps.append((obs, r))
         if terminated or truncated:
             break
@@ -272,8 +291,12 @@ def _compute_reward(env, ag_2, g):
 
 def success_key(env_id, info):
     for key in ("is_success", "success"):
-        if key in info:
+        if key in info and isinstance(info[key], SCALARS):
             return key
+        if key in info:
+            raise UsageError(f"env {env_id!r}: info[{key!r}] after a step is a "
+                             f"{type(info[key]).__name__} of shape {np.shape(info[key])}; it "
+                             "must be one value, True or False (or 1 or 0)")
     raise UsageError(f"env {env_id!r} reports neither info['is_success'] nor info['success'] "
                      "after a step; a HER goal task must say when its goal is reached")
 

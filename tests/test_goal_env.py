@@ -117,6 +117,10 @@ class OneFault(PointGoal):
             self.observation_space["achieved_goal"] = gym.spaces.Box(-.5, .5, (3,), np.float64)
         if fault == "boom":
             raise RuntimeError("no such robot")
+        if fault == "intbox":
+            self.action_space = gym.spaces.Box(-1, 1, (2,), np.int64)
+        if fault == "float32":  # the space's dtype, while the env returns float64 arrays
+            self.observation_space["observation"] = gym.spaces.Box(-.5, .5, (2,), np.float32)
 
     def compute_reward(self, achieved_goal, desired_goal, info):
         r = super().compute_reward(achieved_goal, desired_goal, info)
@@ -136,9 +140,15 @@ class OneFault(PointGoal):
         obs, r, terminated, truncated, info = super().step(u)
         if self.fault == "stepreward":
             r += 1.
+        if self.fault == "rewardarray":
+            r = np.array([r])
         if self.fault == "nosuccess":
             info = {}
-        return obs, r, self.fault == "end3" and self.t >= 3, truncated, info
+        if self.fault == "successarray":
+            info = {"success": np.array([info["success"]])}
+        terminated = self.fault == "end3" and self.t >= 3
+        return obs, r, np.array([terminated]) if self.fault == "endarray" else terminated, \
+            truncated, info
 
 
 # {fault: what the one line says}; each also names the env's id
@@ -149,7 +159,11 @@ FAULTS = {"discrete": "action space Discrete(4)", "box01": "symmetric box",
           "resetshape": "reset gave an observation", "boom": "gymnasium.make raised RuntimeError",
           "scalar": "rewards of shape () for", "n3": "rewards of shape (",
           "nan": "K finite rewards", "info": "compute_reward(achieved_goal, desired_goal, None) "
-          "raised TypeError", "stepreward": "compute_reward's", "nosuccess": "info['is_success']"}
+          "raised TypeError", "stepreward": "compute_reward's", "nosuccess": "info['is_success']",
+          "intbox": "action box of int64", "float32": "expected float32 (2,) (its space), "
+          "received float64 (2,)", "rewardarray": "step's reward is a ndarray of shape (1,)",
+          "successarray": "info['success'] after a step is a ndarray of shape (1,)",
+          "endarray": "step's terminated is a ndarray of shape (1,); gymnasium's API has True"}
 for fault in [*FAULTS, "end3"]:
     gym.register(f"OneFault-{fault}-v0", entry_point="tests.test_goal_env:OneFault",
                  max_episode_steps=10, kwargs=dict(fault=fault))
