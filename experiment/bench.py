@@ -8,10 +8,9 @@ Plappert et al. (2018), Sec. 2.2, on one CPU thread per process, a section each 
 Where a run's cycles spend their time (env processes, every collective call on every rank) is
 measured in the run itself by train.py's --trace (docs/mpi.md).
 A figure is the median over repeats of the mean time of a number of calls, taken side by side
-with the figure it is compared to, so that the ratio holds on a busy machine where the absolute
-times do not (machines here differ 2-3x from one day to the next).
+with the figure it is compared to, so that the ratio holds where absolute times do not.
 
-Run: `python -m experiment.bench [--quick] [--only SECTION]` (about 3 minutes in all).
+Run: `python -m experiment.bench [--quick] [--only SECTION]` (docs/performance.md).
 Test: `python -m pytest -q tests/test_plot_bench.py`.
 """
 import os

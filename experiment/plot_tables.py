@@ -49,13 +49,8 @@ ANCHORS = {
     "FetchSlide-v4": [("port", 8, 2, "", n, s) for n, s in
                       ((10, 0.1), (20, 0.28), (30, 0.45), (35, 0.5), (50, 0.57), (125, 0.7))],
 }
-# The PyTorch port's FetchPush-v1 median (8 x 2, 5 seeds) in its README's figure
-# (figures/results.png at commit fff9994 of TianhongDai/hindsight-experience-replay), traced
-# pixel by pixel: the axes fitted to the gridlines at epochs 10-40 and success 0.0-1.0 (7.27
-# pixels an epoch, 237 pixels from 0 to 1), the median line found by its colour (RGB 76, 114,
-# 176) in every pixel column, and the first crossing of each level interpolated linearly
-# between columns. Epochs run (x read as epochs run, as for ANCHORS), to 0.1 epoch; the same
-# trace reads 0.295 at epoch 10 and 0.983 at 20, beside the marks 0.3 and 0.97 of ANCHORS.
+# {level: epochs run (as for ANCHORS) at which the PyTorch port's FetchPush-v1 median, 8 x 2,
+# first reaches it}, traced off its README's figure (how: docs/results.md, The paper's suite)
 PORT_FETCHPUSH_EPOCHS_AT = {0.5: 11.5, 0.75: 13.5, 0.9: 15.8}
 
 

@@ -124,14 +124,12 @@ def check_rules(cfg, given=()):
                          f"lower --demo_batch_size or raise --batch_size")
 
 
-# Resident memory of one process beside its arrays: Python, NumPy, MuJoCo and one env (113 MB
-# for FetchPush-v4, 136 MB for HandManipulateBlockRotateZ-v1, measured here), rounded up.
+# MB of one process beside its arrays (Python, NumPy, MuJoCo, one env), rounded up: docs/usage.md
 PROCESS_MB = 150
 # Files a rank and each env process hold open (ulimit -n), measured with a margin: docs/faults.md
 FILES, FILES_PER_ENV = 32, 4
-# Tasks (ulimit -u counts processes and threads) a rank starts after the limits are checked:
-# multiprocessing's resource tracker, and two per env process while MuJoCo loads its model
-# (measured: 4 env processes fail at ulimit -u 13 and run at 14, 6 tasks in use before them)
+# Tasks (ulimit -u counts processes and threads) a rank starts after the check: multiprocessing's
+# resource tracker, two per env process while MuJoCo loads its model (measured: docs/faults.md)
 TASKS_PER_RANK, TASKS_PER_ENV = 2, 2
 
 

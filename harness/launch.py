@@ -52,13 +52,12 @@ def start_mpi():
     """Import mpi4py, which initialises MPI, and return its MPI module. Called inside main(),
     never at the top of an entry point: every env process re-imports the entry point's file
     (`spawn` runs it as __mp_main__), where a top-level import would initialise MPI as a second
-    copy of its rank, which hangs the job. A process that Open MPI's mpirun did not start
-    (`python train.py`, a job of one) is an Open MPI singleton, and Open MPI 5 gives it a 16 MB
-    shared-memory segment that it never removes, even after a clean end (/dev/shm/sm_segment.*;
-    measured with 5.0.11: one per run). A world of one talks only to itself, so for the start
-    its transport is restricted to `self` (the MCA parameter btl, read once, in MPI_Init); the
-    variable is gone again afterwards, so that an mpirun this process starts (the tests do) is
-    not told the same. MPICH reads no OMPI_* variable; a value the user set is kept."""
+    copy of its rank, which hangs the job. Open MPI gives a singleton (`python train.py`, no
+    mpirun) a segment in /dev/shm that it never removes, even after a clean end (docs/faults.md).
+    A world of one talks only to itself, so for the start its transport is restricted to `self`
+    (the MCA parameter btl, read once, in MPI_Init); the variable is gone again afterwards, so
+    that an mpirun this process starts (the tests do) is not told the same. MPICH reads no
+    OMPI_* variable; a value the user set is kept."""
     restrict = "OMPI_COMM_WORLD_SIZE" not in os.environ and "OMPI_MCA_btl" not in os.environ
     if restrict:
         os.environ["OMPI_MCA_btl"] = "self"

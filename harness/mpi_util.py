@@ -171,9 +171,8 @@ def shm_files_in_use(shm_dir="/dev/shm"):
     return {path for path in in_use if path.startswith(prefix)}
 
 
-# The shared-memory files each MPI library makes in /dev/shm: MPICH one per job and machine,
-# Open MPI one per rank (16 MB each). Both unlink them as a job ends, even in MPI_Abort for
-# Open MPI; what a dead job leaves (docs/faults.md) is what nothing removed.
+# The shared-memory files each MPI library makes in /dev/shm (MPICH one per job and machine,
+# Open MPI one per rank); which of them a job leaves behind, and when: docs/faults.md
 SEGMENT_PREFIXES = ("mpich_shm_", "sm_segment.")
 
 

@@ -1,15 +1,12 @@
 #!/usr/bin/env bash
 # Runs an MPI launcher so that Ctrl-C stops train.py safely under Open MPI as under MPICH:
 #   bash tools/ctrl-c-saves.sh mpirun -np 8 python train.py --env FetchPush-v4 --num_env 2
-# Open MPI's mpirun ends the job at once on Ctrl-C (SIGINT) or SIGTERM: SIGTERM to the ranks,
-# SIGKILL about 0.25 s later, too soon to finish the cycle and save (docs/usage.md). This script
-# starts the launcher with setsid, out of the terminal's reach, so that its Ctrl-C reaches this
-# script alone, and passes the first Ctrl-C or SIGTERM on as SIGUSR1, which both MPIs' mpirun
-# pass to the ranks: train.py stops at the end of the cycle, saves its checkpoint, prints its
-# `--resume` line and exits 130. A second one is passed on as SIGTERM: the job ends at once,
-# without saving, as a second Ctrl-C does under MPICH. A closed terminal (HUP) and Ctrl-\ (QUIT)
-# count as Ctrl-C too (else the launcher would go on alone). The launcher reads no terminal
-# (stdin is /dev/null); the exit code is its own.
+# Open MPI's mpirun kills the ranks on Ctrl-C or SIGTERM, too soon to save (docs/usage.md, Open
+# MPI instead of MPICH). So the launcher starts with setsid, out of the terminal's reach, and
+# the first Ctrl-C or SIGTERM here goes on as SIGUSR1, which both MPIs' mpirun pass to the ranks:
+# train.py saves at the cycle's end and exits 130; a second as SIGTERM: the job ends at once,
+# unsaved. A closed terminal (HUP) and Ctrl-\ (QUIT) count as Ctrl-C too (else the launcher
+# would go on alone). The launcher reads no terminal (stdin: /dev/null); the exit code is its own.
 # Test: tests/test_checkpoint.py, test_ctrl_c_to_ctrl_c_saves_sh_saves_and_exits_130.
 if [ $# -lt 2 ]; then
   echo "usage: bash tools/ctrl-c-saves.sh mpirun -np N python train.py [ARGS...]" >&2
