@@ -50,8 +50,7 @@ class RolloutWorker:
     def generate_rollouts(self):
         """Run one episode in each env; return {key: (num_env, T or T+1, dim)} float32."""
         n, T, dims = self.venv.num_envs, self.policy.T, self.policy.dims
-        # A fresh reset for every episode (the envs never auto-reset), seeded from this rank's
-        # generator (env i gets seed + i): see the module docstring.
+        # Reset every episode (no auto-reset) from this rank's generator; env i gets seed + i
         obs = self.venv.reset(seed=int(self.rng.integers(2 ** 31 - n)))
         episodes = empty_episodes(n, dims, T)  # {key: (num_env, T or T+1, dim)}
         o, ag, g, u = episodes["o"], episodes["ag"], episodes["g"], episodes["u"]

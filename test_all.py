@@ -77,7 +77,7 @@ def run_command(cmd, timeout):
     """Run a command from the repository's root, failing after `timeout` seconds; return
     (returncode, combined output). tests/helpers.py's run_cmd adds, for MPI jobs, the removal of
     the /dev/shm segments an aborted job orphaned (harness/mpi_util.py finds them): here a failed
-    mpirun case may leave them, and conftest.py's dev_shm_left_as_found reports them."""
+    mpirun case may leave them, and tests/helpers.py's dev_shm_left_as_found reports them."""
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
     return proc.returncode, proc.stdout + proc.stderr
 

@@ -22,8 +22,6 @@ Run:
     python train.py --resume runs/<run>                            # continue after Ctrl-C
     python -m experiment.play runs/<run>/policy_best.npz           # watch the policy
 
-Errors are one line and an exit code (harness/errors.py; docs/faults.md).
-
 Test: `python -m pytest -q test_all.py::TestTrain tests/test_train.py`.
 """
 import time
@@ -126,7 +124,7 @@ def learn(run):
 
 def main(argv=None):
     """Collective: `python train.py` on every rank. Bad input, a wrong launch or a stop end in
-    one line and SystemExit with the exit code (harness/errors.py)."""
+    one line and SystemExit with the exit code (harness/errors.py; docs/faults.md)."""
     # MPI, the flags and rank 0's configuration, the input files, the run folder, the vec env
     with start_run(argv) as run:  # [MPI]
         learn(run)  # [MPI]

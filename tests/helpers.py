@@ -1,9 +1,10 @@
 """What several test files share: running commands, the run they compare against, small agents.
 
-Not a test file: tests/test_*.py import it (nothing outside the tests does). test_all.py does
-not: it imports the algorithm only, so the helpers it shares with tests/ live there and are
-re-exported here (ROOT, StubGoalEnv, fetch_reach_policy, gone, hang_guard, mpirun_args, ...);
-import them from here all the same.
+Not a test file: tests/test_*.py import it (nothing outside the tests does), and pytest.ini
+loads it as a plugin for the whole suite, test_all.py too: its fixture dev_shm_left_as_found.
+test_all.py does not import it: it imports the algorithm only, so the helpers it shares with
+tests/ live there and are re-exported here (ROOT, StubGoalEnv, fetch_reach_policy, gone,
+hang_guard, mpirun_args, ...); import them from here all the same.
   * running: run_cmd (test_all.run_command, an MPI job's orphaned /dev/shm segments removed),
     train_cmd and play_cmd (train.py, `python -m experiment.play`, under mpirun with n_ranks),
     hang_guard, small_disk (a tmpfs that fills up);
@@ -45,6 +46,17 @@ from test_all import read_progress as read_progress
 from test_all import run_command, shm_entries
 
 mpi_util.one_blas_thread()  # as in a run: the suite's processes and those it starts
+
+
+@pytest.fixture(scope="module", autouse=True)  # every test file, each on its own (pytest.ini)
+def dev_shm_left_as_found():
+    """Each test file leaves /dev/shm as it found it: whatever is new at its end and used by no
+    live process (a segment of an MPI job running beside the suite is in use) was leaked."""
+    before = shm_entries()
+    yield
+    in_use = {os.path.basename(path) for path in mpi_util.shm_files_in_use()}
+    leaked = sorted(shm_entries() - before - in_use)
+    assert not leaked, f"the tests left {leaked} in /dev/shm"
 
 
 # ---------------------------------------------------------------- running commands

@@ -123,7 +123,7 @@ def is_collective_call(call, file_name, tree, collective, local):
 
 
 def is_test_file(name):
-    return name in ("test_all.py", "conftest.py") or name.startswith("tests" + os.sep)
+    return name == "test_all.py" or name.startswith("tests" + os.sep)
 
 
 def suite_test_names():

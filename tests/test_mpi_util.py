@@ -257,7 +257,7 @@ class TestOneRank:
         allowed = ours | {"numpy"} | set(sys.stdlib_module_names)
         for path in sorted(glob.glob(os.path.join(ROOT, "*.py"))):
             name = os.path.basename(path)
-            if name in ("train.py", "test_all.py", "conftest.py"):
+            if name in ("train.py", "test_all.py"):
                 continue
             for top in imported_packages(path):
                 assert top in allowed, f"{name} imports {top}"
@@ -269,8 +269,7 @@ class TestOneRank:
         mpi4py for the cases it runs under real mpirun (MpiAdam against the textbook Adam)."""
         ours = {os.path.basename(f)[:-3] for f in glob.glob(os.path.join(ROOT, "*.py"))}
         tasks = {"gymnasium", "gymnasium_robotics", "mujoco"}
-        test_all_may = ours - {"conftest"} | {"numpy", "pytest", "mpi4py"} | tasks | \
-            set(sys.stdlib_module_names)
+        test_all_may = ours | {"numpy", "pytest", "mpi4py"} | tasks | set(sys.stdlib_module_names)
         for top in imported_packages(os.path.join(ROOT, "test_all.py")):
             assert top in test_all_may, f"test_all.py imports {top}"
         forbidden = {"harness": {"experiment", "tests"}, "experiment": {"tests"}}
