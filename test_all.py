@@ -27,9 +27,9 @@ Run: `python -m pytest -q` from the repository's root runs this file and tests/ 
 quick check: `python -m pytest -q -m "not slow"`, no training run, no mpirun); this file alone:
 `python -m pytest -q test_all.py`.
 
-Index: one class per file, in the order of README's file table, after the helpers of several
-classes; `python -m pytest -q test_all.py::CLASS` runs one. Each mpi_case_* (run under mpirun)
-sits next to the test that runs it; the helpers of the MPI cases come last.
+Index: one class per algorithm file (config.py's tests are tests/test_cli.py's), after the
+helpers of several classes; `python -m pytest -q test_all.py::CLASS` runs one. Each mpi_case_*
+(run under mpirun) sits next to the test that runs it; the helpers of the MPI cases come last.
   TestTrain        train.py              TestActorCritic  actor_critic.py
   TestRollout      rollout.py            TestNormalizer   normalizer.py
   TestHer          her.py                TestDDPG         ddpg.py
