@@ -22,8 +22,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))  # run as a file too
-# first, so that Ctrl-C while the rest is imported is one line (harness/__init__.py)
-from experiment import check_output, run_command
+from experiment import check_output, run_command  # first: Ctrl-C on import is one line
 
 # isort: split
 import numpy as np
@@ -88,21 +87,19 @@ def generate(env_id, num_demo, seed):
             obs, _ = env.reset(seed=seed + attempts)
             attempts += 1
             dims = {"o": obs["observation"].size, "g": obs["desired_goal"].size, "u": 4}
-            episode = empty_episodes(1, dims, T)  # {key: (1, T or T+1, dim)}
-            o, ag, g, u = episode["o"], episode["ag"], episode["g"], episode["u"]
-            success = episode["info_is_success"]  # (1, T, 1)
+            ep = empty_episodes(1, dims, T)  # {key: (1, T or T+1, dim)}
             controller.reset()
-            o[0, 0], ag[0, 0] = obs["observation"], obs["achieved_goal"]
+            ep["o"][0, 0], ep["ag"][0, 0] = obs["observation"], obs["achieved_goal"]
             for t in range(T):
-                g[0, t] = obs["desired_goal"]
-                u[0, t] = controller(obs["observation"], obs["desired_goal"])
-                obs, _, _, _, info = env.step(u[0, t])
-                o[0, t + 1], ag[0, t + 1] = obs["observation"], obs["achieved_goal"]
-                success[0, t, 0] = info.get("is_success", 0.)
+                ep["g"][0, t] = obs["desired_goal"]
+                ep["u"][0, t] = controller(obs["observation"], obs["desired_goal"])
+                obs, _, _, _, info = env.step(ep["u"][0, t])
+                ep["o"][0, t + 1], ep["ag"][0, t + 1] = obs["observation"], obs["achieved_goal"]
+                ep["info_is_success"][0, t, 0] = info.get("is_success", 0.)
             # info['is_success'] after the T-th action, as rollout.RolloutWorker reads it; failed
             # episodes are dropped: see the module docstring
-            if success[0, -1, 0]:
-                kept.append(episode)
+            if ep["info_is_success"][0, -1, 0]:
+                kept.append(ep)
     finally:
         env.close()
     if len(kept) < num_demo:

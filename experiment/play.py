@@ -4,11 +4,8 @@ Mirrors openai/baselines `her/experiment/play.py`. Runs the test rollouts of Pla
 (2018), Sec. 2.2 (exploration off: the actor's action as it is) with a policy file that
 train.py wrote, and prints the success rate averaged over ranks, as baselines' play.py does.
 
-Run:
-    python -m experiment.play runs/<run>/policy_best.npz            # success over 10 x num_env
-    python -m experiment.play runs/<run>/policy_best.npz --render   # in a MuJoCo window
-    python -m experiment.play runs/<run>/policy_best.npz --n_test_rollouts 1 --save_video push.gif
-    mpirun -np 2 python -m experiment.play POLICY.npz --num_env 2   # more episodes, in parallel
+Run:  python -m experiment.play runs/<run>/policy_best.npz [--render | --save_video push.gif]
+      (the others, mpirun's too: docs/usage.md)
 
 With --save_video, rank 0 renders env 0 off screen (EGL where there is no display) and writes
 its episodes as an animated GIF through VecVideoRecorder (baselines' vec_video_recorder.py,
@@ -20,8 +17,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))  # run as a file too
-# first, so that Ctrl-C while the rest is imported is one line (harness/__init__.py)
-from experiment import CTRL_C, check_output, run_command
+from experiment import CTRL_C, check_output, run_command  # first: Ctrl-C on import is one line
 
 # isort: split
 import dataclasses
@@ -45,8 +41,7 @@ class VecVideoRecorder:
     def __init__(self, venv):
         self.venv, self.num_envs, self.frames = venv, venv.num_envs, []
 
-    def _record(self, result):
-        """result, of a reset or a step, once env 0's frame is kept."""
+    def _record(self, result):  # of a reset or a step
         frame = self.venv.get_images()[0]  # (height, width, 3) uint8
         self.frames.append(np.ascontiguousarray(frame[::2, ::2]))  # half size: a smaller GIF
         return result

@@ -9,7 +9,6 @@ summaries of a handful of seeds in use for deep RL:
     al. (2021) (iqm, bootstrap_iqms and iqm_interval say how); over as few as 5 runs the 95% is
     nominal: a resample only reuses the values seen, so it covers less often.
 
-Run as a library: `from experiment.stats import median_iqr, iqm, iqm_interval`.
 Test: `python -m pytest -q tests/test_stats.py`.
 """
 import os
