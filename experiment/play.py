@@ -61,8 +61,7 @@ class VecVideoRecorder:
                            duration=40, loop=0, optimize=True)  # 40 ms a frame: 25 fps
 
 
-# The Config fields that matter when only test rollouts are run.
-PLAY_FIELDS = ("env", "num_env", "vec_env", "n_test_rollouts", "seed")
+PLAY_FIELDS = ("env", "num_env", "vec_env", "n_test_rollouts", "seed")  # test rollouts' Config
 # What play.py reports as one line, {class: (exit code, prefix)}; mpirun passes Ctrl-C to all
 PLAY_ERRORS = {UsageError: (2, "error: "), BadFileError: (2, "error: "),
                KeyboardInterrupt: (130, CTRL_C)}
@@ -148,9 +147,7 @@ def main(argv=None):
         check_output(p, "--save_video", args.save_video, args.force, ".gif")
     check_rendering(p, args)
     comm = start_mpi().COMM_WORLD  # here, not at the top: launch.start_mpi says why
-
-    # Abort where one rank raises alone
-    with exits_together(comm, "play.py", PLAY_ERRORS):  # [MPI]
+    with exits_together(comm, "play.py", PLAY_ERRORS):  # [MPI] Abort where one rank raises alone
         cfg = make_config(args)
         play(cfg, args, comm)  # [MPI]
 

@@ -3,9 +3,8 @@
 Mirrors the reading half of baselines `her/experiment/plot.py` (load_results, grouping by
 config, median over seeds). A run folder is what train.py writes: config.json (its Config and
 n_ranks) and progress.csv (a row per epoch, from 0: row e is written after e + 1 epochs). The
-seeds of one (env, MPI ranks, num_env, run_variant) are one group; a group's summaries are per
-epoch over the seeds that reached it. A run also knows its folder and when it started (log.txt's
-first line), so that two starts of one seed can be told apart.
+seeds of one (env, MPI ranks, num_env, run_variant) are one group. A run also knows its folder
+and when it started (log.txt's first line), so that two starts of one seed can be told apart.
 
 Test: `python -m pytest -q tests/test_plot_bench.py`.
 """
