@@ -64,14 +64,10 @@ class PickAndPlaceController:
             self.grasp_steps += 1
             if self.grasp_steps > GRASP_STEPS:
                 self.phase = "carry"
-        if self.phase == "above":
-            target, gripper = obj + np.array([0., 0., HOVER]), OPEN
-        elif self.phase == "descend":
-            target, gripper = obj, OPEN
-        elif self.phase == "grasp":
-            target, gripper = grip, CLOSE
-        else:  # carry, then hold: move the gripper by the object's remaining way to the goal
-            target, gripper = grip + (g - obj), CLOSE
+        # the phase's target and gripper; carry, then hold: move the gripper by the object's
+        # remaining way to the goal
+        target, gripper = {"above": (obj + [0., 0., HOVER], OPEN), "descend": (obj, OPEN),
+                           "grasp": (grip, CLOSE), "carry": (grip + (g - obj), CLOSE)}[self.phase]
         # (dim_u,) = dx, dy, dz = clip(GAIN * (target - grip), -1, 1), gripper
         return np.append(np.clip(GAIN * (target - grip), -1., 1.), gripper).astype(np.float32)
 
