@@ -57,11 +57,10 @@ def read_run(run_dir):
                 episodes=column("total/episodes"), steps=column("total/timesteps"),
                 epoch_s=epoch_s, hours=np.cumsum(epoch_s) / 3600.)  # training time only
 
+
 def run_variant(cfg):
-    """What sets a run apart from baselines' defaults for its env, joined by ", " ("" for none):
-    demonstrations, a --gamma of its own, another --batch_size, --n_cycles or --random_eps
-    (noise_eps goes with it in the runs here), a --replay_strategy other than future or a
-    --replay_k other than 4. A config.json of a version without these keys has the defaults."""
+    """What sets a run apart from baselines' defaults for its env, joined by ", " ("" for none);
+    a key an older config.json lacks has its default (noise_eps goes with random_eps here)."""
     parts = []
     if cfg.get("demo_file"):
         parts.append(f"{cfg['num_demo']} demos")
