@@ -219,12 +219,10 @@ def runs_table(run_dirs, after_epochs=AFTER_EPOCHS):
               "first epoch >= 0.5", "first epoch >= 0.9"]
     header += [f"success after {e} epochs" for e in after_epochs]
     rows = []
-    by_env = {}
-    for run in sorted((read_run(d) for d in run_dirs), key=start_order):
-        by_env.setdefault(with_variant(f"{run['env']} {run['n_ranks']} x {run['num_env']}",
-                                       run["variant"]), []).append(run)
-    for task, runs in sorted(by_env.items()):
-        runs = counted(runs)
+    tasks = {with_variant(f"{env} {n_ranks} x {num_env}", variant): runs
+             for (env, n_ranks, num_env, variant), runs in group_runs(run_dirs).items()}
+    for task, runs in sorted(tasks.items()):
+        runs = counted(sorted(runs, key=start_order))
         names = run_names(runs)
         for run in runs:
             cells = [task, str(run["seed"]), names[run["dir"]],
