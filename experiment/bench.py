@@ -64,11 +64,11 @@ def make_policy(comm, buffer_size=1_000_000, n_episodes=200):
             episodes[key][...] = rng.normal(size=episodes[key].shape)
         episodes["u"][...] = rng.uniform(-1, 1, size=episodes["u"].shape)
         policy.store_episode(episodes)  # [MPI] normalisers
-    return policy, task.dims, task.T
+    return policy
 
 
 def bench_update(quick):
-    policy, _, _ = make_policy(ONE_RANK, n_episodes=200)  # [MPI] one rank here
+    policy = make_policy(ONE_RANK, n_episodes=200)  # [MPI] one rank here
     N = policy.cfg.batch_size
     repeats, number = (5, 20) if quick else (15, 40)
     # the GEMM floor: exactly the update's float32 products into preallocated outputs, timed
@@ -125,7 +125,7 @@ def bench_env(quick):
         env.step(u)
     raw = steps / (time.perf_counter() - t)
     row("raw env.step loop (1 env)", raw, "steps/s")
-    policy, _, T = make_policy(ONE_RANK, buffer_size=10_000, n_episodes=2)  # [MPI] one rank here
+    policy = make_policy(ONE_RANK, buffer_size=10_000, n_episodes=2)  # [MPI] one rank here
     env_fns = [functools.partial(goal_env.make_env, ENV)]
     cases = [(DummyVecEnv, 1)] + [(make, n) for make in (SubprocVecEnv, ShmemVecEnv)
                                   for n in (1, 2, 4)]
@@ -135,11 +135,11 @@ def bench_env(quick):
             worker = RolloutWorker(venv, policy, np.random.default_rng(0), noise_eps=0.2,
                                    random_eps=0.3)
             worker.generate_rollouts()
-            n_rollouts = max(1, steps // (T * n))
+            n_rollouts = max(1, steps // (policy.T * n))
             t = time.perf_counter()
             for _ in range(n_rollouts):
                 worker.generate_rollouts()
-            rate = n_rollouts * T * n / (time.perf_counter() - t)
+            rate = n_rollouts * policy.T * n / (time.perf_counter() - t)
         finally:
             venv.close()
         row(f"RolloutWorker + {make.__name__}, num_env {n}", rate, "steps/s",

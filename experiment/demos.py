@@ -22,8 +22,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))  # run as a file too
-# first, so that Ctrl-C while the rest is imported is one line (harness/__init__.py)
-from experiment import check_output, run_command
+from experiment import check_output, run_command  # first: Ctrl-C on import is one line
 
 # isort: split
 import numpy as np
@@ -65,14 +64,10 @@ class PickAndPlaceController:
             self.grasp_steps += 1
             if self.grasp_steps > GRASP_STEPS:
                 self.phase = "carry"
-        if self.phase == "above":
-            target, gripper = obj + np.array([0., 0., HOVER]), OPEN
-        elif self.phase == "descend":
-            target, gripper = obj, OPEN
-        elif self.phase == "grasp":
-            target, gripper = grip, CLOSE
-        else:  # carry, then hold: move the gripper by the object's remaining way to the goal
-            target, gripper = grip + (g - obj), CLOSE
+        # the phase's target and gripper; carry, then hold: move the gripper by the object's
+        # remaining way to the goal
+        target, gripper = {"above": (obj + [0., 0., HOVER], OPEN), "descend": (obj, OPEN),
+                           "grasp": (grip, CLOSE), "carry": (grip + (g - obj), CLOSE)}[self.phase]
         # (dim_u,) = dx, dy, dz = clip(GAIN * (target - grip), -1, 1), gripper
         return np.append(np.clip(GAIN * (target - grip), -1., 1.), gripper).astype(np.float32)
 
@@ -88,21 +83,19 @@ def generate(env_id, num_demo, seed):
             obs, _ = env.reset(seed=seed + attempts)
             attempts += 1
             dims = {"o": obs["observation"].size, "g": obs["desired_goal"].size, "u": 4}
-            episode = empty_episodes(1, dims, T)  # {key: (1, T or T+1, dim)}
-            o, ag, g, u = episode["o"], episode["ag"], episode["g"], episode["u"]
-            success = episode["info_is_success"]  # (1, T, 1)
+            ep = empty_episodes(1, dims, T)  # {key: (1, T or T+1, dim)}
             controller.reset()
-            o[0, 0], ag[0, 0] = obs["observation"], obs["achieved_goal"]
+            ep["o"][0, 0], ep["ag"][0, 0] = obs["observation"], obs["achieved_goal"]
             for t in range(T):
-                g[0, t] = obs["desired_goal"]
-                u[0, t] = controller(obs["observation"], obs["desired_goal"])
-                obs, _, _, _, info = env.step(u[0, t])
-                o[0, t + 1], ag[0, t + 1] = obs["observation"], obs["achieved_goal"]
-                success[0, t, 0] = info.get("is_success", 0.)
+                ep["g"][0, t] = obs["desired_goal"]
+                ep["u"][0, t] = controller(obs["observation"], obs["desired_goal"])
+                obs, _, _, _, info = env.step(ep["u"][0, t])
+                ep["o"][0, t + 1], ep["ag"][0, t + 1] = obs["observation"], obs["achieved_goal"]
+                ep["info_is_success"][0, t, 0] = info.get("is_success", 0.)
             # info['is_success'] after the T-th action, as rollout.RolloutWorker reads it; failed
             # episodes are dropped: see the module docstring
-            if success[0, -1, 0]:
-                kept.append(episode)
+            if ep["info_is_success"][0, -1, 0]:
+                kept.append(ep)
     finally:
         env.close()
     if len(kept) < num_demo:

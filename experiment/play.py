@@ -4,11 +4,8 @@ Mirrors openai/baselines `her/experiment/play.py`. Runs the test rollouts of Pla
 (2018), Sec. 2.2 (exploration off: the actor's action as it is) with a policy file that
 train.py wrote, and prints the success rate averaged over ranks, as baselines' play.py does.
 
-Run:
-    python -m experiment.play runs/<run>/policy_best.npz            # success over 10 x num_env
-    python -m experiment.play runs/<run>/policy_best.npz --render   # in a MuJoCo window
-    python -m experiment.play runs/<run>/policy_best.npz --n_test_rollouts 1 --save_video push.gif
-    mpirun -np 2 python -m experiment.play POLICY.npz --num_env 2   # more episodes, in parallel
+Run:  python -m experiment.play runs/<run>/policy_best.npz [--render | --save_video push.gif]
+      (the others, mpirun's too: docs/usage.md)
 
 With --save_video, rank 0 renders env 0 off screen (EGL where there is no display) and writes
 its episodes as an animated GIF through VecVideoRecorder (baselines' vec_video_recorder.py,
@@ -20,8 +17,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))  # run as a file too
-# first, so that Ctrl-C while the rest is imported is one line (harness/__init__.py)
-from experiment import CTRL_C, check_output, run_command
+from experiment import CTRL_C, check_output, run_command  # first: Ctrl-C on import is one line
 
 # isort: split
 import dataclasses
@@ -45,8 +41,7 @@ class VecVideoRecorder:
     def __init__(self, venv):
         self.venv, self.num_envs, self.frames = venv, venv.num_envs, []
 
-    def _record(self, result):
-        """result, of a reset or a step, once env 0's frame is kept."""
+    def _record(self, result):  # of a reset or a step
         frame = self.venv.get_images()[0]  # (height, width, 3) uint8
         self.frames.append(np.ascontiguousarray(frame[::2, ::2]))  # half size: a smaller GIF
         return result
@@ -66,8 +61,7 @@ class VecVideoRecorder:
                            duration=40, loop=0, optimize=True)  # 40 ms a frame: 25 fps
 
 
-# The Config fields that matter when only test rollouts are run.
-PLAY_FIELDS = ("env", "num_env", "vec_env", "n_test_rollouts", "seed")
+PLAY_FIELDS = ("env", "num_env", "vec_env", "n_test_rollouts", "seed")  # test rollouts' Config
 # What play.py reports as one line, {class: (exit code, prefix)}; mpirun passes Ctrl-C to all
 PLAY_ERRORS = {UsageError: (2, "error: "), BadFileError: (2, "error: "),
                KeyboardInterrupt: (130, CTRL_C)}
@@ -153,9 +147,7 @@ def main(argv=None):
         check_output(p, "--save_video", args.save_video, args.force, ".gif")
     check_rendering(p, args)
     comm = start_mpi().COMM_WORLD  # here, not at the top: launch.start_mpi says why
-
-    # Abort where one rank raises alone
-    with exits_together(comm, "play.py", PLAY_ERRORS):  # [MPI]
+    with exits_together(comm, "play.py", PLAY_ERRORS):  # [MPI] Abort where one rank raises alone
         cfg = make_config(args)
         play(cfg, args, comm)  # [MPI]
 

@@ -4,8 +4,6 @@ Mirrors baselines `her/experiment/plot.py` (test/success_rate per epoch, median 
 percentile band over seeds), the quantity Plappert et al. (2018), Sec. 3, report. The seeds of
 one (env, MPI ranks, num_env, run_variant) make one curve (runs.py): their median, their
 interquartile range shaded, in a colour of its own in its panel, the legend under the panels.
-Epochs are progress.csv's, from 0: a published "after n epochs" (plot_tables.ANCHORS) is drawn
-at x = n - 1 on an epoch axis.
   * the curves: per env an epoch panel over an env-steps panel, at most 4 envs a row;
   * --scaling ENV: a curve per (ranks, num_env), against epoch, env steps and hours;
   * --suite: a panel per env against episodes, each seed faint, the IQM with its 95% interval.
@@ -43,9 +41,8 @@ N_CYCLES, T_FETCH = 50, 50  # of the anchors with known ranks x envs: 50 cycles,
 
 
 def draw_curves(axes, x_keys, curves, env, marker=None, faint=False):
-    """On axes[i], against x_keys[i]: each (label, runs) of `curves` as the module docstring says
-    (with faint each seed, a marker each, and draw_iqm_marks()); the HEADLINE group first, bold
-    red, the others thinner; then draw_anchors()."""
+    """On axes[i], against x_keys[i]: each (label, runs) of `curves` (with faint, each seed and
+    draw_iqm_marks()); the HEADLINE group first, bold red; then draw_anchors()."""
     quiet = iter(COLOURS)
     curves = sorted(curves, key=lambda curve: scale(curve[1]) != HEADLINE)
     for i, (label, runs) in enumerate(curves):

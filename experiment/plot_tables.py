@@ -7,7 +7,6 @@ suite_table (--suite), runs_table (--runs) and gap_table (--gap), each saying wh
 Epochs are progress.csv's, from 0: "success after n epochs" is row n - 1; "first epoch >= x"
 is a row index.
 
-Run: `python -m experiment.plot ... --table` (with --suite, --runs, --gap or --scaling).
 Test: `python -m pytest -q tests/test_plot_bench.py tests/test_docs.py`.
 """
 import os
@@ -27,16 +26,9 @@ AFTER_EPOCHS = (10, 20, 30, 50)  # the suite's and the runs' "success after n ep
 N_BOOT, BOOT_SEED = 2000, 0  # the bootstrap's resamples and its generator's seed
 
 # Published test success rates, (source, ranks, envs, variant, n, success): "success after n
-# epochs" of that ranks x envs, marked only beside our runs of that run_variant. The sources:
-#   "port": TianhongDai/hindsight-experience-replay, a PyTorch port of baselines HER, read off
-#     its README's figure (figures/results.png; median over 5 seeds; x read as epochs run); its
-#     commands run FetchPush and FetchSlide at 8 ranks, FetchPickAndPlace at 16, 2 envs a rank;
-#   "issue 591": baselines issue #591, a maintainer's one run (`--num_cpu 19`, 2 envs a rank):
-#     its log's test/success_rate 0.687 in epoch 8 and 0.895 in epoch 9 (from 0, as ours), and
-#     its words "gets to test success rate of 1.0 after 20 epochs";
-#   "demos": baselines her/README.md, figure fetchPickAndPlaceContrast (median; no ranks x envs).
-# Plappert et al. (2018) give curves only, no value in numbers (Fetch: Fig. 3, HandReach: Fig. 4,
-# BlockRotateZ: Appendix C; 19 x 2, 5 seeds), so HandReach and BlockRotateZ have no mark here.
+# epochs" of that ranks x envs, marked only beside our runs of that run_variant. Where each
+# source's values come from, and why the paper's curves give none: docs/results.md (How to read
+# the numbers; The paper's suite). Issue 591's log counts epochs from 0: its epoch 8 is n = 9.
 SOURCES = {"port": ("PyTorch port", "5 seeds, median", "X"), "issue 591": ("baselines issue 591",
            "one run", "*"), "demos": ("baselines her/README", "median", "D")}  # name, what, marker
 ANCHORS = {
@@ -83,7 +75,6 @@ def first_epoch(run, level):
 
 
 def first_epochs(runs, level):
-    """Per seed, first_epoch() as text, "-" for a seed that has not reached `level`."""
     return ", ".join("-" if np.isinf(e) else str(e) for e in (first_epoch(r, level) for r in runs))
 
 
@@ -228,12 +219,10 @@ def runs_table(run_dirs, after_epochs=AFTER_EPOCHS):
               "first epoch >= 0.5", "first epoch >= 0.9"]
     header += [f"success after {e} epochs" for e in after_epochs]
     rows = []
-    by_env = {}
-    for run in sorted((read_run(d) for d in run_dirs), key=start_order):
-        by_env.setdefault(with_variant(f"{run['env']} {run['n_ranks']} x {run['num_env']}",
-                                       run["variant"]), []).append(run)
-    for task, runs in sorted(by_env.items()):
-        runs = counted(runs)
+    tasks = {with_variant(f"{env} {n_ranks} x {num_env}", variant): runs
+             for (env, n_ranks, num_env, variant), runs in group_runs(run_dirs).items()}
+    for task, runs in sorted(tasks.items()):
+        runs = counted(sorted(runs, key=start_order))
         names = run_names(runs)
         for run in runs:
             cells = [task, str(run["seed"]), names[run["dir"]],

@@ -3,9 +3,8 @@
 Mirrors the reading half of baselines `her/experiment/plot.py` (load_results, grouping by
 config, median over seeds). A run folder is what train.py writes: config.json (its Config and
 n_ranks) and progress.csv (a row per epoch, from 0: row e is written after e + 1 epochs). The
-seeds of one (env, MPI ranks, num_env, run_variant) are one group; a group's summaries are per
-epoch over the seeds that reached it. A run also knows its folder and when it started (log.txt's
-first line), so that two starts of one seed can be told apart.
+seeds of one (env, MPI ranks, num_env, run_variant) are one group. A run also knows its folder
+and when it started (log.txt's first line), so that two starts of one seed can be told apart.
 
 Test: `python -m pytest -q tests/test_plot_bench.py`.
 """
@@ -58,11 +57,10 @@ def read_run(run_dir):
                 episodes=column("total/episodes"), steps=column("total/timesteps"),
                 epoch_s=epoch_s, hours=np.cumsum(epoch_s) / 3600.)  # training time only
 
+
 def run_variant(cfg):
-    """What sets a run apart from baselines' defaults for its env, joined by ", " ("" for none):
-    demonstrations, a --gamma of its own, another --batch_size, --n_cycles or --random_eps
-    (noise_eps goes with it in the runs here), a --replay_strategy other than future or a
-    --replay_k other than 4. A config.json of a version without these keys has the defaults."""
+    """What sets a run apart from baselines' defaults for its env, joined by ", " ("" for none);
+    a key an older config.json lacks has its default (noise_eps goes with random_eps here)."""
     parts = []
     if cfg.get("demo_file"):
         parts.append(f"{cfg['num_demo']} demos")

@@ -9,7 +9,6 @@ summaries of a handful of seeds in use for deep RL:
     al. (2021) (iqm, bootstrap_iqms and iqm_interval say how); over as few as 5 runs the 95% is
     nominal: a resample only reuses the values seen, so it covers less often.
 
-Run as a library: `from experiment.stats import median_iqr, iqm, iqm_interval`.
 Test: `python -m pytest -q tests/test_stats.py`.
 """
 import os
@@ -48,9 +47,7 @@ def bootstrap_iqms(values, n_boot=2000, rng=0):
     """n_boot IQMs of resamples of the values: as many as there are, drawn with replacement.
     Agarwal et al. resample each task's runs apart (strata); a cell here summarises the seeds of
     one task, its only stratum. rng: a seed or a numpy Generator."""
-    x = np.asarray(values, dtype=float).ravel()
-    if x.size == 0:
-        raise ValueError("bootstrap_iqms of no values")
+    x = np.asarray(values, dtype=float).ravel()  # none: iqm's ValueError
     rng = np.random.default_rng(rng)
     return iqm(x[rng.integers(0, x.size, size=(n_boot, x.size))], axis=1)  # (n_boot,)
 
