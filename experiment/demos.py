@@ -83,19 +83,21 @@ def generate(env_id, num_demo, seed):
             obs, _ = env.reset(seed=seed + attempts)
             attempts += 1
             dims = {"o": obs["observation"].size, "g": obs["desired_goal"].size, "u": 4}
-            ep = empty_episodes(1, dims, T)  # {key: (1, T or T+1, dim)}
+            episode = empty_episodes(1, dims, T)  # {key: (1, T or T+1, dim)}
+            o, ag, g, u = episode["o"], episode["ag"], episode["g"], episode["u"]
+            success = episode["info_is_success"]  # (1, T, 1)
             controller.reset()
-            ep["o"][0, 0], ep["ag"][0, 0] = obs["observation"], obs["achieved_goal"]
+            o[0, 0], ag[0, 0] = obs["observation"], obs["achieved_goal"]
             for t in range(T):
-                ep["g"][0, t] = obs["desired_goal"]
-                ep["u"][0, t] = controller(obs["observation"], obs["desired_goal"])
-                obs, _, _, _, info = env.step(ep["u"][0, t])
-                ep["o"][0, t + 1], ep["ag"][0, t + 1] = obs["observation"], obs["achieved_goal"]
-                ep["info_is_success"][0, t, 0] = info.get("is_success", 0.)
+                g[0, t] = obs["desired_goal"]
+                u[0, t] = controller(obs["observation"], obs["desired_goal"])
+                obs, _, _, _, info = env.step(u[0, t])
+                o[0, t + 1], ag[0, t + 1] = obs["observation"], obs["achieved_goal"]
+                success[0, t, 0] = info.get("is_success", 0.)
             # info['is_success'] after the T-th action, as rollout.RolloutWorker reads it; failed
             # episodes are dropped: see the module docstring
-            if ep["info_is_success"][0, -1, 0]:
-                kept.append(ep)
+            if success[0, -1, 0]:
+                kept.append(episode)
     finally:
         env.close()
     if len(kept) < num_demo:
