@@ -300,11 +300,10 @@ def saved_config(run_dir):
 
 def shared_config(argv, comm):
     """Collective: (args, cfg, task) on every rank, every value checked. Every rank compares its
-    argv and folder with rank 0's (launch.check_same_launch), then parses argv;
-    rank 0 builds the configuration (make_config, or saved_config on --resume) and every rank
-    takes it: its default log dir name holds a time stamp, and on --resume only rank 0's
-    machine need hold config.json. Then every rank reads the task (config_for_task), and all
-    raise the first problem any rank found."""
+    argv and folder with rank 0's (launch.check_same_launch); rank 0 builds the configuration
+    (make_config, or saved_config on --resume) and every rank takes it: its default log dir name
+    holds a time stamp, and on --resume only rank 0's machine need hold config.json. Then every
+    rank reads the task (config_for_task), and all raise the first problem any rank found."""
     launches = comm.allgather((sys.argv[1:] if argv is None else list(argv), os.getcwd()))  # [MPI]
     check_same_launch(launches)  # what each rank was given, rank 0's on every rank
     args = parse_train_args(argv)

@@ -49,9 +49,8 @@ def import_gym():
 
 
 def make_env(env_id, render_mode=None):
-    """One env, held at its end where an episode ends early (HeldAtEnd). Module-level (not a
-    lambda) so the spawn start method can pickle it. `module:EnvId` ids import `module` first,
-    which may register EnvId (gymnasium's rule)."""
+    """One env (HeldAtEnd). Module-level (not a lambda) so the spawn start method can pickle
+    it. `module:EnvId` ids import `module` first, which may register EnvId (gymnasium's rule)."""
     gym = import_gym()
     env = gym.make(env_id, render_mode=render_mode) if render_mode else gym.make(env_id)
     return HeldAtEnd(env)
@@ -214,7 +213,6 @@ def space_dims(env_id, env):
 def batch_rewards(env_id, reward_fun, ag, g):
     """reward_fun(ag, g) on K pairs, checked: K finite numbers, one for each pair."""
     r = calling(env_id, "compute_reward(achieved_goal, desired_goal, None)", reward_fun, ag, g)
-    r = np.asarray(r)
     require(r.shape == (len(ag),) and r.dtype.kind in "fiub" and np.all(np.isfinite(r)),
             f"env {env_id!r}: compute_reward gave {r.dtype} rewards of shape {r.shape} for "
             f"{len(ag)} goals; it must take arrays of goals, (K, {ag.shape[1]}), and return K "

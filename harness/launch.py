@@ -142,8 +142,7 @@ def describe_job(comm):
     """Collective: the run header's line on MPI: the library, and each host with the ranks on
     it and the cores each may use (what the OS lets it run on: Slurm's --cpus-per-task,
     mpirun's binding, taskset)."""
-    here = (socket.gethostname(), len(os.sched_getaffinity(0)))
-    places = comm.allgather(here)  # [MPI]
+    places = comm.allgather((socket.gethostname(), len(os.sched_getaffinity(0))))  # [MPI]
     parts = []
     for host in dict.fromkeys(host for host, _ in places):  # in the order of their first rank
         ranks = [rank for rank, (at, _) in enumerate(places) if at == host]
