@@ -1,11 +1,10 @@
 """The command line made from config.Config, and its checks: one flag a field, one line an error.
 
 Mirrors the argument handling of openai/baselines `her/experiment/train.py` (its click options)
-and `prepare_params` of `her/experiment/config.py`: defaults, then the env's overrides, then
-the flags given. What a field takes is its type in config.py, its comment is its help; flags and
-config.json are checked alike (checked), then the rules between fields (check_rules) and against
-the task (config_for_task), each problem one UsageError line. Rank 0 builds the configuration
-and every rank takes it (shared_config).
+and `prepare_params` of `her/experiment/config.py` (make_config). What a field takes is its type
+in config.py, its comment is its help; flags and config.json are checked alike (checked), then
+the rules between fields (check_rules) and against the task (config_for_task), each problem one
+UsageError line.
 
 Test: `python -m pytest -q tests/test_cli.py tests/test_bad_input.py`.
 """
@@ -27,7 +26,7 @@ import typing
 
 from config import ENV_OVERRIDES, Config, Interval
 from ddpg import discount
-from harness.errors import UsageError
+from harness.errors import UsageError, require
 from harness.goal_env import MAX_RANGE_RESETS, describe_env
 from harness.launch import check_same_launch
 from harness.mpi_util import raise_if_any_rank_failed
@@ -99,10 +98,9 @@ def flag_value(f, text):
 
 # ---------------------------------------------------------------- the rules between values
 
-# The flags that act only with --demo_file, and of them those that act only with --bc_loss 1
-DEMO_FLAGS = ("num_demo", "demo_batch_size", "bc_loss", "q_filter", "prm_loss_weight",
-              "aux_loss_weight")
+# The flags that act only with --bc_loss 1, and those that act only with --demo_file
 BC_FLAGS = ("q_filter", "prm_loss_weight", "aux_loss_weight")
+DEMO_FLAGS = ("num_demo", "demo_batch_size", "bc_loss") + BC_FLAGS
 
 
 def check_rules(cfg, given=()):
@@ -140,12 +138,10 @@ def config_for_task(cfg, ranks_here):
     rewards, a buffer that holds no rollout, more memory than there is (check_memory)."""
     check_limits(cfg, ranks_here)
     task = describe_env(cfg.env)
-    if task.r_range is None and cfg.reward_range is None:
-        raise UsageError(f"env {cfg.env!r}: compute_reward gave one value for every goal and "
-                         f"achieved goal of {MAX_RANGE_RESETS} resets, so the range of its "
-                         "rewards, which bounds the critic's target, cannot be measured; pass "
-                         "it as --reward_range=R_MIN,R_MAX (e.g. 0,1 for a maze's sparse "
-                         "reward, -1,0 for Fetch's)")
+    require(task.r_range or cfg.reward_range, f"env {cfg.env!r}: compute_reward gave one value "
+            f"for every goal and achieved goal of {MAX_RANGE_RESETS} resets, so the range of "
+            "its rewards, which bounds the critic's target, cannot be measured; pass it as "
+            "--reward_range=R_MIN,R_MAX (e.g. 0,1 for a maze's sparse reward, -1,0 for Fetch's)")
     given, (lo, hi) = cfg.reward_range, task.r_range or (-math.inf, math.inf)
     # the measured range's finite ends, and past them where it is open (a dense reward's)
     if given and not ((given[0] <= lo if lo > -math.inf else given[0] < hi)
@@ -154,10 +150,9 @@ def config_for_task(cfg, ranks_here):
                          f"{cfg.env} gives (measured: {lo:g} to {hi:g}); give a range that holds "
                          f"them, e.g. --reward_range={lo:g},{hi:g}, or leave it out to use the "
                          "measured one")
-    if cfg.buffer_size < cfg.num_env * task.T:
-        raise UsageError(f"--buffer_size {cfg.buffer_size} holds no {cfg.num_env} episode(s) of "
-                         f"{cfg.env}'s T = {task.T} steps (one rollout): give at least "
-                         f"{cfg.num_env * task.T}")
+    require(cfg.buffer_size >= cfg.num_env * task.T, f"--buffer_size {cfg.buffer_size} holds no "
+            f"{cfg.num_env} episode(s) of {cfg.env}'s T = {task.T} steps (one rollout): give at "
+            f"least {cfg.num_env * task.T}")
     check_memory(cfg, task, ranks_here)
     task = dataclasses.replace(task, r_range=given or task.r_range)
     return dataclasses.replace(cfg, gamma=discount(cfg.gamma, task.T),
@@ -288,9 +283,8 @@ def saved_config(run_dir):
     path, saved = os.path.join(run_dir, CONFIG), read_config(run_dir)
     fields = {f.name: f for f in dataclasses.fields(Config)}
     keys = set(saved) - set(RUN_FACTS)
-    if keys != set(fields):
-        raise UsageError(f"{path}: not as train.py wrote it (fields {sorted(keys ^ set(fields))} "
-                         "missing or unknown)")
+    require(keys == set(fields), f"{path}: not as train.py wrote it (fields "
+            f"{sorted(keys ^ set(fields))} missing or unknown)")
     values = {}
     try:
         for name, f in fields.items():
@@ -306,11 +300,10 @@ def saved_config(run_dir):
 
 def shared_config(argv, comm):
     """Collective: (args, cfg, task) on every rank, every value checked. Every rank compares its
-    argv and folder with rank 0's (launch.check_same_launch), then parses argv;
-    rank 0 builds the configuration (make_config, or saved_config on --resume) and every rank
-    takes it: its default log dir name holds a time stamp, and on --resume only rank 0's
-    machine need hold config.json. Then every rank reads the task (config_for_task), and all
-    raise the first problem any rank found."""
+    argv and folder with rank 0's (launch.check_same_launch); rank 0 builds the configuration
+    (make_config, or saved_config on --resume) and every rank takes it: its default log dir name
+    holds a time stamp, and on --resume only rank 0's machine need hold config.json. Then every
+    rank reads the task (config_for_task), and all raise the first problem any rank found."""
     launches = comm.allgather((sys.argv[1:] if argv is None else list(argv), os.getcwd()))  # [MPI]
     check_same_launch(launches)  # what each rank was given, rank 0's on every rank
     args = parse_train_args(argv)

@@ -13,6 +13,12 @@ class UsageError(Exception):
     """Bad input (a flag, a combination of flags, a task): exit code 2."""
 
 
+def require(ok, line):
+    """A check of the user's input: UsageError(line) unless ok."""
+    if not ok:
+        raise UsageError(line)
+
+
 class BadFileError(ValueError):
     """A policy, checkpoint or demo file that is missing, truncated or not ours: exit code 2."""
 

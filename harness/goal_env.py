@@ -8,8 +8,7 @@ Tasks differ in conventions (Fetch and Hand: rewards {-1, 0} and info['is_succes
 and AntMaze: {0, 1} and info['success']; the Dense variants: a distance), so describe_env reads
 them, a GoalTask, off a temporary env, after checking that it keeps the contract a task of a
 user's own must keep (docs/own-task.md; baselines checks nothing and fails later, or learns
-nothing). build_venv makes a rank's vec env of num_env envs; an episode an env ends early is
-held at its end (HeldAtEnd).
+nothing). An episode an env ends early is held at its end (HeldAtEnd).
 
 Test: `python -m pytest -q tests/test_goal_env.py`.
 """
@@ -27,7 +26,7 @@ import gymnasium as gym
 import numpy as np
 
 import vecenv
-from harness.errors import UsageError
+from harness.errors import UsageError, require
 from vecenv import DummyVecEnv, ShmemVecEnv, SubprocVecEnv
 
 
@@ -50,9 +49,8 @@ def import_gym():
 
 
 def make_env(env_id, render_mode=None):
-    """One env, held at its end where an episode ends early (HeldAtEnd). Module-level (not a
-    lambda) so the spawn start method can pickle it. `module:EnvId` ids import `module` first,
-    which may register EnvId (gymnasium's rule)."""
+    """One env (HeldAtEnd). Module-level (not a lambda) so the spawn start method can pickle
+    it. `module:EnvId` ids import `module` first, which may register EnvId (gymnasium's rule)."""
     gym = import_gym()
     env = gym.make(env_id, render_mode=render_mode) if render_mode else gym.make(env_id)
     return HeldAtEnd(env)
@@ -116,13 +114,11 @@ def describe_env(env_id):
             "; see the Fetch*-v4, HandReach-v3 and HandManipulate* ids of gymnasium-robotics"
         raise UsageError(f"unknown env id {name!r}{hint}")
     T = gym.registry[name].max_episode_steps
-    if type(T) is not int or T < 1:
-        raise UsageError(f"env {env_id!r} has no time limit, and HER here trains on episodes of "
-                         "T steps: register it with max_episode_steps=T (gymnasium.register("
-                         f"{name!r}, ..., max_episode_steps=50))")
+    require(type(T) is int and T >= 1, f"env {env_id!r} has no time limit, and HER here trains "
+            "on episodes of T steps: register it with max_episode_steps=T (gymnasium.register("
+            f"{name!r}, ..., max_episode_steps=50))")
     # gymnasium's own checker would warn, in lines of its own, of what is checked here
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
+    with warnings.catch_warnings(action="ignore"):
         env = calling(env_id, "gymnasium.make", make_env, env_id)
         try:
             dims, max_u = space_dims(env_id, env)
@@ -164,17 +160,16 @@ def env_answer(env_id, what, env, dims, *args, **kwargs):
     """env.reset's or env.step's answer (`what`: its name), checked: the tuple gymnasium's API
     has (not gym's older one), its observation a dict of the shapes its space gives (dims)."""
     answer = calling(env_id, what, getattr(env, what), *args, **kwargs)
-    if not (isinstance(answer, tuple) and len(answer) == len(ANSWERS[what])):
-        raise UsageError(f"env {env_id!r}: {what} returned a {type(answer).__name__}, not "
-                         f"gymnasium's ({', '.join(ANSWERS[what])})")
+    require(isinstance(answer, tuple) and len(answer) == len(ANSWERS[what]),
+            f"env {env_id!r}: {what} returned a {type(answer).__name__}, not gymnasium's "
+            f"({', '.join(ANSWERS[what])})")
     obs, want = answer[0], {k: (dims["o" if k == "observation" else "g"],) for k in GOAL_KEYS}
-    if not isinstance(obs, dict):
-        raise UsageError(f"env {env_id!r}: {what} gave a {type(obs).__name__}, not a dict "
-                         f"observation with keys {', '.join(GOAL_KEYS)}")
+    require(isinstance(obs, dict), f"env {env_id!r}: {what} gave a {type(obs).__name__}, not a "
+            f"dict observation with keys {', '.join(GOAL_KEYS)}")
     got = {k: np.shape(obs.get(k)) for k in GOAL_KEYS}
-    if got != want or not all(np.all(np.isfinite(obs[k])) for k in GOAL_KEYS):
-        raise UsageError(f"env {env_id!r}: {what} gave an observation of shapes {got} (or not "
-                         f"finite), where its space says {want}")
+    require(got == want and all(np.all(np.isfinite(obs[k])) for k in GOAL_KEYS),
+            f"env {env_id!r}: {what} gave an observation of shapes {got} (or not finite), where "
+            f"its space says {want}")
     try:  # the dtypes too, and any other entry's: what the vec env holds every step to
         vecenv.check_obs(obs, vecenv.obs_layout(env.observation_space))
     except KeyError as e:
@@ -189,30 +184,28 @@ def space_dims(env_id, env):
     """({'o': dim_o, 'g': dim_g, 'u': dim_u}, max_u) of a dict observation of three flat boxes,
     its two goals of one shape, and an action box [-max_u, max_u]^dim_u."""
     space, boxes = env.observation_space, getattr(env.observation_space, "spaces", {})
-    if not all(isinstance(boxes.get(k), gym.spaces.Box) for k in GOAL_KEYS):
-        kinds = ", ".join(f"{k}: {type(boxes.get(k)).__name__}" for k in GOAL_KEYS) \
-            if boxes else f"a {type(space).__name__} space"
-        raise UsageError(f"env {env_id!r} has no dict observation with Box entries "
-                         f"{', '.join(GOAL_KEYS)} ({kinds}); HER needs a goal task such as "
-                         "FetchReach-v4")
+    kinds = ", ".join(f"{k}: {type(boxes.get(k)).__name__}" for k in GOAL_KEYS) \
+        if boxes else f"a {type(space).__name__} space"
+    require(all(isinstance(boxes.get(k), gym.spaces.Box) for k in GOAL_KEYS),
+            f"env {env_id!r} has no dict observation with Box entries {', '.join(GOAL_KEYS)} "
+            f"({kinds}); HER needs a goal task such as FetchReach-v4")
     shapes = {k: boxes[k].shape for k in GOAL_KEYS}
-    if any(len(shape) != 1 for shape in shapes.values()) or \
-            shapes["achieved_goal"] != shapes["desired_goal"]:
-        raise UsageError(f"env {env_id!r}: observation shapes {shapes}; each must be flat, (n,), "
-                         "and achieved_goal's the same as desired_goal's")
+    require(all(len(shape) == 1 for shape in shapes.values())
+            and shapes["achieved_goal"] == shapes["desired_goal"],
+            f"env {env_id!r}: observation shapes {shapes}; each must be flat, (n,), and "
+            "achieved_goal's the same as desired_goal's")
     space = env.action_space
-    if not isinstance(space, gym.spaces.Box) or len(space.shape) != 1:
-        raise UsageError(f"env {env_id!r} has the action space {space}; DDPG's actor needs a "
-                         "flat Box [-a, a]^n (a discrete choice can be a continuous action, "
-                         "e.g. bit i flips where a_i > 0)")
-    if not np.issubdtype(space.dtype, np.floating):
-        raise UsageError(f"env {env_id!r} has an action box of {space.dtype}; DDPG's actor "
-                         "gives real numbers: make it a float Box [-a, a]^n")
+    require(isinstance(space, gym.spaces.Box) and len(space.shape) == 1,
+            f"env {env_id!r} has the action space {space}; DDPG's actor needs a flat Box "
+            "[-a, a]^n (a discrete choice can be a continuous action, e.g. bit i flips where "
+            "a_i > 0)")
+    require(np.issubdtype(space.dtype, np.floating), f"env {env_id!r} has an action box of "
+            f"{space.dtype}; DDPG's actor gives real numbers: make it a float Box [-a, a]^n")
     low, high = space.low, space.high
-    if not (np.all(np.isfinite(high)) and np.allclose(low, -high)
-            and np.allclose(high, high.flat[0]) and high.flat[0] > 0):
-        raise UsageError(f"env {env_id!r} has an action box that is not [-a, a] in every "
-                         "dimension; the tanh actor needs a symmetric box")
+    require(np.all(np.isfinite(high)) and np.allclose(low, -high)
+            and np.allclose(high, high.flat[0]) and high.flat[0] > 0,
+            f"env {env_id!r} has an action box that is not [-a, a] in every dimension; the tanh "
+            "actor needs a symmetric box")
     (dim_o,), (dim_g,), (dim_u,) = shapes["observation"], shapes["desired_goal"], space.shape
     return {"o": dim_o, "g": dim_g, "u": int(dim_u)}, float(high.flat[0])
 
@@ -220,11 +213,10 @@ def space_dims(env_id, env):
 def batch_rewards(env_id, reward_fun, ag, g):
     """reward_fun(ag, g) on K pairs, checked: K finite numbers, one for each pair."""
     r = calling(env_id, "compute_reward(achieved_goal, desired_goal, None)", reward_fun, ag, g)
-    r = np.asarray(r)
-    if r.shape != (len(ag),) or r.dtype.kind not in "fiub" or not np.all(np.isfinite(r)):
-        raise UsageError(f"env {env_id!r}: compute_reward gave {r.dtype} rewards of shape "
-                         f"{r.shape} for {len(ag)} goals; it must take arrays of goals, (K, "
-                         f"{ag.shape[1]}), and return K finite rewards, one for each")
+    require(r.shape == (len(ag),) and r.dtype.kind in "fiub" and np.all(np.isfinite(r)),
+            f"env {env_id!r}: compute_reward gave {r.dtype} rewards of shape {r.shape} for "
+            f"{len(ag)} goals; it must take arrays of goals, (K, {ag.shape[1]}), and return K "
+            "finite rewards, one for each")
     return r
 
 
@@ -245,10 +237,11 @@ def first_steps(env_id, env, dims, T, max_u, reward_fun):
         obs, r, terminated, truncated, info = env_answer(env_id, "step", env, dims, u)
         for what, value, number in (("reward", r, True), ("terminated", terminated, False),
                                     ("truncated", truncated, False)):
-            if isinstance(value, (bool, np.bool_)) == number or not isinstance(value, SCALARS):
-                raise UsageError(f"env {env_id!r}: step's {what} is a {type(value).__name__} "
-                                 f"of shape {np.shape(value)}; gymnasium's API has "
-                                 f"{'one number, a float or int' if number else 'True or False'}")
+            require(isinstance(value, (bool, np.bool_)) != number
+                    and isinstance(value, SCALARS),
+                    f"env {env_id!r}: step's {what} is a {type(value).__name__} of shape "
+                    f"{np.shape(value)}; gymnasium's API has "
+                    f"{'one number, a float or int' if number else 'True or False'}")
         steps.append((obs, r))
         if terminated or truncated:
             break
@@ -257,10 +250,9 @@ def first_steps(env_id, env, dims, T, max_u, reward_fun):
     ag, g = (np.array([obs[k] for obs, _ in steps] * FIRST_STEPS)[:FIRST_STEPS]
              for k in GOAL_KEYS[1:])
     for (_, r), r_g in zip(steps, reward_fun(ag, g)[:len(steps)], strict=True):
-        if not np.isclose(r, r_g, rtol=1e-5, atol=1e-6):
-            raise UsageError(f"env {env_id!r}: step's reward {r} and compute_reward's {r_g} "
-                             "differ for the same goals; HER relabels with compute_reward, so "
-                             "make step return what compute_reward gives")
+        require(np.isclose(r, r_g, rtol=1e-5, atol=1e-6), f"env {env_id!r}: step's reward {r} "
+                f"and compute_reward's {r_g} differ for the same goals; HER relabels with "
+                "compute_reward, so make step return what compute_reward gives")
     return success_key(env_id, info)
 
 
@@ -290,15 +282,13 @@ def _compute_reward(env, ag_2, g):
 
 
 def success_key(env_id, info):
-    for key in ("is_success", "success"):
-        if key in info and isinstance(info[key], SCALARS):
-            return key
-        if key in info:
-            raise UsageError(f"env {env_id!r}: info[{key!r}] after a step is a "
-                             f"{type(info[key]).__name__} of shape {np.shape(info[key])}; it "
-                             "must be one value, True or False (or 1 or 0)")
-    raise UsageError(f"env {env_id!r} reports neither info['is_success'] nor info['success'] "
-                     "after a step; a HER goal task must say when its goal is reached")
+    key = next((key for key in ("is_success", "success") if key in info), None)
+    require(key is not None, f"env {env_id!r} reports neither info['is_success'] nor "
+            "info['success'] after a step; a HER goal task must say when its goal is reached")
+    require(isinstance(info[key], SCALARS), f"env {env_id!r}: info[{key!r}] after a step is a "
+            f"{type(info[key]).__name__} of shape {np.shape(info[key])}; it must be one value, "
+            "True or False (or 1 or 0)")
+    return key
 
 
 def reward_range(reward_fun, goals, achieved=None):
@@ -318,13 +308,11 @@ def reward_range(reward_fun, goals, achieved=None):
     values = np.unique(np.concatenate([reached, missed]))
     if len(values) < 2:
         return None
-    r_min, r_max = float(values.min()) + 0., float(values.max()) + 0.  # + 0.: -0.0 -> 0.0
-    if len(values) > 2:  # dense
-        if missed.mean() < reached.mean():
-            r_min, r_max = -np.inf, float(reached.max()) + 0.
-        else:
-            r_min, r_max = float(reached.min()) + 0., np.inf
-    return r_min, r_max
+    if len(values) == 2:  # sparse; + 0.: -0.0 -> 0.0
+        return float(values.min()) + 0., float(values.max()) + 0.
+    if missed.mean() < reached.mean():  # dense
+        return -np.inf, float(reached.max()) + 0.
+    return float(reached.min()) + 0., np.inf
 
 
 def build_venv(cfg, render_mode=None):
@@ -332,6 +320,5 @@ def build_venv(cfg, render_mode=None):
     # One env runs inside the rank, with no env process; baselines too uses DummyVecEnv then.
     if cfg.num_env == 1:
         return DummyVecEnv(env_fns)
-    # --vec_env: how env processes send their observations to the rank (vecenv.py)
     vec_env = {"subproc": SubprocVecEnv, "shmem": ShmemVecEnv}[cfg.vec_env]
     return vec_env(env_fns, timeout=cfg.env_timeout)

@@ -12,9 +12,6 @@ no step: one `python train.py` run by the script itself is a job of one rank, wh
 allocation. mpirun inside an allocation passes the allocation's SLURM_* on to its ranks; its
 own variables come first, so they decide.
 
-Env processes never import mpi4py (vecenv.py says why); where they need their rank's number
-(the tests' fault injection), launcher_rank() reads it from these variables.
-
 Test: `python -m pytest -q tests/test_launch.py`.
 """
 import collections
@@ -44,7 +41,7 @@ def launched(environ=os.environ):
 
 def launcher_rank(environ=os.environ):
     """This process's rank as its launcher numbered it (0 when started by hand); for processes
-    that must not initialise MPI."""
+    that must not initialise MPI (env processes: the tests' fault injection)."""
     return launch.rank if (launch := launched(environ)) else 0
 
 
@@ -145,8 +142,7 @@ def describe_job(comm):
     """Collective: the run header's line on MPI: the library, and each host with the ranks on
     it and the cores each may use (what the OS lets it run on: Slurm's --cpus-per-task,
     mpirun's binding, taskset)."""
-    here = (socket.gethostname(), len(os.sched_getaffinity(0)))
-    places = comm.allgather(here)  # [MPI]
+    places = comm.allgather((socket.gethostname(), len(os.sched_getaffinity(0))))  # [MPI]
     parts = []
     for host in dict.fromkeys(host for host, _ in places):  # in the order of their first rank
         ranks = [rank for rank, (at, _) in enumerate(places) if at == host]
