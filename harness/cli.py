@@ -131,11 +131,12 @@ FILES, FILES_PER_ENV = 32, 4
 TASKS_PER_RANK, TASKS_PER_ENV = 2, 2
 
 
-def config_for_task(cfg, ranks_here):
+def config_for_task(cfg, ranks_here, warn=True):
     """(cfg, task): the task read off the env, the discount (1 - 1/T) and reward range (measured)
     unless given. UsageError where this process's limits are too small (check_limits: first,
     reading the env opens files), or the flags contradict the task: a range that leaves out its
-    rewards, a buffer that holds no rollout, more memory than there is (check_memory)."""
+    rewards, a buffer that holds no rollout, more memory than there is (check_memory, which
+    warns at 80% where `warn`: on one rank of each host)."""
     check_limits(cfg, ranks_here)
     task = describe_env(cfg.env)
     require(task.r_range or cfg.reward_range, f"env {cfg.env!r}: compute_reward gave one value "
@@ -153,13 +154,13 @@ def config_for_task(cfg, ranks_here):
     require(cfg.buffer_size >= cfg.num_env * task.T, f"--buffer_size {cfg.buffer_size} holds no "
             f"{cfg.num_env} episode(s) of {cfg.env}'s T = {task.T} steps (one rollout): give at "
             f"least {cfg.num_env * task.T}")
-    check_memory(cfg, task, ranks_here)
+    check_memory(cfg, task, ranks_here, warn)
     task = dataclasses.replace(task, r_range=given or task.r_range)
     return dataclasses.replace(cfg, gamma=discount(cfg.gamma, task.T),
                                reward_range=task.r_range), task
 
 
-def check_memory(cfg, task, ranks_here):
+def check_memory(cfg, task, ranks_here, warn):
     """UsageError where the run needs (an estimate, named in the line) more memory than this
     host has free for `ranks_here` ranks (replay and demo buffers, one batch, the env
     processes), or more than this process's own limit (ulimit -v) leaves it; a warning at 80%."""
@@ -198,7 +199,8 @@ def check_memory(cfg, task, ranks_here):
         if need > have:
             raise UsageError(f"{line}: lower --buffer_size, --batch_size or --num_env, or run "
                              "fewer ranks on this host")
-        print(f"warning: {line}; it may run out of memory", file=sys.stderr, flush=True)
+        if warn:
+            print(f"warning: {line}; it may run out of memory", file=sys.stderr, flush=True)
 
 
 def check_limits(cfg, ranks_here):
@@ -329,7 +331,10 @@ def shared_config(argv, comm):
     hosts = comm.allgather(socket.gethostname())  # [MPI] the ranks on each host
     task = None
     try:
-        cfg, task = config_for_task(Config(**cfg), hosts.count(hosts[comm.Get_rank()]))
+        here = hosts[comm.Get_rank()]
+        # the host's first rank alone warns of its memory
+        cfg, task = config_for_task(Config(**cfg), hosts.count(here),
+                                    warn=hosts.index(here) == comm.Get_rank())
     except UsageError as e:
         error = str(e)
     raise_if_any_rank_failed(comm, error)  # [MPI]

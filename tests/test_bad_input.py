@@ -29,7 +29,7 @@ import pytest
 from config import Config
 from harness import cli
 from harness.errors import UsageError
-from tests.helpers import ROOT, arrays_of, main_exit_code, train_cmd
+from tests.helpers import ROOT, arrays_of, main_exit_code, run_cmd, train_cmd
 
 # a finished run small enough to copy a hundred times: 2 epochs of 2 cycles, 4 episodes stored
 SMALL_RUN = ["--n_epochs", "2", "--n_cycles", "2", "--n_batches", "2", "--n_test_rollouts",
@@ -384,6 +384,28 @@ class TestBeforeAnythingIsMade:
             err = capsys.readouterr().err
             assert rc == 2 and phrase in err and len(err.strip().splitlines()) == 1, (argv, err)
             assert not os.path.exists(logdir), argv
+
+    def test_a_run_near_its_hosts_memory_is_warned_of_once_a_host(self, tmp_path):
+        """Two ranks on this host, each with a replay buffer of about 0.45 of the memory free
+        here: between the warning's 80% and the refusal's 100%, so one warning line (not one
+        a rank), then the missing --load_path ends the start before a folder is made."""
+        with open("/proc/meminfo") as f:
+            free = 1024 * next(int(ln.split()[1]) for ln in f if ln.startswith("MemAvailable:"))
+        with contextlib.suppress(OSError, ValueError), open("/sys/fs/cgroup/memory.max") as f, \
+                open("/sys/fs/cgroup/memory.current") as g:
+            free = min(free, int(f.read()) - int(g.read()))
+        if free < 8 * 2**30:
+            pytest.skip("under 8 GiB free: the window between 80% and 100% is too narrow")
+        # FetchReach's episode of T = 50 steps in float32: o (51, 10), ag (51, 3), g (50, 3),
+        # u (50, 4), info_is_success (50, 1): 1,063 numbers, 4,252 bytes
+        buffer_size = int(0.45 * free / 4252) * 50
+        logdir = str(tmp_path / "run")
+        rc, out = run_cmd(train_cmd("--buffer_size", str(buffer_size), "--load_path",
+                                    str(tmp_path / "none.npz"), "--logdir", logdir, n_ranks=2),
+                          timeout=300)
+        warnings = [line for line in out.splitlines() if line.startswith("warning:")]
+        assert rc == 2 and len(warnings) == 1 and "GiB free" in warnings[0], out[-3000:]
+        assert "none.npz: no such file" in out and not os.path.exists(logdir), out[-3000:]
 
     def test_a_given_reward_range_that_leaves_out_the_tasks_rewards_is_refused(self, tmp_path,
                                                                                 capsys):
