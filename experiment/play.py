@@ -26,7 +26,7 @@ import warnings
 import numpy as np
 
 from harness.cli import ArgumentParser, config_flags, make_config
-from harness.errors import BadFileError, UsageError
+from harness.errors import BadFileError, SaveError, UsageError
 from harness.files import atomic_file, check_policy_fits, load_policy_arrays, policy_on_task
 from harness.goal_env import build_venv, describe_env
 from harness.launch import start_mpi
@@ -64,7 +64,7 @@ class VecVideoRecorder:
 PLAY_FIELDS = ("env", "num_env", "vec_env", "n_test_rollouts", "seed")  # test rollouts' Config
 # What play.py reports as one line, {class: (exit code, prefix)}; mpirun passes Ctrl-C to all
 PLAY_ERRORS = {UsageError: (2, "error: "), BadFileError: (2, "error: "),
-               KeyboardInterrupt: (130, CTRL_C)}
+               SaveError: (1, "error: "), KeyboardInterrupt: (130, CTRL_C)}
 
 
 def play(cfg, args, comm):

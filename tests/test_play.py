@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from harness import files
-from tests.helpers import ROOT, assert_one_line_error, fetch_reach_policy, play_cmd
+from tests.helpers import ROOT, assert_one_line_error, fetch_reach_policy, play_cmd, small_disk
 
 # ---------------------------------------------------------------- play.py: playing, --save_video
 
@@ -62,3 +62,16 @@ class TestPlay:
                                   timeout=120, env={**os.environ, **env})
             assert_one_line_error(proc.returncode, proc.stdout + proc.stderr, 2, phrase)
         assert sorted(os.listdir(tmp_path)) == ["reach.npz"]
+
+    @pytest.mark.slow
+    def test_a_gif_onto_a_full_disk_is_one_line_and_leaves_no_file(self, tmp_path):
+        """A disk of 20 kB takes no GIF of 51 frames: the save fails after the episodes, and
+        play.py says so in one line, exit code 1 (as train.py's full disk), no partial file."""
+        path = saved_reach_policy(tmp_path)
+        with small_disk(tmp_path / "disk", "20k") as disk:
+            proc = subprocess.run(play_cmd(path, "--n_test_rollouts", "1", "--save_video",
+                                           str(disk / "reach.gif")),
+                                  cwd=ROOT, capture_output=True, text=True, timeout=300)
+            assert_one_line_error(proc.returncode, proc.stdout + proc.stderr, 1,
+                                  "cannot write", "reach.gif")
+            assert os.listdir(disk) == []
