@@ -112,8 +112,7 @@ class Run:
         """Collective: a new run's checkpoint before any training, so that a failure always has
         one to resume from; then the first epoch's bar, and with --trace its recording."""
         if self.inputs.checkpoint is None:
-            save_on_every_rank(self.comm, save_checkpoint, self.cfg.logdir, (0, 0, -1.),  # [MPI]
-                               self.policy, self.workers, self.comm, (), self.logger.digest)
+            save_on_every_rank(self.comm, self.save, (0, 0, -1.))  # [MPI]
             self.watchdog.configure(self.cfg.mpi_timeout, checkpoint_in=self.cfg.logdir)
         if start.epoch < self.cfg.n_epochs:
             self.begin_epoch(start.epoch, start.cycle)
@@ -142,8 +141,8 @@ class Run:
                                       self.cfg)
         self.tracer.end_cycle()  # [MPI] --trace: a gather after its last cycle
         if any(requested for requested, _ in statuses):
-            save_on_every_rank(self.comm, self.save_interrupted, epoch, cycle,  # [MPI]
-                               losses, best_success_rate)
+            save_on_every_rank(self.comm, self.save, (epoch, done, best_success_rate),  # [MPI]
+                               losses, ["latest"])
             self.tracer.finish()  # [MPI] --trace: the cycles traced so far
             raise Interrupted(f"interrupted in epoch {epoch} after cycle {cycle}: saved "
                               f"policy_latest.npz and checkpoint/ in {logdir}; continue with "
@@ -161,13 +160,6 @@ class Run:
         if done == n_cycles:
             self.bar.close()
 
-    def save_interrupted(self, epoch, cycle, losses, best_success_rate):
-        """This rank's checkpoint after `cycle`, then (rank 0) policy_latest.npz."""
-        save_checkpoint(self.cfg.logdir, (epoch, cycle + 1, best_success_rate), self.policy,
-                        self.workers, self.comm, losses, self.logger.digest)
-        if self.rank0:
-            save_policy(self.policy, policy_path(self.cfg.logdir, "latest"))
-
     def end_epoch(self, epoch, logs, is_best, best_success_rate):
         """Collective: the epoch's progress.csv row (rank 0), the policies (rank 0: ranks hold
         identical weights) and every rank's checkpoint, or every rank raises the first
@@ -180,13 +172,17 @@ class Run:
 
     def save_epoch(self, epoch, logs, is_best, best_success_rate):
         self.logger.dump(logs)
-        logdir = self.cfg.logdir
+        policies = ["best", "latest"] if is_best else ["latest"]
+        interval = self.cfg.policy_save_interval
+        if interval > 0 and epoch % interval == 0:
+            policies.append(epoch)
+        self.save((epoch + 1, 0, best_success_rate), policies=policies)
+
+    def save(self, position, losses=(), policies=()):
+        """Rank 0's `policies` (policy_path's "best", "latest" or an epoch: ranks hold identical
+        weights), then this rank's checkpoint at `position` (save_checkpoint's)."""
         if self.rank0:
-            if is_best:
-                save_policy(self.policy, policy_path(logdir, "best"))
-            save_policy(self.policy, policy_path(logdir, "latest"))
-            interval = self.cfg.policy_save_interval
-            if interval > 0 and epoch % interval == 0:
-                save_policy(self.policy, policy_path(logdir, epoch))
-        save_checkpoint(logdir, (epoch + 1, 0, best_success_rate), self.policy, self.workers,
-                        self.comm, progress=self.logger.digest)
+            for which in policies:
+                save_policy(self.policy, policy_path(self.cfg.logdir, which))
+        save_checkpoint(self.cfg.logdir, position, self.policy, self.workers, self.comm, losses,
+                        self.logger.digest)

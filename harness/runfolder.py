@@ -13,6 +13,7 @@ Test: `python -m pytest -q tests/test_launch.py tests/test_checkpoint.py tests/t
 import contextlib
 import csv
 import fcntl
+import glob
 import hashlib
 import io
 import json
@@ -20,9 +21,8 @@ import os
 import socket
 import time
 
-import numpy as np
-
 from harness.errors import BadFileError, UsageError
+from harness.files import POLICY_CONFIG_KEY, load_npz, policy_config
 from harness.mpi_util import raise_if_any_rank_failed
 
 CONFIG, PROGRESS, LOG, LOCK, CHECKPOINTS, TRACE = (
@@ -30,7 +30,6 @@ CONFIG, PROGRESS, LOG, LOCK, CHECKPOINTS, TRACE = (
 # What a run writes (and policy*.npz); a run.lock alone is no run: a start stopped before writing
 RUN_FILES = (PROGRESS, CONFIG, LOG, CHECKPOINTS, TRACE)
 RUN_FACTS = ("n_ranks", "T")  # config.json beside the Config: mpirun's -np, the task's T
-POLICY_CONFIG_KEY = "config_json"  # a policy file's JSON (ddpg.DDPG.policy_config)
 
 # progress.csv's columns, train.epoch_logs's keys in their order; WALL_CLOCK is the one in which
 # a resumed run and one never stopped differ (progress_digest leaves it out)
@@ -147,14 +146,14 @@ def read_run_folder(run_dir):
                  if os.path.exists(p)), None)
     if path is None:
         return config, rows
-    try:  # the few keys alone, not the replay buffer
-        with np.load(path, allow_pickle=False) as data:
-            n_epochs, digest = int(data["epoch"]), str(data["log/progress_sha256"])
-            saved = dict(json.loads(str(data["run_config"])), n_ranks=int(data["n_ranks"]),
-                         T=json.loads(str(data[POLICY_CONFIG_KEY]))["T"])
-    except Exception as e:  # BadZipFile, KeyError, ValueError: damaged or not a checkpoint
-        raise BadFileError(f"{path}: cannot read it as a checkpoint ({type(e).__name__}); the "
-                           "file is truncated, corrupt or not from train.py") from None
+    keys = ("epoch", "n_ranks", "log/progress_sha256", "run_config", POLICY_CONFIG_KEY)
+    data = load_npz(path, keys, "checkpoint", only_required=True)  # not the replay buffer
+    try:
+        n_epochs, digest = int(data["epoch"]), str(data["log/progress_sha256"])
+        saved = dict(json.loads(str(data["run_config"])), n_ranks=int(data["n_ranks"]),
+                     T=policy_config(data, path)["T"])
+    except (TypeError, ValueError) as e:  # not numbers, or not JSON of a dict
+        raise BadFileError(f"{path}: not a checkpoint written by train.py ({e})") from None
     if len(rows) < n_epochs or progress_digest(rows[:n_epochs]) != digest:
         raise BadFileError(f"{run_dir}/{PROGRESS}: its rows are not the {n_epochs} epoch(s) "
                            f"of {path} (missing, cut or edited)")
@@ -227,13 +226,9 @@ def linked_file(logdir):
     """The line refusing a run folder where a file or folder the run writes (the lock, RUN_FILES,
     policies, checkpoint/'s and trace/'s files) is a symbolic link, or None: a run writes only
     inside its folder (a link to a folder outside: log.txt appended there, a replaced file not)."""
-    def entries(folder):
-        with contextlib.suppress(OSError):  # no such folder (yet)
-            return [os.path.join(folder, name) for name in os.listdir(folder)]
-        return []
-    paths = [path for path in entries(logdir) if os.path.basename(path) in (LOCK, *RUN_FILES)
-             or os.path.basename(path).startswith("policy")]
-    paths += entries(os.path.join(logdir, CHECKPOINTS)) + entries(os.path.join(logdir, TRACE))
+    folder = glob.escape(logdir)
+    paths = [path for name in (LOCK, *RUN_FILES, "policy*", f"{CHECKPOINTS}/*", f"{TRACE}/*")
+             for path in glob.glob(os.path.join(folder, name), include_hidden=True)]
     link = next((path for path in sorted(paths) if os.path.islink(path)), None)
     return link and (f"{link} is a symbolic link (to {os.readlink(link)}): a run writes its "
                      "files only inside its folder; put the file itself there in its place, "
