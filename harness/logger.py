@@ -9,9 +9,7 @@ a few lines an epoch stand in.
 Test: `python -m pytest -q tests/test_logger.py`.
 """
 import contextlib
-import csv
 import dataclasses
-import io
 import json
 import os
 import platform
@@ -49,11 +47,7 @@ class EpochLogger:
         bar = "-" * len(lines[0])
         print("\n".join([bar, *lines, bar]), flush=True)
         self.rows.append(row)
-        text = io.StringIO()
-        writer = csv.DictWriter(text, runfolder.PROGRESS_COLUMNS)  # ValueError: a key not one
-        writer.writeheader()
-        writer.writerows(self.rows)
-        atomic_write_text(self.path, text.getvalue())
+        atomic_write_text(self.path, runfolder.progress_csv(self.rows))
         self.digest = runfolder.progress_digest(self.rows)
 
 

@@ -13,6 +13,7 @@ Test: `python -m pytest -q tests/test_mpi_util.py`.
 import array
 import contextlib
 import fcntl
+import glob
 import os
 import stat
 import sys
@@ -179,10 +180,8 @@ SEGMENT_PREFIXES = ("mpich_shm_", "sm_segment.")
 def orphaned_mpi_segments(shm_dir="/dev/shm"):
     """MPI segments that no process uses. A running job holds its segment open or mapped on
     every rank of the machine from its creation on, so it never counts as orphaned."""
-    if not os.path.isdir(shm_dir):
-        return []
-    paths = [os.path.join(shm_dir, name) for name in sorted(os.listdir(shm_dir))
-             if name.startswith(SEGMENT_PREFIXES)]
+    paths = sorted(path for prefix in SEGMENT_PREFIXES
+                   for path in glob.glob(os.path.join(glob.escape(shm_dir), prefix + "*")))
     in_use = shm_files_in_use(shm_dir) if paths else set()
     return [path for path in paths if path not in in_use]
 

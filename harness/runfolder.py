@@ -91,16 +91,21 @@ def read_config(run_dir):
     return saved
 
 
+def progress_csv(rows, columns=PROGRESS_COLUMNS):
+    """progress.csv's text: the header, then a line per row (a key not a column: ValueError)."""
+    text = io.StringIO()
+    writer = csv.DictWriter(text, columns)
+    writer.writeheader()
+    writer.writerows(rows)
+    return text.getvalue()
+
+
 def progress_digest(rows):
     """sha256 of progress.csv's rows as written, but their WALL_CLOCK column: a checkpoint keeps
     it of the rows before it, and is the same in a resumed run and one never stopped."""
-    text = io.StringIO()
-    if rows:
-        writer = csv.DictWriter(text, [name for name in PROGRESS_COLUMNS if name != WALL_CLOCK],
-                                extrasaction="ignore")
-        writer.writeheader()
-        writer.writerows(rows)
-    return hashlib.sha256(text.getvalue().encode()).hexdigest()
+    kept = [name for name in PROGRESS_COLUMNS if name != WALL_CLOCK]
+    text = progress_csv([{name: row[name] for name in kept} for row in rows], kept) if rows else ""
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def read_progress(run_dir, n_epochs=None, digest=None):
