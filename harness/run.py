@@ -56,33 +56,30 @@ def start_run(argv):
     wrong = check_launch(MPI.COMM_WORLD.Get_size(), mpi_library(), "train.py")
     if wrong is not None:
         raise SystemExit(wrong)
-    # One proxy: the watchdog times every collective call (with the default limit until the
-    # configuration has come; its own Abort goes to MPI directly), and with --trace the tracer
-    # records it
+    # One proxy: the watchdog times every collective call (the default limit until the
+    # configuration has come; its own Abort goes to MPI directly); with --trace the tracer too
     watchdog, tracer = Watchdog(Config.mpi_timeout, MPI.COMM_WORLD), Tracer()
     comm = ObservedComm(MPI.COMM_WORLD, (watchdog, tracer))
     watchdog.start()
-    try:
-        # Abort if one rank raises alone; the stack closes what was opened, last first
-        with exits_together(comm, "train.py"), contextlib.ExitStack() as opened:  # [MPI]
-            args, cfg, task = shared_config(argv, comm)  # [MPI] rank 0's, on every rank
-            watchdog.configure(cfg.mpi_timeout, checkpoint_in=args.resume)
-            inputs = read_inputs(cfg, task, args, comm)  # [MPI]
-            fresh = inputs.checkpoint is None
-            note = opened.enter_context(hold_run_folder(cfg.logdir, comm, fresh))  # [MPI]
-            venv = opened.enter_context(contextlib.closing(build_venv(cfg)))
-            watchdog.stop_at_cycle_ends()  # from here a stop waits for a cycle's end, saving
-            resumed_at = None if fresh else (int(inputs.checkpoint["epoch"]),
-                                             int(inputs.checkpoint["cycle"]))
-            log = open_run_folder(cfg, comm, task, ["train.py", *args.argv],  # [MPI]
-                                  resumed_at, inputs.note or note)
-            opened.push(lambda _, error, __: log.close(error))  # notes what ended the run
-            run = Run(cfg, comm, watchdog, tracer, task, venv, log, args.trace, inputs)
-            opened.callback(lambda: run.bar.close())  # off the screen, also if a cycle raised
-            yield run
-            tracer.finish()  # [MPI] --trace: a run with fewer cycles than it asked for
-    finally:
-        watchdog.close()
+    # Abort if one rank raises alone; the stack closes what was opened, last first
+    with (contextlib.closing(watchdog), exits_together(comm, "train.py"),  # [MPI]
+          contextlib.ExitStack() as opened):
+        args, cfg, task = shared_config(argv, comm)  # [MPI] rank 0's, on every rank
+        watchdog.configure(cfg.mpi_timeout, checkpoint_in=args.resume)
+        inputs = read_inputs(cfg, task, args, comm)  # [MPI]
+        fresh = inputs.checkpoint is None
+        note = opened.enter_context(hold_run_folder(cfg.logdir, comm, fresh))  # [MPI]
+        venv = opened.enter_context(contextlib.closing(build_venv(cfg)))
+        watchdog.stop_at_cycle_ends()  # from here a stop waits for a cycle's end, saving
+        resumed_at = None if fresh else (int(inputs.checkpoint["epoch"]),
+                                         int(inputs.checkpoint["cycle"]))
+        log = open_run_folder(cfg, comm, task, ["train.py", *args.argv],  # [MPI]
+                              resumed_at, inputs.note or note)
+        opened.push(lambda _, error, __: log.close(error))  # notes what ended the run
+        run = Run(cfg, comm, watchdog, tracer, task, venv, log, args.trace, inputs)
+        opened.callback(lambda: run.bar.close())  # off the screen, also if a cycle raised
+        yield run
+        tracer.finish()  # [MPI] --trace: a run with fewer cycles than it asked for
 
 
 class Run:
@@ -114,10 +111,9 @@ class Run:
         if self.inputs.checkpoint is None:
             save_on_every_rank(self.comm, self.save, (0, 0, -1.))  # [MPI]
             self.watchdog.configure(self.cfg.mpi_timeout, checkpoint_in=self.cfg.logdir)
-        if start.epoch < self.cfg.n_epochs:
-            self.begin_epoch(start.epoch, start.cycle)
-            self.tracer.begin(self.comm, os.path.join(self.cfg.logdir, TRACE),  # [MPI] --trace
-                              self.trace, self.venv)
+        self.begin_epoch(start.epoch, start.cycle)  # below n_epochs: read_inputs saw to it
+        self.tracer.begin(self.comm, os.path.join(self.cfg.logdir, TRACE),  # [MPI] --trace
+                          self.trace, self.venv)
 
     def begin_epoch(self, epoch, first_cycle):
         """The epoch's progress bar (on a terminal) and its clock."""
