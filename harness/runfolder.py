@@ -159,9 +159,7 @@ def read_run_folder(run_dir):
                      T=policy_config(data, path)["T"])
     except (TypeError, ValueError) as e:  # not numbers, or not JSON of a dict
         raise BadFileError(f"{path}: not a checkpoint written by train.py ({e})") from None
-    if len(rows) < n_epochs or progress_digest(rows[:n_epochs]) != digest:
-        raise BadFileError(f"{run_dir}/{PROGRESS}: its rows are not the {n_epochs} epoch(s) "
-                           f"of {path} (missing, cut or edited)")
+    read_progress(run_dir, n_epochs, digest)  # its first rows are the checkpoint's epochs
     differ = [k for k in saved if config.get(k) != saved[k]]
     if differ:
         raise BadFileError(f"{run_dir}/{CONFIG} says {differ[0]} {config.get(differ[0])!r}, "
