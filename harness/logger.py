@@ -2,9 +2,8 @@
 
 Mirrors openai/baselines `common/logger.py` (record_tabular, dump_tabular, the CSV output
 format, log.txt) as far as HER uses it. Rank 0 alone writes (train.epoch_logs says what is
-averaged over ranks); the CSV is rewritten atomically each epoch. The progress bar
-(harness/run.py) is drawn only where the output is a terminal (output_is_terminal); elsewhere
-a few lines an epoch stand in.
+averaged over ranks). The progress bar (harness/run.py) is drawn only where the output is a
+terminal (output_is_terminal); elsewhere a few lines an epoch stand in.
 
 Test: `python -m pytest -q tests/test_logger.py`.
 """

@@ -10,7 +10,6 @@ until the machine reboots, or until remove_orphaned_mpi_segments deletes what no
 
 Test: `python -m pytest -q tests/test_mpi_util.py`.
 """
-import array
 import contextlib
 import fcntl
 import glob
@@ -150,9 +149,7 @@ def wait_until_pipes_read(streams, patience_s):
 
 def unread_bytes(fd):
     """Bytes in the pipe behind fd not read yet (Linux answers FIONREAD on the writing end too)."""
-    n = array.array("i", [0])
-    fcntl.ioctl(fd, termios.FIONREAD, n)  # fills n
-    return n[0]
+    return int.from_bytes(fcntl.ioctl(fd, termios.FIONREAD, bytes(4)), sys.byteorder)  # a C int
 
 
 # ---------------------------------------------------------------- what MPICH leaves behind

@@ -4,9 +4,8 @@ and one job per run folder, never over another run: a lock that rank 0 holds for
 
 No baselines counterpart: baselines names its files inline, and two jobs given the same log
 dir both write it. What a run folder holds, shared file systems (NFS, Lustre) and one that takes
-no flock: docs/usage.md. A fresh start into a folder that holds a run's files is refused
-(hold_run_folder). The lock is the operating system's (flock on run.lock), released however the
-process ends, the file left holding who had it last, which the refusal quotes.
+no flock: docs/usage.md. The lock is the operating system's (flock on run.lock), released
+however the process ends.
 
 Test: `python -m pytest -q tests/test_launch.py tests/test_checkpoint.py tests/test_tools.py`.
 """
