@@ -91,7 +91,7 @@ class RunLog:
     cannot be written (a full disk) is dropped with one warning: the run does not stop for it."""
 
     def __init__(self, logdir, enabled, argv, resumed_at=None):
-        self.enabled, self.path, self.file = enabled, os.path.join(logdir, runfolder.LOG), None
+        self.path, self.file = os.path.join(logdir, runfolder.LOG), None
         self.screen = _Tee(sys.stdout, "stdout")  # where the progress bar goes: not into the log
         self.screen_is_terminal = output_is_terminal(self.screen)
         if not enabled:

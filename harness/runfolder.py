@@ -21,7 +21,7 @@ import socket
 import time
 
 from harness.errors import BadFileError, UsageError
-from harness.files import POLICY_CONFIG_KEY, load_npz, policy_config
+from harness.files import POLICY_CONFIG_KEY, load_npz
 from harness.mpi_util import raise_if_any_rank_failed
 
 CONFIG, PROGRESS, LOG, LOCK, CHECKPOINTS, TRACE = (
@@ -155,8 +155,8 @@ def read_run_folder(run_dir):
     try:
         n_epochs, digest = int(data["epoch"]), str(data["log/progress_sha256"])
         saved = dict(json.loads(str(data["run_config"])), n_ranks=int(data["n_ranks"]),
-                     T=policy_config(data, path)["T"])
-    except (TypeError, ValueError) as e:  # not numbers, or not JSON of a dict
+                     T=json.loads(str(data[POLICY_CONFIG_KEY]))["T"])
+    except (KeyError, TypeError, ValueError) as e:  # not numbers, or not the JSON saved
         raise BadFileError(f"{path}: not a checkpoint written by train.py ({e})") from None
     read_progress(run_dir, n_epochs, digest)  # its first rows are the checkpoint's epochs
     differ = [k for k in saved if config.get(k) != saved[k]]
