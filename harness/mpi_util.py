@@ -102,8 +102,7 @@ def exits_together(comm, prog, exit_codes=EXIT_CODES):
         yield
     except SystemExit:
         raise
-    except BaseException as raised:
-        e = raised
+    except BaseException as e:
         # one of ours that a library raised its own error from (MuJoCo's import makes a stop
         # signal's Interrupted an ImportError, and gymnasium that one another) is ours
         while e is not None and not isinstance(e, tuple(exit_codes)):
