@@ -68,10 +68,7 @@ def restore_checkpoint(arrays, path, policy, workers):
     """Inverse of save_checkpoint (local: no MPI call): the agent and the workers (rollout
     worker, evaluator) as saved; returns (epoch, cycle, best, the epoch's losses so far).
     `path` names the file in the error."""
-    try:
-        policy.load_arrays(arrays, CHECKPOINT_PARTS)
-    except ValueError as e:
-        raise BadFileError(f"{path}: {e}") from None
+    files.set_policy_from_file(policy, arrays, path, CHECKPOINT_PARTS)
     best, n_updates, rng_json, n_episodes, history, losses = (
         arrays[k] for k in runfolder.STATE_KEYS)
     policy.n_updates = int(n_updates)
@@ -80,8 +77,7 @@ def restore_checkpoint(arrays, path, policy, workers):
         worker.n_episodes = int(count)
     # the epoch so far: its training success history and (critic, actor) losses
     workers[0].success_history.extend(history)
-    losses = [tuple(row) for row in losses]
-    return int(arrays["epoch"]), int(arrays["cycle"]), float(best), losses
+    return int(arrays["epoch"]), int(arrays["cycle"]), float(best), [tuple(r) for r in losses]
 
 
 def checkpoint_positions(run_dir, rank, n_ranks):
@@ -92,12 +88,8 @@ def checkpoint_positions(run_dir, rank, n_ranks):
         path = runfolder.checkpoint_path(run_dir, rank, previous)
         if not os.path.exists(path):  # rank<r>.npz is missing only after a stop mid-save
             continue
-        try:
-            with np.load(path, allow_pickle=False) as data:
-                epoch, cycle, ranks = (int(data[key]) for key in runfolder.POSITION_KEYS)
-        except Exception:  # written whole or not at all, so damaged from outside: say so
-            files.load_npz(path, runfolder.POSITION_KEYS, "checkpoint")  # raises, in one line
-            raise
+        position = files.load_npz(path, runfolder.POSITION_KEYS, "checkpoint", only_required=True)
+        epoch, cycle, ranks = (int(value) for value in position.values())
         if ranks != n_ranks:
             raise UsageError(f"{path} was written by a run of {ranks} ranks; resume it with "
                              f"mpirun -np {ranks}, not {n_ranks}")

@@ -15,10 +15,11 @@ import os
 
 import numpy as np
 
-from ddpg import DDPG, POLICY_CONFIG
+from ddpg import DDPG, POLICY_CONFIG, POLICY_PARTS
 from harness.errors import BadFileError, SaveError, UsageError
-from harness.runfolder import POLICY_CONFIG_KEY
 from replay import EPISODE_KEYS, episode_shapes
+
+POLICY_CONFIG_KEY = "config_json"  # a policy file's JSON (ddpg.DDPG.policy_config)
 
 
 @contextlib.contextmanager
@@ -64,24 +65,23 @@ def save_figure(fig, path):
     pyplot().close(fig)
 
 
-def load_npz(path, required_keys, what, writer="train.py"):
-    """All arrays of an .npz as a dict, loaded with allow_pickle=False (safe on untrusted
-    files); any problem becomes a one-line BadFileError naming the file and its `writer`."""
+def load_npz(path, required_keys, what, writer="train.py", only_required=False):
+    """The arrays of an .npz as a dict (only_required: those of required_keys alone, not a
+    checkpoint's replay buffer), loaded with allow_pickle=False (safe on untrusted files); any
+    problem becomes a one-line BadFileError naming the file and its `writer`."""
     try:
         with np.load(path, allow_pickle=False) as data:
             missing = [k for k in required_keys if k not in data.files]
-            if missing:
-                raise BadFileError(f"{path}: not a {what} written by {writer} "
-                                   f"(no {missing[0]!r} array)")
-            return {key: data[key] for key in data.files}
-    except BadFileError:
-        raise
+            if not missing:
+                keys = required_keys if only_required else data.files
+                return {key: data[key] for key in keys}
     except FileNotFoundError:
         raise BadFileError(f"{path}: no such file") from None
     except Exception as e:  # BadZipFile, EOFError, ValueError (pickled objects), OSError
         reason = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise BadFileError(f"{path}: cannot read it as a {what} ({reason}); "
                            f"the file is truncated, corrupt or not from {writer}") from None
+    raise BadFileError(f"{path}: not a {what} written by {writer} (no {missing[0]!r} array)")
 
 
 def atomic_write_text(path, text):
@@ -117,10 +117,10 @@ def policy_config(arrays, path):
     return config
 
 
-def set_policy_from_file(policy, arrays, path):
-    """policy.load_arrays(arrays), any mismatch a BadFileError naming `path`."""
+def set_policy_from_file(policy, arrays, path, parts=POLICY_PARTS):
+    """policy.load_arrays(arrays, parts), any mismatch a BadFileError naming `path`."""
     try:
-        policy.load_arrays(arrays)
+        policy.load_arrays(arrays, parts)
     except ValueError as e:
         raise BadFileError(f"{path}: {e}") from None
 

@@ -2,16 +2,13 @@
 
 Mirrors openai/baselines `common/logger.py` (record_tabular, dump_tabular, the CSV output
 format, log.txt) as far as HER uses it. Rank 0 alone writes (train.epoch_logs says what is
-averaged over ranks); the CSV is rewritten atomically each epoch. The progress bar
-(harness/run.py) is drawn only where the output is a terminal (output_is_terminal); elsewhere
-a few lines an epoch stand in.
+averaged over ranks). The progress bar (harness/run.py) is drawn only where the output is a
+terminal (output_is_terminal); elsewhere a few lines an epoch stand in.
 
 Test: `python -m pytest -q tests/test_logger.py`.
 """
 import contextlib
-import csv
 import dataclasses
-import io
 import json
 import os
 import platform
@@ -49,11 +46,7 @@ class EpochLogger:
         bar = "-" * len(lines[0])
         print("\n".join([bar, *lines, bar]), flush=True)
         self.rows.append(row)
-        text = io.StringIO()
-        writer = csv.DictWriter(text, runfolder.PROGRESS_COLUMNS)  # ValueError: a key not one
-        writer.writeheader()
-        writer.writerows(self.rows)
-        atomic_write_text(self.path, text.getvalue())
+        atomic_write_text(self.path, runfolder.progress_csv(self.rows))
         self.digest = runfolder.progress_digest(self.rows)
 
 
@@ -98,7 +91,7 @@ class RunLog:
     cannot be written (a full disk) is dropped with one warning: the run does not stop for it."""
 
     def __init__(self, logdir, enabled, argv, resumed_at=None):
-        self.enabled, self.path, self.file = enabled, os.path.join(logdir, runfolder.LOG), None
+        self.path, self.file = os.path.join(logdir, runfolder.LOG), None
         self.screen = _Tee(sys.stdout, "stdout")  # where the progress bar goes: not into the log
         self.screen_is_terminal = output_is_terminal(self.screen)
         if not enabled:

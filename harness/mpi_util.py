@@ -10,9 +10,9 @@ until the machine reboots, or until remove_orphaned_mpi_segments deletes what no
 
 Test: `python -m pytest -q tests/test_mpi_util.py`.
 """
-import array
 import contextlib
 import fcntl
+import glob
 import os
 import stat
 import sys
@@ -102,8 +102,7 @@ def exits_together(comm, prog, exit_codes=EXIT_CODES):
         yield
     except SystemExit:
         raise
-    except BaseException as raised:
-        e = raised
+    except BaseException as e:
         # one of ours that a library raised its own error from (MuJoCo's import makes a stop
         # signal's Interrupted an ImportError, and gymnasium that one another) is ours
         while e is not None and not isinstance(e, tuple(exit_codes)):
@@ -149,9 +148,7 @@ def wait_until_pipes_read(streams, patience_s):
 
 def unread_bytes(fd):
     """Bytes in the pipe behind fd not read yet (Linux answers FIONREAD on the writing end too)."""
-    n = array.array("i", [0])
-    fcntl.ioctl(fd, termios.FIONREAD, n)  # fills n
-    return n[0]
+    return int.from_bytes(fcntl.ioctl(fd, termios.FIONREAD, bytes(4)), sys.byteorder)  # a C int
 
 
 # ---------------------------------------------------------------- what MPICH leaves behind
@@ -179,10 +176,8 @@ SEGMENT_PREFIXES = ("mpich_shm_", "sm_segment.")
 def orphaned_mpi_segments(shm_dir="/dev/shm"):
     """MPI segments that no process uses. A running job holds its segment open or mapped on
     every rank of the machine from its creation on, so it never counts as orphaned."""
-    if not os.path.isdir(shm_dir):
-        return []
-    paths = [os.path.join(shm_dir, name) for name in sorted(os.listdir(shm_dir))
-             if name.startswith(SEGMENT_PREFIXES)]
+    paths = sorted(path for prefix in SEGMENT_PREFIXES
+                   for path in glob.glob(os.path.join(glob.escape(shm_dir), prefix + "*")))
     in_use = shm_files_in_use(shm_dir) if paths else set()
     return [path for path in paths if path not in in_use]
 

@@ -56,33 +56,30 @@ def start_run(argv):
     wrong = check_launch(MPI.COMM_WORLD.Get_size(), mpi_library(), "train.py")
     if wrong is not None:
         raise SystemExit(wrong)
-    # One proxy: the watchdog times every collective call (with the default limit until the
-    # configuration has come; its own Abort goes to MPI directly), and with --trace the tracer
-    # records it
+    # One proxy: the watchdog times every collective call (the default limit until the
+    # configuration has come; its own Abort goes to MPI directly); with --trace the tracer too
     watchdog, tracer = Watchdog(Config.mpi_timeout, MPI.COMM_WORLD), Tracer()
     comm = ObservedComm(MPI.COMM_WORLD, (watchdog, tracer))
     watchdog.start()
-    try:
-        # Abort if one rank raises alone; the stack closes what was opened, last first
-        with exits_together(comm, "train.py"), contextlib.ExitStack() as opened:  # [MPI]
-            args, cfg, task = shared_config(argv, comm)  # [MPI] rank 0's, on every rank
-            watchdog.configure(cfg.mpi_timeout, checkpoint_in=args.resume)
-            inputs = read_inputs(cfg, task, args, comm)  # [MPI]
-            fresh = inputs.checkpoint is None
-            note = opened.enter_context(hold_run_folder(cfg.logdir, comm, fresh))  # [MPI]
-            venv = opened.enter_context(contextlib.closing(build_venv(cfg)))
-            watchdog.stop_at_cycle_ends()  # from here a stop waits for a cycle's end, saving
-            resumed_at = None if fresh else (int(inputs.checkpoint["epoch"]),
-                                             int(inputs.checkpoint["cycle"]))
-            log = open_run_folder(cfg, comm, task, ["train.py", *args.argv],  # [MPI]
-                                  resumed_at, inputs.note or note)
-            opened.push(lambda _, error, __: log.close(error))  # notes what ended the run
-            run = Run(cfg, comm, watchdog, tracer, task, venv, log, args.trace, inputs)
-            opened.callback(lambda: run.bar.close())  # off the screen, also if a cycle raised
-            yield run
-            tracer.finish()  # [MPI] --trace: a run with fewer cycles than it asked for
-    finally:
-        watchdog.close()
+    # Abort if one rank raises alone; the stack closes what was opened, last first
+    with (contextlib.closing(watchdog), exits_together(comm, "train.py"),  # [MPI]
+          contextlib.ExitStack() as opened):
+        args, cfg, task = shared_config(argv, comm)  # [MPI] rank 0's, on every rank
+        watchdog.configure(cfg.mpi_timeout, checkpoint_in=args.resume)
+        inputs = read_inputs(cfg, task, args, comm)  # [MPI]
+        fresh = inputs.checkpoint is None
+        note = opened.enter_context(hold_run_folder(cfg.logdir, comm, fresh))  # [MPI]
+        venv = opened.enter_context(contextlib.closing(build_venv(cfg)))
+        watchdog.stop_at_cycle_ends()  # from here a stop waits for a cycle's end, saving
+        resumed_at = None if fresh else (int(inputs.checkpoint["epoch"]),
+                                         int(inputs.checkpoint["cycle"]))
+        log = open_run_folder(cfg, comm, task, ["train.py", *args.argv],  # [MPI]
+                              resumed_at, inputs.note or note)
+        opened.push(lambda _, error, __: log.close(error))  # notes what ended the run
+        run = Run(cfg, comm, watchdog, tracer, task, venv, log, args.trace, inputs)
+        opened.callback(lambda: run.bar.close())  # off the screen, also if a cycle raised
+        yield run
+        tracer.finish()  # [MPI] --trace: a run with fewer cycles than it asked for
 
 
 class Run:
@@ -112,13 +109,11 @@ class Run:
         """Collective: a new run's checkpoint before any training, so that a failure always has
         one to resume from; then the first epoch's bar, and with --trace its recording."""
         if self.inputs.checkpoint is None:
-            save_on_every_rank(self.comm, save_checkpoint, self.cfg.logdir, (0, 0, -1.),  # [MPI]
-                               self.policy, self.workers, self.comm, (), self.logger.digest)
+            save_on_every_rank(self.comm, self.save, (0, 0, -1.))  # [MPI]
             self.watchdog.configure(self.cfg.mpi_timeout, checkpoint_in=self.cfg.logdir)
-        if start.epoch < self.cfg.n_epochs:
-            self.begin_epoch(start.epoch, start.cycle)
-            self.tracer.begin(self.comm, os.path.join(self.cfg.logdir, TRACE),  # [MPI] --trace
-                              self.trace, self.venv)
+        self.begin_epoch(start.epoch, start.cycle)  # below n_epochs: read_inputs saw to it
+        self.tracer.begin(self.comm, os.path.join(self.cfg.logdir, TRACE),  # [MPI] --trace
+                          self.trace, self.venv)
 
     def begin_epoch(self, epoch, first_cycle):
         """The epoch's progress bar (on a terminal) and its clock."""
@@ -142,8 +137,8 @@ class Run:
                                       self.cfg)
         self.tracer.end_cycle()  # [MPI] --trace: a gather after its last cycle
         if any(requested for requested, _ in statuses):
-            save_on_every_rank(self.comm, self.save_interrupted, epoch, cycle,  # [MPI]
-                               losses, best_success_rate)
+            save_on_every_rank(self.comm, self.save, (epoch, done, best_success_rate),  # [MPI]
+                               losses, ["latest"])
             self.tracer.finish()  # [MPI] --trace: the cycles traced so far
             raise Interrupted(f"interrupted in epoch {epoch} after cycle {cycle}: saved "
                               f"policy_latest.npz and checkpoint/ in {logdir}; continue with "
@@ -161,13 +156,6 @@ class Run:
         if done == n_cycles:
             self.bar.close()
 
-    def save_interrupted(self, epoch, cycle, losses, best_success_rate):
-        """This rank's checkpoint after `cycle`, then (rank 0) policy_latest.npz."""
-        save_checkpoint(self.cfg.logdir, (epoch, cycle + 1, best_success_rate), self.policy,
-                        self.workers, self.comm, losses, self.logger.digest)
-        if self.rank0:
-            save_policy(self.policy, policy_path(self.cfg.logdir, "latest"))
-
     def end_epoch(self, epoch, logs, is_best, best_success_rate):
         """Collective: the epoch's progress.csv row (rank 0), the policies (rank 0: ranks hold
         identical weights) and every rank's checkpoint, or every rank raises the first
@@ -180,13 +168,17 @@ class Run:
 
     def save_epoch(self, epoch, logs, is_best, best_success_rate):
         self.logger.dump(logs)
-        logdir = self.cfg.logdir
+        policies = ["best", "latest"] if is_best else ["latest"]
+        interval = self.cfg.policy_save_interval
+        if interval > 0 and epoch % interval == 0:
+            policies.append(epoch)
+        self.save((epoch + 1, 0, best_success_rate), policies=policies)
+
+    def save(self, position, losses=(), policies=()):
+        """Rank 0's `policies` (policy_path's "best", "latest" or an epoch: ranks hold identical
+        weights), then this rank's checkpoint at `position` (save_checkpoint's)."""
         if self.rank0:
-            if is_best:
-                save_policy(self.policy, policy_path(logdir, "best"))
-            save_policy(self.policy, policy_path(logdir, "latest"))
-            interval = self.cfg.policy_save_interval
-            if interval > 0 and epoch % interval == 0:
-                save_policy(self.policy, policy_path(logdir, epoch))
-        save_checkpoint(logdir, (epoch + 1, 0, best_success_rate), self.policy, self.workers,
-                        self.comm, progress=self.logger.digest)
+            for which in policies:
+                save_policy(self.policy, policy_path(self.cfg.logdir, which))
+        save_checkpoint(self.cfg.logdir, position, self.policy, self.workers, self.comm, losses,
+                        self.logger.digest)

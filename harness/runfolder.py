@@ -4,15 +4,15 @@ and one job per run folder, never over another run: a lock that rank 0 holds for
 
 No baselines counterpart: baselines names its files inline, and two jobs given the same log
 dir both write it. What a run folder holds, shared file systems (NFS, Lustre) and one that takes
-no flock: docs/usage.md. A fresh start into a folder that holds a run's files is refused
-(hold_run_folder). The lock is the operating system's (flock on run.lock), released however the
-process ends, the file left holding who had it last, which the refusal quotes.
+no flock: docs/usage.md. The lock is the operating system's (flock on run.lock), released
+however the process ends.
 
 Test: `python -m pytest -q tests/test_launch.py tests/test_checkpoint.py tests/test_tools.py`.
 """
 import contextlib
 import csv
 import fcntl
+import glob
 import hashlib
 import io
 import json
@@ -20,9 +20,8 @@ import os
 import socket
 import time
 
-import numpy as np
-
 from harness.errors import BadFileError, UsageError
+from harness.files import POLICY_CONFIG_KEY, load_npz
 from harness.mpi_util import raise_if_any_rank_failed
 
 CONFIG, PROGRESS, LOG, LOCK, CHECKPOINTS, TRACE = (
@@ -30,7 +29,6 @@ CONFIG, PROGRESS, LOG, LOCK, CHECKPOINTS, TRACE = (
 # What a run writes (and policy*.npz); a run.lock alone is no run: a start stopped before writing
 RUN_FILES = (PROGRESS, CONFIG, LOG, CHECKPOINTS, TRACE)
 RUN_FACTS = ("n_ranks", "T")  # config.json beside the Config: mpirun's -np, the task's T
-POLICY_CONFIG_KEY = "config_json"  # a policy file's JSON (ddpg.DDPG.policy_config)
 
 # progress.csv's columns, train.epoch_logs's keys in their order; WALL_CLOCK is the one in which
 # a resumed run and one never stopped differ (progress_digest leaves it out)
@@ -92,16 +90,21 @@ def read_config(run_dir):
     return saved
 
 
+def progress_csv(rows, columns=PROGRESS_COLUMNS):
+    """progress.csv's text: the header, then a line per row (a key not a column: ValueError)."""
+    text = io.StringIO()
+    writer = csv.DictWriter(text, columns)
+    writer.writeheader()
+    writer.writerows(rows)
+    return text.getvalue()
+
+
 def progress_digest(rows):
     """sha256 of progress.csv's rows as written, but their WALL_CLOCK column: a checkpoint keeps
     it of the rows before it, and is the same in a resumed run and one never stopped."""
-    text = io.StringIO()
-    if rows:
-        writer = csv.DictWriter(text, [name for name in PROGRESS_COLUMNS if name != WALL_CLOCK],
-                                extrasaction="ignore")
-        writer.writeheader()
-        writer.writerows(rows)
-    return hashlib.sha256(text.getvalue().encode()).hexdigest()
+    kept = [name for name in PROGRESS_COLUMNS if name != WALL_CLOCK]
+    text = progress_csv([{name: row[name] for name in kept} for row in rows], kept) if rows else ""
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def read_progress(run_dir, n_epochs=None, digest=None):
@@ -147,17 +150,15 @@ def read_run_folder(run_dir):
                  if os.path.exists(p)), None)
     if path is None:
         return config, rows
-    try:  # the few keys alone, not the replay buffer
-        with np.load(path, allow_pickle=False) as data:
-            n_epochs, digest = int(data["epoch"]), str(data["log/progress_sha256"])
-            saved = dict(json.loads(str(data["run_config"])), n_ranks=int(data["n_ranks"]),
-                         T=json.loads(str(data[POLICY_CONFIG_KEY]))["T"])
-    except Exception as e:  # BadZipFile, KeyError, ValueError: damaged or not a checkpoint
-        raise BadFileError(f"{path}: cannot read it as a checkpoint ({type(e).__name__}); the "
-                           "file is truncated, corrupt or not from train.py") from None
-    if len(rows) < n_epochs or progress_digest(rows[:n_epochs]) != digest:
-        raise BadFileError(f"{run_dir}/{PROGRESS}: its rows are not the {n_epochs} epoch(s) "
-                           f"of {path} (missing, cut or edited)")
+    keys = ("epoch", "n_ranks", "log/progress_sha256", "run_config", POLICY_CONFIG_KEY)
+    data = load_npz(path, keys, "checkpoint", only_required=True)  # not the replay buffer
+    try:
+        n_epochs, digest = int(data["epoch"]), str(data["log/progress_sha256"])
+        saved = dict(json.loads(str(data["run_config"])), n_ranks=int(data["n_ranks"]),
+                     T=json.loads(str(data[POLICY_CONFIG_KEY]))["T"])
+    except (KeyError, TypeError, ValueError) as e:  # not numbers, or not the JSON saved
+        raise BadFileError(f"{path}: not a checkpoint written by train.py ({e})") from None
+    read_progress(run_dir, n_epochs, digest)  # its first rows are the checkpoint's epochs
     differ = [k for k in saved if config.get(k) != saved[k]]
     if differ:
         raise BadFileError(f"{run_dir}/{CONFIG} says {differ[0]} {config.get(differ[0])!r}, "
@@ -227,13 +228,9 @@ def linked_file(logdir):
     """The line refusing a run folder where a file or folder the run writes (the lock, RUN_FILES,
     policies, checkpoint/'s and trace/'s files) is a symbolic link, or None: a run writes only
     inside its folder (a link to a folder outside: log.txt appended there, a replaced file not)."""
-    def entries(folder):
-        with contextlib.suppress(OSError):  # no such folder (yet)
-            return [os.path.join(folder, name) for name in os.listdir(folder)]
-        return []
-    paths = [path for path in entries(logdir) if os.path.basename(path) in (LOCK, *RUN_FILES)
-             or os.path.basename(path).startswith("policy")]
-    paths += entries(os.path.join(logdir, CHECKPOINTS)) + entries(os.path.join(logdir, TRACE))
+    folder = glob.escape(logdir)
+    paths = [path for name in (LOCK, *RUN_FILES, "policy*", f"{CHECKPOINTS}/*", f"{TRACE}/*")
+             for path in glob.glob(os.path.join(folder, name), include_hidden=True)]
     link = next((path for path in sorted(paths) if os.path.islink(path)), None)
     return link and (f"{link} is a symbolic link (to {os.readlink(link)}): a run writes its "
                      "files only inside its folder; put the file itself there in its place, "

@@ -122,8 +122,8 @@ class Watchdog:
             last = now
 
     def _count(self, seconds):
-        """Collective in effect: adds `seconds` to the call under way; past the limit, _expire
-        (its Abort ends every rank), near it a warning."""
+        """Collective in effect: adds `seconds` to the call under way; near the limit a warning,
+        past it one line and MPI's Abort, which ends every rank."""
         with self._lock:
             call = self._call
             if call is None or not self.limit_s:
@@ -132,15 +132,12 @@ class Watchdog:
             frame, name, waited, warned = call
         code = frame.f_code  # the caller's: "MpiAdam.update's Allreduce (mpi_adam.py)"
         what = f"{code.co_qualname}'s {name} ({os.path.basename(code.co_filename)})"
-        if waited >= self.limit_s:
-            self._expire(what, waited)  # [MPI] Abort
-        elif waited >= WARN_FRACTION * self.limit_s and not warned:
-            call[3] = True
-            self._say(f"warning: {what} has waited {waited:.0f} s for the other ranks; the job "
-                      f"ends if it waits {self.limit_s:g} s (--mpi_timeout)")
-
-    def _expire(self, what, waited):
-        """Collective in effect: a call waited past the limit, so MPI's Abort ends every rank."""
+        if waited < self.limit_s:
+            if waited >= WARN_FRACTION * self.limit_s and not warned:
+                call[3] = True
+                self._say(f"warning: {what} has waited {waited:.0f} s for the other ranks; the "
+                          f"job ends if it waits {self.limit_s:g} s (--mpi_timeout)")
+            return
         self._say(f"error: {what} waited {waited:.0f} s for the other ranks (--mpi_timeout "
                   f"{self.limit_s:g}): a rank or host has died or hangs, or the network between "
                   f"the hosts is down; the job ends now (--resume continues from the last "
@@ -153,10 +150,8 @@ class Watchdog:
         os._exit(1)
 
     def _on_signal(self, signum):
-        if signum not in SIGNALS:
-            return
-        if self.starting and self.comm.Get_size() == 1:
-            return  # the main thread raises it (_in_main_thread)
+        if signum not in SIGNALS or self.starting and self.comm.Get_size() == 1:
+            return  # a one-rank job starting: its main thread raises it (_in_main_thread)
         if self.starting:  # no file written yet; env processes die with their rank (prctl)
             self._say(starting_line(signum), announce_only=True)
             os._exit(130)
