@@ -2,9 +2,10 @@
 
 No baselines counterpart: baselines cannot resume a run. A checkpoint (the agent's arrays and
 runfolder.CHECKPOINT_KEYS) continues a run bit for bit: one file per rank, written atomically
-at the end of every epoch and on Ctrl-C; a resumed run's weights and every progress.csv column
-but time/epoch_s are those of the run that was never stopped. A resume refuses a run folder
-damaged or edited in one line (docs/faults.md lists each case).
+before a new run's first cycle, at the end of every epoch and on Ctrl-C; a resumed run's
+weights and every progress.csv column but time/epoch_s are those of the run that was never
+stopped. A resume refuses a run folder damaged or edited in one line (docs/faults.md lists each
+case).
 
 Test: `python -m pytest -q tests/test_checkpoint.py`.
 """

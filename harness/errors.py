@@ -1,8 +1,8 @@
 """The errors a user can act on, each reported as one line and an exit code, no traceback.
 
-No baselines counterpart: baselines lets every error end in a traceback. train.py and
-experiment/play.py report these through mpi_util.exits_together (EXIT_CODES); any other
-exception keeps its traceback.
+No baselines counterpart: baselines lets every error end in a traceback. train.py reports
+these through mpi_util.exits_together (EXIT_CODES), experiment/play.py those it can meet the
+same way (its PLAY_ERRORS); any other exception keeps its traceback.
 
 Test: `python -m pytest -q tests/test_files.py`.
 """

@@ -5,8 +5,8 @@ algorithm: start MPI, check the input, make the log dir, write the logs and the 
 Added here (baselines has none of it): the launch check, every rank agreeing on bad input
 before anything collective can hang, a progress bar, checkpoints and resume (deviation 10 of
 docs/deviations.md), and a stop that every rank makes after the same cycle. train.py's main()
-enters start_run(argv), which yields a Run; train() calls its restore(), save_start(),
-end_cycle() and end_epoch().
+enters start_run(argv), which yields a Run; learn() calls its restore() and save_start(),
+train() its end_cycle() and end_epoch().
 
 Test: `python -m pytest -q tests/test_checkpoint.py tests/test_logger.py`.
 """
@@ -145,8 +145,9 @@ class Run:
                               f"--resume {logdir}")
         self.bar.update()
         # Where no bar is drawn (a file, a pipe: a Slurm job's output), rank 0 prints a line
-        # PROGRESS_LINES times an epoch, so that a long epoch is not minutes of silence; its
-        # seconds a cycle are what a save on a stop signal may need (Slurm's KillWait)
+        # after each of the epoch's PROGRESS_LINES parts but the last (its table ends that), so
+        # that a long epoch is not minutes of silence; its seconds a cycle are what a save on a
+        # stop signal may need (Slurm's KillWait)
         every = -(-n_cycles // PROGRESS_LINES)  # ceil: at 50 cycles, after 13, 26 and 39
         if self.rank0 and not self.draw_bar and done < n_cycles and done % every == 0:
             seconds = time.time() - self.t_start

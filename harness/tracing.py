@@ -19,7 +19,7 @@ from multiprocessing.reduction import ForkingPickler
 from harness.files import atomic_write_text
 from harness.mpi_util import save_on_every_rank
 
-# call sites are named from here, as the docs name code: harness/run.py:Run.end_cycle:188
+# call sites are named from here, as the docs name code, with the line: file:function:line
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
