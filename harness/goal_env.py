@@ -190,15 +190,15 @@ def space_dims(env_id, env):
             f"env {env_id!r} has no dict observation with Box entries {', '.join(GOAL_KEYS)} "
             f"({kinds}); HER needs a goal task such as FetchReach-v4")
     shapes = {k: boxes[k].shape for k in GOAL_KEYS}
-    require(all(len(shape) == 1 for shape in shapes.values())
+    require(all(len(shape) == 1 and shape[0] > 0 for shape in shapes.values())
             and shapes["achieved_goal"] == shapes["desired_goal"],
-            f"env {env_id!r}: observation shapes {shapes}; each must be flat, (n,), and "
-            "achieved_goal's the same as desired_goal's")
+            f"env {env_id!r}: observation shapes {shapes}; each must be flat, (n,) with n >= 1, "
+            "and achieved_goal's the same as desired_goal's")
     space = env.action_space
-    require(isinstance(space, gym.spaces.Box) and len(space.shape) == 1,
+    require(isinstance(space, gym.spaces.Box) and len(space.shape) == 1 and space.shape[0] > 0,
             f"env {env_id!r} has the action space {space}; DDPG's actor needs a flat Box "
-            "[-a, a]^n (a discrete choice can be a continuous action, e.g. bit i flips where "
-            "a_i > 0)")
+            "[-a, a]^n, n >= 1 (a discrete choice can be a continuous action, e.g. bit i flips "
+            "where a_i > 0)")
     require(np.issubdtype(space.dtype, np.floating), f"env {env_id!r} has an action box of "
             f"{space.dtype}; DDPG's actor gives real numbers: make it a float Box [-a, a]^n")
     low, high = space.low, space.high

@@ -121,6 +121,10 @@ class OneFault(PointGoal):
             self.action_space = gym.spaces.Box(-1, 1, (2,), np.int64)
         if fault == "float32":  # the space's dtype, while the env returns float64 arrays
             self.observation_space["observation"] = gym.spaces.Box(-.5, .5, (2,), np.float32)
+        if fault == "noaction":
+            self.action_space = gym.spaces.Box(-1, 1, (0,), np.float32)
+        if fault == "noobs":
+            self.observation_space["observation"] = gym.spaces.Box(-.5, .5, (0,), np.float64)
 
     def compute_reward(self, achieved_goal, desired_goal, info):
         r = super().compute_reward(achieved_goal, desired_goal, info)
@@ -163,7 +167,10 @@ FAULTS = {"discrete": "action space Discrete(4)", "box01": "symmetric box",
           "intbox": "action box of int64", "float32": "expected float32 (2,) (its space), "
           "received float64 (2,)", "rewardarray": "step's reward is a ndarray of shape (1,)",
           "successarray": "info['success'] after a step is a ndarray of shape (1,)",
-          "endarray": "step's terminated is a ndarray of shape (1,); gymnasium's API has True"}
+          "endarray": "step's terminated is a ndarray of shape (1,); gymnasium's API has True",
+          "noaction": "(0,), float32); DDPG's actor needs a flat Box [-a, a]^n, n >= 1",
+          "noobs": "'observation': (0,), 'achieved_goal': (2,), 'desired_goal': (2,)}; each "
+          "must be flat, (n,) with n >= 1"}
 for fault in [*FAULTS, "end3"]:
     gym.register(f"OneFault-{fault}-v0", entry_point="tests.test_goal_env:OneFault",
                  max_episode_steps=10, kwargs=dict(fault=fault))
