@@ -26,9 +26,9 @@ import warnings
 import numpy as np
 
 from harness.cli import ArgumentParser, config_flags, make_config
-from harness.errors import BadFileError, SaveError, UsageError
+from harness.errors import BadFileError, SaveError, UsageError, require
 from harness.files import atomic_file, check_policy_fits, load_policy_arrays, policy_on_task
-from harness.goal_env import build_venv, describe_env
+from harness.goal_env import build_venv, calling, describe_env, make_env
 from harness.launch import start_mpi
 from harness.mpi_util import exits_together, mpi_average, one_blas_thread, raise_if_any_rank_failed
 from rollout import RolloutWorker
@@ -71,19 +71,21 @@ def play(cfg, args, comm):
     """cfg.n_test_rollouts test rollouts of num_env episodes with args.policy on every rank.
     Collective: the ranks agree the file is good, build the agent (a Bcast per network) and
     average their success rates."""
+    record = args.save_video and comm.Get_rank() == 0
+    render_mode = "rgb_array" if record else ("human" if args.render else None)
     try:
         (arrays, policy_config), error = load_policy_arrays(args.policy), None
         env_id = args.env or policy_config.get("env") or cfg.env  # the env it was trained on
         task = describe_env(env_id)
         check_policy_fits(policy_config, args.policy, env_id, task.dims)
+        if render_mode:
+            check_renders(env_id, render_mode)
     except (UsageError, BadFileError) as e:
         error = str(e)
     raise_if_any_rank_failed(comm, error)  # [MPI]
     cfg = dataclasses.replace(cfg, env=env_id)
     rng = np.random.default_rng(cfg.seed + 1000000 * comm.Get_rank())
     policy = policy_on_task(arrays, policy_config, args.policy, task, comm, rng)  # [MPI]
-    record = args.save_video and comm.Get_rank() == 0
-    render_mode = "rgb_array" if record else ("human" if args.render else None)
     venv = build_venv(cfg, render_mode=render_mode)
     recorder = VecVideoRecorder(venv) if record else venv
     try:  # closed also on Ctrl-C: its env processes ignore SIGINT and SIGTERM
@@ -101,6 +103,26 @@ def play(cfg, args, comm):
         recorder.save_gif(args.save_video)
         print(f"wrote {args.save_video}: {len(recorder.frames)} frames of env 0 "
               f"({cfg.n_test_rollouts} episode(s) of T+1 = {policy.T + 1})", flush=True)
+
+
+def check_renders(env_id, render_mode):
+    """UsageError unless env_id's env takes render_mode and, for a GIF, renders a frame of
+    (height, width, 3) uint8 after a reset: a task of one's own may do neither."""
+    with warnings.catch_warnings(action="ignore"):  # gymnasium's own lines: not one line
+        env = calling(env_id, f"gymnasium.make with render_mode={render_mode!r}", make_env,
+                      env_id, render_mode)
+        try:
+            if render_mode == "rgb_array":
+                calling(env_id, "reset", env.reset, seed=0)
+                frame = calling(env_id, "render", env.render)
+                gave = (f"a {frame.dtype} array of shape {frame.shape}"
+                        if isinstance(frame, np.ndarray) else type(frame).__name__)
+                require(isinstance(frame, np.ndarray) and frame.dtype == np.uint8
+                        and frame.ndim == 3 and frame.shape[2] == 3,
+                        f"env {env_id!r}: render() with render_mode='rgb_array' gave {gave}; "
+                        "--save_video needs a frame of (height, width, 3) uint8")
+        finally:
+            env.close()
 
 
 def check_rendering(p, args):

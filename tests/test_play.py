@@ -10,6 +10,7 @@ Run: `python -m pytest -q tests/test_play.py` (from the repository's root).
 import os
 import subprocess
 
+import gymnasium as gym
 import numpy as np
 import pytest
 
@@ -17,6 +18,48 @@ from harness import files
 from tests.helpers import ROOT, assert_one_line_error, fetch_reach_policy, play_cmd, small_disk
 
 # ---------------------------------------------------------------- play.py: playing, --save_video
+
+class Still(gym.Env):
+    """A goal task of one's own with FetchReach's dims (o 10, g 3, u 4), so that a FetchReach
+    policy plays it: nothing moves, the goal is drawn at each reset. It takes no render_mode."""
+
+    def __init__(self):
+        box = gym.spaces.Box(-1., 1., (3,), np.float64)
+        self.observation_space = gym.spaces.Dict(observation=gym.spaces.Box(
+            -1., 1., (10,), np.float64), achieved_goal=box, desired_goal=box)
+        self.action_space = gym.spaces.Box(-1., 1., (4,), np.float32)
+
+    def compute_reward(self, achieved_goal, desired_goal, info):
+        return -(np.linalg.norm(achieved_goal - desired_goal, axis=-1) > 0.05).astype(float)
+
+    def reset(self, seed=None, options=None):
+        super().reset(seed=seed)
+        self.g = self.np_random.uniform(-1., 1., 3)
+        return {"observation": np.zeros(10), "achieved_goal": np.zeros(3),
+                "desired_goal": self.g.copy()}, {}
+
+    def step(self, u):
+        obs = {"observation": np.zeros(10), "achieved_goal": np.zeros(3),
+               "desired_goal": self.g.copy()}
+        r = float(self.compute_reward(np.zeros(3), self.g, None))
+        return obs, r, False, False, {"is_success": r == 0.}
+
+
+class StillBlank(Still):
+    """Still, taking render_mode, but drawing nothing: its render() gives None."""
+    metadata = {"render_modes": ["rgb_array"]}
+
+    def __init__(self, render_mode=None):
+        super().__init__()
+        self.render_mode = render_mode
+
+    def render(self):
+        return None
+
+
+gym.register("Still-v0", entry_point="tests.test_play:Still", max_episode_steps=5)
+gym.register("StillBlank-v0", entry_point="tests.test_play:StillBlank", max_episode_steps=5)
+
 
 def saved_reach_policy(tmp_path):
     policy, _, _ = fetch_reach_policy(np.random.default_rng(8), hidden=16)
@@ -61,6 +104,21 @@ class TestPlay:
             proc = subprocess.run(play_cmd(*argv), cwd=ROOT, capture_output=True, text=True,
                                   timeout=120, env={**os.environ, **env})
             assert_one_line_error(proc.returncode, proc.stdout + proc.stderr, 2, phrase)
+        assert sorted(os.listdir(tmp_path)) == ["reach.npz"]
+
+    @pytest.mark.slow
+    def test_a_task_that_cannot_render_is_one_line_before_its_episodes(self, tmp_path):
+        """--save_video of a task of one's own that takes no render_mode, or renders no frame:
+        one line naming what it lacks, exit code 2, no GIF (were tracebacks)."""
+        path = saved_reach_policy(tmp_path)
+        for env, phrase in [("Still-v0", "unexpected keyword argument 'render_mode'"),
+                            ("StillBlank-v0", "render() with render_mode='rgb_array' gave "
+                             "NoneType; --save_video needs a frame")]:
+            proc = subprocess.run(play_cmd(path, "--env", f"tests.test_play:{env}",
+                                           "--n_test_rollouts", "1", "--save_video",
+                                           str(tmp_path / "x.gif")),
+                                  cwd=ROOT, capture_output=True, text=True, timeout=300)
+            assert_one_line_error(proc.returncode, proc.stdout + proc.stderr, 2, phrase, env)
         assert sorted(os.listdir(tmp_path)) == ["reach.npz"]
 
     @pytest.mark.slow
