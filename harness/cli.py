@@ -163,7 +163,8 @@ def config_for_task(cfg, ranks_here, warn=True):
 def check_memory(cfg, task, ranks_here, warn):
     """UsageError where the run needs (an estimate, named in the line) more memory than this
     host has free for `ranks_here` ranks (replay and demo buffers, one batch, the env
-    processes), or more than this process's own limit (ulimit -v) leaves it; a warning at 80%."""
+    processes), or more than this process's own limit (ulimit -v) leaves it; a warning at 80%;
+    or a checkpoint larger than the files this process may write (ulimit -f)."""
     episode = sum(steps * dim for steps, dim in episode_shapes(task.dims, task.T).values())
     buffer = 4 * episode * (cfg.buffer_size // task.T + (cfg.num_demo if cfg.demo_file else 0))
     d = task.dims
@@ -183,6 +184,12 @@ def check_memory(cfg, task, ranks_here, warn):
                          f"in this process, and its address-space limit (ulimit -v) leaves it "
                          f"{room / 2**30:.2f} GiB: raise the limit (ulimit -v unlimited), or "
                          "lower --buffer_size or --batch_size")
+    # the largest file: a checkpoint of a full buffer, the weights, targets and Adam moments
+    # (4 float32 copies)
+    largest, fsize = buffer + 16 * params, resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    require(not 0 <= fsize < largest, f"a checkpoint of a full replay buffer takes about "
+            f"{largest / 2**20:.0f} MB, and this process may write files of {fsize / 2**20:.0f} "
+            f"MB (ulimit -f): raise the limit (ulimit -f unlimited), or lower --buffer_size")
     # what this process may still take: Linux's MemAvailable, or less under a cgroup limit
     sizes = []
     with contextlib.suppress(OSError, ValueError, StopIteration), open("/proc/meminfo") as f:

@@ -71,6 +71,9 @@ WAYS_TO_END = [
      "ulimit -v"),
     ("too few open files for the env processes", in_bash("ulimit -n 24;", ">/dev/null"),
      ["--num_env", "4"], 2, "ulimit -n"),
+    # FetchReach's full buffer of 10**6 transitions: 20,000 episodes of 4,252 bytes, 85 MB
+    ("a file-size limit a full buffer's checkpoint does not fit",
+     in_bash("ulimit -f 40000;", ">/dev/null"), [], 2, "(ulimit -f): raise the limit"),
     ("SIGTERM twice after the folder is written",
      signalled_once_config_is_written([signal.SIGTERM, signal.SIGTERM]), [], 130,
      "SIGTERM again: stopped at once, without saving; no checkpoint yet: the same command"),
