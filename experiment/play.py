@@ -168,7 +168,7 @@ def main(argv=None):
     if args.save_video:
         check_output(p, "--save_video", args.save_video, args.force, ".gif")
     check_rendering(p, args)
-    comm = start_mpi().COMM_WORLD  # here, not at the top: launch.start_mpi says why
+    comm = start_mpi().COMM_WORLD  # [MPI] here, not at the top: launch.start_mpi says why
     with exits_together(comm, "play.py", PLAY_ERRORS):  # [MPI] Abort where one rank raises alone
         cfg = make_config(args)
         play(cfg, args, comm)  # [MPI]

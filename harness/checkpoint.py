@@ -78,7 +78,7 @@ def restore_checkpoint(arrays, path, policy, workers):
         worker.n_episodes = int(count)
     # the epoch so far: its training success history and (critic, actor) losses
     workers[0].success_history.extend(history)
-    return int(arrays["epoch"]), int(arrays["cycle"]), float(best), [tuple(r) for r in losses]
+    return int(arrays["epoch"]), int(arrays["cycle"]), float(best), [tuple(row) for row in losses]
 
 
 def checkpoint_positions(run_dir, rank, n_ranks):

@@ -168,8 +168,11 @@ def check_memory(cfg, task, ranks_here, warn):
     episode = sum(steps * dim for steps, dim in episode_shapes(task.dims, task.T).values())
     buffer = 4 * episode * (cfg.buffer_size // task.T + (cfg.num_demo if cfg.demo_file else 0))
     d = task.dims
-    # the actor's and the critic's weights: inputs o+g and o+g+u, `layers` of `hidden` each
-    params = (2 * d["o"] + 2 * d["g"] + d["u"] + 2 * cfg.layers * cfg.hidden) * cfg.hidden
+    # the actor's and the critic's weights and biases: inputs o+g and o+g+u, `layers` hidden
+    # layers of h units, outputs u and 1
+    h = cfg.hidden
+    params = ((2 * (d["o"] + d["g"] + 1) + d["u"]) * h + 2 * (cfg.layers - 1) * (h + 1) * h
+              + (h + 1) * (d["u"] + 1))
     # float32: the buffers; per update the batch's arrays (o, o_2, g, ag, ag_2, u, r) and each
     # layer's activations and gradients, actor and critic, main and target; weights 6 times
     batch = 4 * cfg.batch_size * (2 * d["o"] + 3 * d["g"] + d["u"] + 16 * cfg.layers * cfg.hidden)
@@ -184,12 +187,15 @@ def check_memory(cfg, task, ranks_here, warn):
                          f"in this process, and its address-space limit (ulimit -v) leaves it "
                          f"{room / 2**30:.2f} GiB: raise the limit (ulimit -v unlimited), or "
                          "lower --buffer_size or --batch_size")
-    # the largest file: a checkpoint of a full buffer, the weights, targets and Adam moments
-    # (4 float32 copies)
-    largest, fsize = buffer + 16 * params, resource.getrlimit(resource.RLIMIT_FSIZE)[0]
-    require(not 0 <= fsize < largest, f"a checkpoint of a full replay buffer takes about "
-            f"{largest / 2**20:.0f} MB, and this process may write files of {fsize / 2**20:.0f} "
-            f"MB (ulimit -f): raise the limit (ulimit -f unlimited), or lower --buffer_size")
+    # the largest file: a checkpoint, of the episodes stored (a full buffer at most) and the
+    # weights, targets and Adam moments (4 float32 copies)
+    stored = min(cfg.buffer_size // task.T, cfg.n_epochs * cfg.n_cycles * cfg.num_env)
+    largest = 4 * episode * stored + 16 * params
+    fsize = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    require(fsize == resource.RLIM_INFINITY or fsize >= largest, f"the run's checkpoints grow to "
+            f"about {largest / 2**20:.0f} MB ({stored} episode(s) and the networks), and this "
+            f"process may write files of {fsize / 2**20:.0f} MB (ulimit -f): raise the limit "
+            "(ulimit -f unlimited), or lower --buffer_size or --hidden")
     # what this process may still take: Linux's MemAvailable, or less under a cgroup limit
     sizes = []
     with contextlib.suppress(OSError, ValueError, StopIteration), open("/proc/meminfo") as f:

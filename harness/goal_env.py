@@ -212,7 +212,8 @@ def space_dims(env_id, env):
 
 def batch_rewards(env_id, reward_fun, ag, g):
     """reward_fun(ag, g) on K pairs, checked: K finite numbers, one for each pair."""
-    r = calling(env_id, "compute_reward(achieved_goal, desired_goal, None)", reward_fun, ag, g)
+    r = np.asarray(calling(env_id, "compute_reward(achieved_goal, desired_goal, None)",
+                           reward_fun, ag, g))
     require(r.shape == (len(ag),) and r.dtype.kind in "fiub" and np.all(np.isfinite(r)),
             f"env {env_id!r}: compute_reward gave {r.dtype} rewards of shape {r.shape} for "
             f"{len(ag)} goals; it must take arrays of goals, (K, {ag.shape[1]}), and return K "

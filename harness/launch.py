@@ -15,6 +15,7 @@ own variables come first, so they decide.
 Test: `python -m pytest -q tests/test_launch.py`.
 """
 import collections
+import contextlib
 import itertools
 import os
 import shlex
@@ -22,6 +23,7 @@ import socket
 import sys
 
 from harness.errors import UsageError
+from harness.mpi_util import mapped_segments
 
 # (who started the process, its rank variable, its size variable): the nearest launcher first
 LAUNCHERS = (("Open MPI's mpirun", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
@@ -46,7 +48,8 @@ def launcher_rank(environ=os.environ):
 
 
 def start_mpi():
-    """Import mpi4py, which initialises MPI, and return its MPI module. Called inside main(),
+    """Collective: import mpi4py, which initialises MPI, unlink the job's segments in /dev/shm
+    once every rank has mapped them, and return the MPI module. Called inside main(),
     never at the top of an entry point: every env process re-imports the entry point's file
     (`spawn` runs it as __mp_main__), where a top-level import would initialise MPI as a second
     copy of its rank, which hangs the job. Open MPI gives a singleton (`python train.py`, no
@@ -63,6 +66,14 @@ def start_mpi():
     finally:
         if restrict:
             del os.environ["OMPI_MCA_btl"]
+    # Easy to miss: MPI removes its segments in /dev/shm only in MPI_Finalize, so a job that a
+    # signal or MPI_Abort ends leaves them (a reader of mpirun's output gone, kill -9). Once
+    # every rank is past MPI_Init, each has mapped its host's segments and their names are
+    # needed no more: unlinked, the memory goes with the last process that maps it.
+    MPI.COMM_WORLD.Barrier()  # [MPI]
+    for path in mapped_segments():
+        with contextlib.suppress(FileNotFoundError):  # a rank beside this one was first
+            os.unlink(path)
     return MPI
 
 

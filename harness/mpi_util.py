@@ -5,8 +5,10 @@ job of N ranks (Plappert et al. 2018, Sec. 2.2, run 19) needs to log one number 
 together and clean up after itself. Every line whose call reaches other ranks, by a comm method
 or through a function that says "Collective", is tagged `[MPI]`.
 
-What a job ended by MPI_Abort or a signal leaves in /dev/shm (docs/faults.md) stays there
-until the machine reboots, or until remove_orphaned_mpi_segments deletes what no process uses.
+MPI removes its segments in /dev/shm only in MPI_Finalize: train.py's and play.py's ranks
+unlink theirs once all have started (launch.start_mpi, mapped_segments); what another job ended
+by MPI_Abort or a signal leaves (docs/faults.md) stays there until the machine reboots, or until
+remove_orphaned_mpi_segments deletes what no process uses.
 
 Test: `python -m pytest -q tests/test_mpi_util.py`.
 """
@@ -180,6 +182,16 @@ def orphaned_mpi_segments(shm_dir="/dev/shm"):
                    for path in glob.glob(os.path.join(glob.escape(shm_dir), prefix + "*")))
     in_use = shm_files_in_use(shm_dir) if paths else set()
     return [path for path in paths if path not in in_use]
+
+
+def mapped_segments(shm_dir="/dev/shm"):
+    """The MPI segments (SEGMENT_PREFIXES) in shm_dir that this process has mapped (Linux)."""
+    with contextlib.suppress(OSError), open("/proc/self/maps") as f:
+        # a maps line: address perms offset dev inode [path]
+        paths = {line.split(maxsplit=5)[-1].strip() for line in f if line.count(" ") >= 5}
+        return sorted(path for path in paths if os.path.dirname(path) == shm_dir
+                      and os.path.basename(path).startswith(SEGMENT_PREFIXES))
+    return []
 
 
 def remove_orphaned_mpi_segments(shm_dir="/dev/shm"):

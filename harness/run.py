@@ -52,7 +52,7 @@ def start_run(argv):
     one rank alone aborts the job."""
     one_blas_thread()  # before any env process starts: they inherit it
     np.seterr(all="ignore")  # a NaN or inf is named once, at the cycle's end (end_cycle)
-    MPI = start_mpi()  # here, not at the top of train.py: launch.start_mpi says why
+    MPI = start_mpi()  # [MPI] here, not at the top of train.py: launch.start_mpi says why
     wrong = check_launch(MPI.COMM_WORLD.Get_size(), mpi_library(), "train.py")
     if wrong is not None:
         raise SystemExit(wrong)

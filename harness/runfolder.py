@@ -102,8 +102,10 @@ def progress_csv(rows, columns=PROGRESS_COLUMNS):
 def progress_digest(rows):
     """sha256 of progress.csv's rows as written, but their WALL_CLOCK column: a checkpoint keeps
     it of the rows before it, and is the same in a resumed run and one never stopped."""
+    if not rows:  # no epoch logged yet: no header either
+        return hashlib.sha256(b"").hexdigest()
     kept = [name for name in PROGRESS_COLUMNS if name != WALL_CLOCK]
-    text = progress_csv([{name: row[name] for name in kept} for row in rows], kept) if rows else ""
+    text = progress_csv([{name: row.get(name, "") for name in kept} for row in rows], kept)
     return hashlib.sha256(text.encode()).hexdigest()
 
 
@@ -113,8 +115,8 @@ def read_progress(run_dir, n_epochs=None, digest=None):
     0 to n_epochs - 1 (a later row, logged before its checkpoint, is logged again); given the
     checkpoint's digest (progress_digest), they must be the rows the run wrote."""
     path = os.path.join(run_dir, PROGRESS)
-    if n_epochs == 0:
-        return []
+    if n_epochs == 0 and digest in (None, progress_digest([])):
+        return []  # nothing logged yet: progress.csv may not be there
     try:
         with open(path, newline="") as f:
             lines = f.read().splitlines(keepends=True)

@@ -150,7 +150,9 @@ class Watchdog:
         os._exit(1)
 
     def _on_signal(self, signum):
-        if signum not in SIGNALS or self.starting and self.comm.Get_size() == 1:
+        if signum not in SIGNALS:
+            return
+        if self.starting and self.comm.Get_size() == 1:
             return  # a one-rank job starting: its main thread raises it (_in_main_thread)
         if self.starting:  # no file written yet; env processes die with their rank (prctl)
             self._say(starting_line(signum), announce_only=True)

@@ -29,6 +29,8 @@ python -m pytest -q tests/test_checkpoint.py \
 python -m pytest -q test_all.py -k "mpirun or mpi_adam_t" "$@"
 # --trace under mpirun: the traced 2-rank run equals the untraced one
 python -m pytest -q tests/test_tracing.py -k mpirun "$@"
+# A job that a signal ends (its mpirun, or every process) leaves nothing in /dev/shm
+python -m pytest -q tests/test_start_ends.py -k leaves_nothing "$@"
 # The Slurm recipe's two Open MPI differences (tools/slurm/train.sbatch): scancel stops a job with
 # SIGUSR1, which saves and asks for a requeue; plain srun's copies are told to use mpirun.
 python -m pytest -q tests/test_slurm.py -k "scancel or plain_srun" "$@"
