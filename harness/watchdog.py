@@ -1,4 +1,4 @@
-"""A time limit on every collective call, and Ctrl-C that works while a rank waits in one.
+"""A time limit on the collective calls of a run, and Ctrl-C that works while a rank waits in one.
 
 No baselines counterpart: baselines waits for ever, and so does MPI. A rank blocked in a
 collective runs no Python code, signal handlers included, until the call returns. So one thread
