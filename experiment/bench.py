@@ -21,6 +21,7 @@ from experiment import run_command  # first: Ctrl-C while the rest imports is on
 
 # isort: split
 import functools
+import resource
 import time
 from timeit import repeat
 
@@ -158,6 +159,12 @@ def main(argv=None):
     if launched():
         p.error("runs in one process, not under mpirun; the Allreduces of several ranks are "
                 "timed by: mpirun -np R python train.py --trace N")
+    # open files (ulimit -n), measured: the env section's 4 env processes failed at 28, ran at 32
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if args.only in (None, "env") and 0 <= soft < 32:  # RLIM_INFINITY is -1
+        p.error(f"the env section starts up to 4 env processes, which need about 32 open files, "
+                f"and this process may open {soft} (ulimit -n): raise the limit with ulimit -n "
+                "32, or give --only update")
     print(f"numpy {np.__version__}, {os.cpu_count()} cores, 1 BLAS thread per process")
     for name, section in SECTIONS.items():
         if args.only in (None, name):

@@ -21,6 +21,7 @@ from experiment import CTRL_C, check_output, run_command  # first: Ctrl-C on imp
 
 # isort: split
 import dataclasses
+import resource
 import warnings
 
 import numpy as np
@@ -74,6 +75,13 @@ def play(cfg, args, comm):
     record = args.save_video and comm.Get_rank() == 0
     render_mode = "rgb_array" if record else ("human" if args.render else None)
     try:
+        # open files (ulimit -n), measured: 24 with the env in this process, 23 + 4 an env
+        # process with more (31, 39 and 55 at --num_env 2, 4 and 8)
+        need = 24 if cfg.num_env == 1 else 23 + 4 * cfg.num_env
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        require(not 0 <= soft < need, f"--num_env {cfg.num_env} needs about {need} open files, "
+                f"and this process may open {soft} (ulimit -n): raise the limit with ulimit -n "
+                f"{need}")  # RLIM_INFINITY is -1
         (arrays, policy_config), error = load_policy_arrays(args.policy), None
         env_id = args.env or policy_config.get("env") or cfg.env  # the env it was trained on
         task = describe_env(env_id)

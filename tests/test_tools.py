@@ -243,6 +243,22 @@ class TestToolsRefuseOrRun:
             check_case("demos", tmp, case)
 
 
+def test_too_few_open_files_is_one_line_before_any_env_process(tmp):
+    """bench's env section (4 env processes: measured to fail at ulimit -n 28, run at 32) and
+    play with --num_env 4 (fail at 38, run at 39): one line naming the limit, exit code 2."""
+    add_policies(tmp)
+    for tool, args, limit, phrase in [
+            ("bench", ["--quick", "--only", "env"], 28, "(ulimit -n): raise the limit with ulimit "
+             "-n 32, or give --only update"),
+            ("play", ["out/reach.npz", "--num_env", "4"], 38, "--num_env 4 needs about 39 open "
+             "files, and this process may open 38 (ulimit -n)")]:
+        command = " ".join(tool_cmd(tool, *args))
+        proc = subprocess.run(["bash", "-c", f"ulimit -n {limit}; exec {command}"], cwd=tmp,
+                              capture_output=True, text=True, timeout=120,
+                              env=dict(os.environ, PYTHONPATH=ROOT))
+        assert_one_line(proc.returncode, proc.stdout, proc.stderr, 2, phrase)
+
+
 class TestRunningThem:
     """The forms a user types, and plot.py's libraries run as commands."""
 
