@@ -21,9 +21,6 @@ import numpy as np
 class Normalizer:
     """Running mean/std of a feature vector from sums over all MPI ranks (baselines normalizer.py).
 
-    update() only accumulates this rank's local sums; recompute_stats() Allreduces them into the
-    global sums, so every rank ends with identical mean and std.
-
     baselines averages sums and counts over the N ranks instead, and starts its count at 1:
     its mean is S / (N + C) for global sum S and count C, as if N zero samples had been seen.
     Here the count starts at 0 and the mean is S / C (deviation 13 says what the phantom zeros
@@ -68,11 +65,12 @@ class Normalizer:
 
     def _set_mean_std(self):
         count = max(self.total_count[0], 1.)
-        # mean = sum / n;  std = sqrt(max(eps^2, sumsq / n - mean^2))
+        # mean = sum / n;  std = sqrt(max(eps^2, sumsq / n - mean^2)), or 1 while n = 0 (a
+        # checkpoint made before the first cycle loads as __init__ made it)
         mean = self.total_sum / count
         var = np.maximum(self.eps ** 2, self.total_sumsq / count - mean ** 2)
         self.mean[...] = mean
-        self.std[...] = np.sqrt(var)
+        self.std[...] = np.sqrt(var) if self.total_count[0] else 1
 
     def normalize(self, v):
         """clip((v - mean) / std, -default_clip_range, default_clip_range)"""

@@ -894,6 +894,14 @@ class TestNormalizer:
         norm.recompute_stats()
         check_normalizer_against_numpy(norm, data)
 
+    def test_sums_of_no_sample_load_as_a_new_normaliser(self):
+        """A checkpoint made before the first cycle holds count 0: the mean and std loaded
+        from it are a new normaliser's, 0 and 1, not the std's floor eps."""
+        norm = Normalizer(3, eps=0.01, comm=ONE_RANK)
+        norm.load_state(np.zeros(3), np.zeros(3), np.zeros(1))
+        np.testing.assert_array_equal(norm.mean, [0, 0, 0])
+        np.testing.assert_array_equal(norm.std, [1, 1, 1])
+
     @pytest.mark.slow
     def test_normalizer_under_mpirun(self):
         run_mpi_case(3, "normalizer")

@@ -146,6 +146,27 @@ class TestCheckpoint:
         assert_same_progress(reference, logdir)
 
     @pytest.mark.slow
+    def test_a_run_killed_after_its_start_checkpoint_resumes_bitwise(self, tmp_path):
+        """Killed once the checkpoint of epoch 0, cycle 0 is written (no sample seen yet:
+        normalisers of count 0), the run resumed is the run that was not stopped."""
+        reference = straight_run(str(tmp_path.parent))
+        logdir = str(tmp_path / "killed")
+        proc = subprocess.Popen(train_cmd("--n_epochs", "4", "--logdir", logdir, *TINY_RUN),
+                                cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        with hang_guard(300):
+            while not os.path.exists(runfolder.checkpoint_path(logdir, 0)):
+                time.sleep(0.005)
+            proc.kill()
+            proc.wait()
+        ckpt = arrays_of(runfolder.checkpoint_path(logdir, 0))
+        assert (int(ckpt["epoch"]), int(ckpt["cycle"])) == (0, 0)
+        rc, out = run_cmd(train_cmd("--resume", logdir), 600)
+        assert rc == 0, out[-3000:]
+        for name in ("policy_latest.npz", os.path.join("checkpoint", "rank0.npz")):
+            assert_same_arrays(os.path.join(reference, name), os.path.join(logdir, name))
+        assert_same_progress(reference, logdir)
+
+    @pytest.mark.slow
     def test_interrupt_after_the_last_cycle_resumes_with_the_same_row(self, tmp_path, monkeypatch):
         """Stopped after an epoch's last cycle, before its test rollouts: the resumed run logs
         that epoch from the saved history and losses alone (it runs no training cycle of it)."""
