@@ -23,7 +23,7 @@ harness/mpi_util.py's ObservedComm over COMM_WORLD, a single process ONE_RANK (b
 sync, check_synced are collective (every rank calls them in the same order); a line whose call
 reaches other ranks, by a comm method or a collective function, carries the tag `[MPI]`.
 
-Test: `python -m pytest -q test_all.py::TestMpiAdam` (runs `mpirun -np 2`, `-np 3` and `-np 19` itself).
+Test: `python -m pytest -q test_all.py::TestMpiAdam` (runs `mpirun -np 2`, 3 and 19 itself).
 """
 import numpy as np
 

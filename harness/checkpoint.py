@@ -19,7 +19,7 @@ import numpy as np
 from ddpg import CHECKPOINT_PARTS
 from harness import files, runfolder
 from harness.cli import RESUME_FLAGS
-from harness.errors import STORED_EPISODES, BadFileError, UsageError
+from harness.errors import ENV_REWARDS, STORED_EPISODES, BadFileError, UsageError
 from harness.mpi_util import raise_if_any_rank_failed
 
 
@@ -187,11 +187,12 @@ def read_checkpoint(path, run_dir, cfg, task, rank0):
 
 # ---------------------------------------------------------------- what a stop looks for
 
-def nonfinite_names(losses, policy):
+def nonfinite_names(losses, policy, env_reward):
     """The names of what is not finite: the epoch's (critic, actor) losses so far, and the
     parameters, which the cycle's last update can turn non-finite after its loss was computed
-    (the epoch's checkpoint must not save such weights); where any is, first the episodes this
-    rank stored if the env's observations in them are (scanned only then)."""
+    (the epoch's checkpoint must not save such weights); where any is, first the cause: the
+    episodes this rank stored if the env's observations in them are (scanned only then), else
+    the rewards of relabelled goals if the env's compute_reward (goal_env.EnvReward) gave one."""
     critic_losses, actor_losses = np.transpose(losses)
     quantities = {"train/critic_loss": critic_losses, "train/actor_loss": actor_losses,
                   "critic parameters": policy.main.Q.theta,
@@ -201,4 +202,6 @@ def nonfinite_names(losses, policy):
     if names and not all(np.isfinite(policy.buffer.buffers[key][:stored]).all()
                          for key in ("o", "ag", "g")):
         names.insert(0, STORED_EPISODES)
+    elif names and env_reward.nonfinite:
+        names.insert(0, ENV_REWARDS)
     return names

@@ -151,6 +151,11 @@ def config_for_task(cfg, ranks_here, warn=True):
                          f"{cfg.env} gives (measured: {lo:g} to {hi:g}); give a range that holds "
                          f"them, e.g. --reward_range={lo:g},{hi:g}, or leave it out to use the "
                          "measured one")
+    require(task.largest <= cfg.clip_obs, f"env {cfg.env!r}: its observations reach "
+            f"{task.largest:g} in its first steps, beyond --clip_obs {cfg.clip_obs:g}, to which o "
+            "and g are clipped before the normaliser (as in baselines), so that such values look "
+            "alike: scale them (metres, not millimetres), or raise --clip_obs above any the env "
+            "gives")
     require(cfg.buffer_size >= cfg.num_env * task.T, f"--buffer_size {cfg.buffer_size} holds no "
             f"{cfg.num_env} episode(s) of {cfg.env}'s T = {task.T} steps (one rollout): give at "
             f"least {cfg.num_env * task.T}")

@@ -27,7 +27,14 @@ class SaveError(Exception):
     """A file of the run could not be written (a full disk): exit code 1, its last version kept."""
 
 
+# What checkpoint.nonfinite_names names first where the env is the cause, and what to change
 STORED_EPISODES = "stored episodes (o, ag or g)"  # not finite: the env's observations were not
+ENV_REWARDS = "rewards of relabelled goals"  # not finite: the env's compute_reward gave one
+CAUSES = {STORED_EPISODES: "the env's observations are the cause (NaN or inf in an observation, "
+          "achieved or desired goal); make its reset and step return finite ones",
+          ENV_REWARDS: "the env's compute_reward is the cause (NaN or inf for a goal HER "
+          "relabelled with, an achieved goal of the same episode); make it finite for every "
+          "pair of goals the env's observations hold"}
 
 
 class NonFiniteError(Exception):
@@ -36,14 +43,12 @@ class NonFiniteError(Exception):
 
     @classmethod
     def stop(cls, names, where, cfg):
-        """names: what is not finite (checkpoint.nonfinite_names), STORED_EPISODES first where
-        the env's observations are the cause."""
+        """names: what is not finite (checkpoint.nonfinite_names), a key of CAUSES first where
+        the env is the cause."""
         what = f"non-finite {' and '.join(names)} {where}"
-        if names[0] == STORED_EPISODES:
-            return cls(f"{what}: the env's observations are the cause (NaN or inf in an "
-                       "observation, achieved or desired goal); make its reset and step return "
-                       f"finite ones, then --resume {cfg.logdir} goes on from the last good "
-                       "checkpoint, from before this epoch")
+        if names[0] in CAUSES:
+            return cls(f"{what}: {CAUSES[names[0]]}, then --resume {cfg.logdir} goes on from the "
+                       "last good checkpoint, from before this epoch")
         return cls(f"{what}: the updates diverged (the env's observations stayed finite), and "
                    "--resume would repeat them bit for bit; start a fresh run (a new --logdir) "
                    f"with a smaller --Q_lr (this run's {cfg.Q_lr:g}) or --pi_lr ({cfg.pi_lr:g})")

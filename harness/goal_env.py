@@ -19,6 +19,7 @@ import functools
 import importlib
 import io
 import os
+import pickle
 import sys
 import warnings
 
@@ -75,6 +76,15 @@ class HeldAtEnd(gym.Wrapper):
         obs, r, terminated, truncated, info = self.end
         return {k: v.copy() for k, v in obs.items()}, r, terminated, truncated, dict(info)
 
+    def close(self):
+        """An env whose close raises ends a run that is done with one warning, not a traceback
+        (from every env process)."""
+        try:
+            self.env.close()
+        except Exception as e:
+            print(f"warning: env {self.spec.id!r}: close raised {type(e).__name__}: "
+                  f"{one_line(e)}", file=sys.stderr, flush=True)
+
 
 @dataclasses.dataclass(frozen=True)
 class GoalTask:
@@ -85,6 +95,7 @@ class GoalTask:
     reward_fun: object  # r = reward_fun(ag_2, g): the env's own vectorised compute_reward
     success_key: str  # the info key that reports success ('is_success' or 'success')
     r_range: object  # (r_min, r_max) of the rewards, or None where not measured
+    largest: float  # the largest |value| of o, ag and g in the first steps read
 
 
 def describe_env(env_id):
@@ -114,23 +125,25 @@ def describe_env(env_id):
             "; see the Fetch*-v4, HandReach-v3 and HandManipulate* ids of gymnasium-robotics"
         raise UsageError(f"unknown env id {name!r}{hint}")
     T = gym.registry[name].max_episode_steps
-    require(type(T) is int and T >= 1, f"env {env_id!r} has no time limit, and HER here trains "
-            "on episodes of T steps: register it with max_episode_steps=T (gymnasium.register("
-            f"{name!r}, ..., max_episode_steps=50))")
+    require(T is not None, f"env {env_id!r} has no time limit, and HER here trains on episodes "
+            f"of T steps: register it with max_episode_steps=T (gymnasium.register({name!r}, "
+            "..., max_episode_steps=50))")
+    require(type(T) is int and T >= 1, f"env {env_id!r} has max_episode_steps={T!r}; T, the "
+            "steps of an episode, must be a whole number, at least 1 (e.g. 50, not 50.0)")
     # gymnasium's own checker would warn, in lines of its own, of what is checked here
     with warnings.catch_warnings(action="ignore"):
         env = calling(env_id, "gymnasium.make", make_env, env_id)
         try:
             dims, max_u = space_dims(env_id, env)
-            reward_fun = functools.partial(_compute_reward, env.unwrapped)
+            reward_fun = EnvReward(env.unwrapped)
             checked_reward = functools.partial(batch_rewards, env_id, reward_fun)
             r_range = measure_reward_range(env_id, env, dims, checked_reward)  # resets the env
-            key = first_steps(env_id, env, dims, T, max_u, checked_reward)
+            key, largest = first_steps(env_id, env, dims, T, max_u, checked_reward)
         except BaseException:
             env.close()
             raise
     return GoalTask(dims=dims, T=T, max_u=max_u, reward_fun=reward_fun, success_key=key,
-                    r_range=r_range)
+                    r_range=r_range, largest=largest)
 
 
 def one_line(error):
@@ -229,8 +242,9 @@ FIRST_STEPS = 5
 
 
 def first_steps(env_id, env, dims, T, max_u, reward_fun):
-    """The success key, from up to FIRST_STEPS random steps, each checked: the observation's
-    shapes, and step's reward equal to compute_reward's, which relabels HER's goals."""
+    """(the success key, the largest |value| of o, ag and g), from up to FIRST_STEPS random
+    steps, each checked: the observation's shapes, and step's reward equal to compute_reward's,
+    which relabels HER's goals."""
     space, rng, steps = env.action_space, np.random.default_rng(0), []
     calling(env_id, "reset", env.reset, seed=0)
     for _ in range(min(T, FIRST_STEPS)):
@@ -254,7 +268,10 @@ def first_steps(env_id, env, dims, T, max_u, reward_fun):
         require(np.isclose(r, r_g, rtol=1e-5, atol=1e-6), f"env {env_id!r}: step's reward {r} "
                 f"and compute_reward's {r_g} differ for the same goals; HER relabels with "
                 "compute_reward, so make step return what compute_reward gives")
-    return success_key(env_id, info)
+    calling(env_id, "pickling step's info (env processes send it to their rank)", pickle.dumps,
+            info)
+    largest = max(float(np.max(np.abs(obs[k]))) for obs, _ in steps for k in GOAL_KEYS)
+    return success_key(env_id, info), largest
 
 
 # Resets whose goals measure the reward range: 5 tell every task of gymnasium-robotics apart;
@@ -274,12 +291,39 @@ def measure_reward_range(env_id, env, dims, reward_fun):
         if seed + 1 >= MIN_RANGE_RESETS:
             r_range = reward_range(reward_fun, np.array(goals), np.array(achieved))
             if r_range is not None:
+                check_reached(env_id, reward_fun, np.array(goals), np.array(achieved))
                 return r_range
     return None
 
 
-def _compute_reward(env, ag_2, g):
-    return np.asarray(env.compute_reward(ag_2, g, None))
+def check_reached(env_id, reward_fun, goals, achieved):
+    """Every goal reached (given as its own achieved goal) gets one reward, none below a missed
+    one's (against its reset's achieved goal): HER rewards a relabelled goal by compute_reward's
+    arguments alone, so the reward must not come from the env's own goal. goals, achieved:
+    (K, dim_g). Within 1% of the rewards' spread: a rotation against itself is 1e-4 off."""
+    reached = np.asarray(reward_fun(goals.copy(), goals), np.float64)  # (K,)
+    missed = np.asarray(reward_fun(achieved, goals), np.float64)  # (K,)
+    both = np.concatenate([reached, missed])
+    tol = 0.01 * (both.max() - both.min())
+    require(reached.max() - reached.min() <= tol and missed.max() <= reached.min() + tol,
+            f"env {env_id!r}: compute_reward gave goals reached (desired_goal as achieved_goal) "
+            f"rewards of {reached.min():g} to {reached.max():g}, missed ones up to "
+            f"{missed.max():g}; HER rewards relabelled goals, so compute the reward from its "
+            "achieved_goal and desired_goal arguments alone, not from the env's own goal")
+
+
+class EnvReward:
+    """r = compute_reward(ag_2, g, None), the env's own, as HER relabels with it: on copies of
+    the goals (one that writes into its arguments would change the batch trained on), noting
+    whether it ever gave a reward that is not finite (checkpoint.nonfinite_names names it)."""
+
+    def __init__(self, env):
+        self.env, self.nonfinite = env, False
+
+    def __call__(self, ag_2, g):
+        r = np.asarray(self.env.compute_reward(ag_2.copy(), g.copy(), None))
+        self.nonfinite = self.nonfinite or not np.all(np.isfinite(r))
+        return r
 
 
 def success_key(env_id, info):

@@ -52,13 +52,15 @@ class EpochLogger:
 
 def open_run_folder(cfg, comm, task, argv, resumed_at, note):
     """Collective: the run's files, once every input is checked and the folder locked. Each
-    rank makes checkpoint/ (without a shared file system, on its own disk); rank 0 writes
+    rank makes checkpoint/ (without a shared file system, on its own disk) and drops what a
+    stopped start or save left there (runfolder.drop_leftovers); rank 0 writes
     config.json (the Config in force, mpirun's -np and T: runfolder.RUN_FACTS), opens log.txt with
     its header and prints the setup, with `note` (a start taken over, or not every rank's newest
     checkpoint; rank 0's); every rank learns if any could not. Returns the RunLog."""
     rank, n_ranks, error = comm.Get_rank(), comm.Get_size(), None
     try:
         os.makedirs(os.path.join(cfg.logdir, runfolder.CHECKPOINTS), exist_ok=True)
+        runfolder.drop_leftovers(cfg.logdir, rank, fresh=resumed_at is None)
     except OSError as e:
         error = (f"cannot write to log dir {cfg.logdir!r} on rank {rank} ({e.strerror}); pass "
                  "a --logdir that every rank can write")

@@ -21,7 +21,7 @@ from tqdm import tqdm
 from config import Config
 from harness.checkpoint import nonfinite_names, read_inputs, restore_checkpoint, save_checkpoint
 from harness.cli import shared_config
-from harness.errors import STORED_EPISODES, Interrupted, NonFiniteError
+from harness.errors import CAUSES, Interrupted, NonFiniteError, SaveError
 from harness.files import save_policy
 from harness.goal_env import build_venv
 from harness.launch import check_launch, mpi_library, start_mpi
@@ -109,7 +109,11 @@ class Run:
         """Collective: a new run's checkpoint before any training, so that a failure always has
         one to resume from; then the first epoch's bar, and with --trace its recording."""
         if self.inputs.checkpoint is None:
-            save_on_every_rank(self.comm, self.save, (0, 0, -1.))  # [MPI]
+            try:
+                save_on_every_rank(self.comm, self.save, (0, 0, -1.))  # [MPI]
+            except SaveError as e:  # nothing trained: the folder is a start's (run_files)
+                raise SaveError(f"{e}; nothing was trained yet: once it can be written, the "
+                                "same command starts the run again (not --resume)") from None
             self.watchdog.configure(self.cfg.mpi_timeout, checkpoint_in=self.cfg.logdir)
         self.begin_epoch(start.epoch, start.cycle)  # below n_epochs: read_inputs saw to it
         self.tracer.begin(self.comm, os.path.join(self.cfg.logdir, TRACE),  # [MPI] --trace
@@ -127,12 +131,13 @@ class Run:
         left waiting in an Allreduce for ever). On a signal every rank saves first; on a
         non-finite value nothing is saved: the checkpoint before this epoch is the last good
         one. With --trace, the trace is written after its last cycle or a stop's save."""
-        bad = nonfinite_names(losses, self.policy)
+        bad = nonfinite_names(losses, self.policy, self.task.reward_fun)
         statuses = self.comm.allgather((self.watchdog.requested, bad))  # [MPI]
         nonfinite = [(rank, names) for rank, (_, names) in enumerate(statuses) if names]
         logdir, n_cycles, done = self.cfg.logdir, self.cfg.n_cycles, cycle + 1
         if nonfinite:
-            rank, names = min(nonfinite, key=lambda r_names: STORED_EPISODES not in r_names[1])
+            # the rank that names a cause (the env's observations or rewards) first
+            rank, names = min(nonfinite, key=lambda r_names: r_names[1][0] not in CAUSES)
             raise NonFiniteError.stop(names, f"in epoch {epoch}, cycle {cycle} (rank {rank})",
                                       self.cfg)
         self.tracer.end_cycle()  # [MPI] --trace: a gather after its last cycle

@@ -17,6 +17,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import socket
 import time
 
@@ -61,16 +62,42 @@ def checkpoint_path(logdir, rank, previous=False):
 
 def run_files(logdir):
     """The names of a run's files in logdir (none where there is no folder), and whether they
-    are a start's that ended before its first checkpoint (docs/faults.md): no run."""
+    are a start's that ended before its first checkpoint (docs/faults.md): no run. The start's
+    own checkpoint (epoch 0, cycle 0: nothing trained yet), on every rank or on some, is none."""
     try:
         names = os.listdir(logdir)
-        saved = [name for name in os.listdir(os.path.join(logdir, CHECKPOINTS))
-                 if name.endswith(".npz")] if CHECKPOINTS in names else []
+        folder = os.path.join(logdir, CHECKPOINTS)
+        saved = [name for name in os.listdir(folder) if name.endswith(".npz")
+                 and not start_checkpoint(os.path.join(folder, name))] \
+            if CHECKPOINTS in names else []
     except OSError:  # no folder yet, or none can be made there: hold_run_folder says which
         return [], False
     found = sorted(name for name in names if name in RUN_FILES
                    or name.startswith("policy") and name.endswith(".npz"))
     return found, not saved and set(found) <= {CONFIG, LOG, CHECKPOINTS}
+
+
+def start_checkpoint(path):
+    """Whether the checkpoint at path is a start's, made before its first cycle; one that cannot
+    be read is not (a resume names what is wrong with it)."""
+    try:
+        position = load_npz(path, POSITION_KEYS, "checkpoint", only_required=True)
+        return (int(position["epoch"]), int(position["cycle"])) == (0, 0)
+    except (BadFileError, TypeError, ValueError):
+        return False
+
+
+def drop_leftovers(logdir, rank, fresh):
+    """Before a start writes: the parts of files a stopped save left (<file>.tmp<pid>: the lock
+    keeps out every other job, so their writers are gone), rank 0's in the folder and each
+    rank's in checkpoint/; on a fresh start, this rank's checkpoints of a start that ended before
+    its first cycle (start_checkpoint), which a resume of this run must not take for its own."""
+    folder = glob.escape(logdir)
+    patterns = [f"{CHECKPOINTS}/rank{rank}.*"] + (["*.tmp[0-9]*"] if rank == 0 else [])
+    for path in (p for name in patterns for p in glob.glob(os.path.join(folder, name))):
+        if re.search(r"\.tmp\d+$", path) or fresh and path.endswith(".npz") \
+                and start_checkpoint(path):
+            os.remove(path)
 
 
 def read_config(run_dir):

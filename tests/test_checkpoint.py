@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import time
+import types
 
 import numpy as np
 import pytest
@@ -423,14 +424,20 @@ class TestCheckpoint:
         assert rc == 0, out[-3000:]
 
     def test_nonfinite_parameters_are_caught_even_when_the_losses_were_finite(self):
-        """The last update of a cycle can make the weights NaN after its loss was computed."""
+        """The last update of a cycle can make the weights NaN after its loss was computed; where
+        the env's compute_reward gave a NaN or inf, its rewards are named first, as the cause."""
         policy, _, _ = fetch_reach_policy(np.random.default_rng(17), hidden=16)
-        assert checkpoint.nonfinite_names([(0.1, 0.2)] * 3, policy) == []
+        finite, nonfinite = (types.SimpleNamespace(nonfinite=bad) for bad in (False, True))
+        assert checkpoint.nonfinite_names([(0.1, 0.2)] * 3, policy, nonfinite) == []
         policy.main.Q.theta[5] = np.inf
-        assert checkpoint.nonfinite_names([(0.1, 0.2)] * 3, policy) == ["critic parameters"]
+        assert checkpoint.nonfinite_names([(0.1, 0.2)] * 3, policy, finite) == [
+            "critic parameters"]
         policy.main.pi.theta[0] = np.nan
-        assert checkpoint.nonfinite_names([(0.1, np.nan)], policy) == [
+        assert checkpoint.nonfinite_names([(0.1, np.nan)], policy, finite) == [
             "train/actor_loss", "critic parameters", "actor parameters"]
+        assert checkpoint.nonfinite_names([(0.1, np.nan)], policy, nonfinite) == [
+            "rewards of relabelled goals", "train/actor_loss", "critic parameters",
+            "actor parameters"]
 
     @pytest.mark.slow
     @pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"),

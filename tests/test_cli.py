@@ -80,7 +80,7 @@ class TestConfig:
 
     def test_gamma_flag_replaces_one_minus_one_over_T_and_its_target_range(self):
         task = GoalTask(dims={"o": 4, "g": 2, "u": 2}, T=300, max_u=1.0, reward_fun=None,
-                        success_key="is_success", r_range=(0., 1.))
+                        success_key="is_success", r_range=(0., 1.), largest=1.)
         default = DDPG(Config(hidden=8, buffer_size=3000), task, np.random.default_rng(0),
                        ONE_RANK)
         assert default.gamma == 1. - 1. / 300  # no --gamma, the default: baselines' rule

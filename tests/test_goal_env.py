@@ -101,7 +101,7 @@ class OneFault(PointGoal):
 
     def __init__(self, fault):
         super().__init__()
-        self.fault, self.t = fault, 0
+        self.fault, self.t, self.batches = fault, 0, 0
         box = gym.spaces.Box(-.5, .5, (2,), np.float64)
         if fault == "discrete":
             self.action_space = gym.spaces.Discrete(4)
@@ -125,12 +125,28 @@ class OneFault(PointGoal):
             self.action_space = gym.spaces.Box(-1, 1, (0,), np.float32)
         if fault == "noobs":
             self.observation_space["observation"] = gym.spaces.Box(-.5, .5, (0,), np.float64)
+        if fault == "far":  # an observation in millimetres: beyond --clip_obs 200
+            self.observation_space["observation"] = gym.spaces.Box(999.5, 1000.5, (2,), np.float64)
+
+    def _obs(self):
+        obs = super()._obs()
+        obs["observation"] += 1000. if self.fault == "far" else 0.
+        return obs
 
     def compute_reward(self, achieved_goal, desired_goal, info):
+        if self.fault == "selfgoal":  # the env's own goal, not the one it is given
+            desired_goal = np.broadcast_to(self.g, np.shape(desired_goal))
         r = super().compute_reward(achieved_goal, desired_goal, info)
+        self.batches += np.ndim(achieved_goal) == 2
+        # "nanlater": NaN from the 11th batch on (the task is read with 6: training's)
         return {"scalar": lambda: float(np.mean(r)), "n3": lambda: np.stack([r, r, r], -1),
-                "nan": lambda: r * np.nan, "info": lambda: r + info["bonus"]
+                "nan": lambda: r * np.nan, "info": lambda: r + info["bonus"],
+                "nanlater": lambda: r * np.nan if self.batches > 10 else r
                 }.get(self.fault, lambda: r)()
+
+    def close(self):
+        if self.fault == "closeraises":  # as an env that closes a viewer it never opened
+            raise AttributeError("'NoneType' object has no attribute 'close'")
 
     def reset(self, seed=None, options=None):
         obs, info = super().reset(seed=seed)
@@ -150,6 +166,8 @@ class OneFault(PointGoal):
             info = {}
         if self.fault == "successarray":
             info = {"success": np.array([info["success"]])}
+        if self.fault == "lambdainfo":
+            info["then"] = lambda: None
         terminated = self.fault == "end3" and self.t >= 3
         return obs, r, np.array([terminated]) if self.fault == "endarray" else terminated, \
             truncated, info
@@ -170,11 +188,17 @@ FAULTS = {"discrete": "action space Discrete(4)", "box01": "symmetric box",
           "endarray": "step's terminated is a ndarray of shape (1,); gymnasium's API has True",
           "noaction": "(0,), float32); DDPG's actor needs a flat Box [-a, a]^n, n >= 1",
           "noobs": "'observation': (0,), 'achieved_goal': (2,), 'desired_goal': (2,)}; each "
-          "must be flat, (n,) with n >= 1"}
-for fault in [*FAULTS, "end3"]:
+          "must be flat, (n,) with n >= 1",
+          "selfgoal": "compute the reward from its achieved_goal and desired_goal arguments "
+          "alone, not from the env's own goal",
+          "lambdainfo": "pickling step's info (env processes send it to their rank) raised",
+          "far": "its observations reach 1000"}
+for fault in [*FAULTS, "end3", "nanlater", "closeraises"]:
     gym.register(f"OneFault-{fault}-v0", entry_point="tests.test_goal_env:OneFault",
                  max_episode_steps=10, kwargs=dict(fault=fault))
 gym.register("NoTimeLimit-v0", entry_point="tests.test_goal_env:PointGoal")
+gym.register("FloatTimeLimit-v0", entry_point="tests.test_goal_env:PointGoal",
+             max_episode_steps=20 / 2)
 
 
 class TestContract:
@@ -194,7 +218,45 @@ class TestContract:
         assert_main_refuses(["--env", "tests.test_goal_env:NoTimeLimit-v0", "--logdir",
                              str(tmp_path / "run")], capsys, "no time limit",
                             "max_episode_steps=T")
+        assert_main_refuses(["--env", "tests.test_goal_env:FloatTimeLimit-v0", "--logdir",
+                             str(tmp_path / "run")], capsys, "has max_episode_steps=10.0; T",
+                            "must be a whole number")
         assert not (tmp_path / "run").exists()
+
+    def test_a_reward_that_turns_nonfinite_in_training_is_named_as_the_cause(self, tmp_path,
+                                                                            capsys):
+        """compute_reward NaN for goals HER relabels, finite for those the task is read with:
+        the stop line names compute_reward, not the step sizes."""
+        logdir = str(tmp_path / "run")
+        rc = main_exit_code(["--env", "tests.test_goal_env:OneFault-nanlater-v0", "--logdir",
+                             logdir, "--n_cycles", "2", "--n_batches", "10", "--hidden", "8"])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert rc == 1 and err == [
+            "train.py: non-finite rewards of relabelled goals and train/critic_loss and "
+            "train/actor_loss and critic parameters and actor parameters in epoch 0, cycle 0 "
+            "(rank 0): the env's compute_reward is the cause (NaN or inf for a goal HER "
+            "relabelled with, an achieved goal of the same episode); make it finite for every "
+            f"pair of goals the env's observations hold, then --resume {logdir} goes on from the "
+            "last good checkpoint, from before this epoch"], err
+
+    def test_an_env_whose_close_raises_ends_a_done_run_with_one_warning(self, tmp_path, capsys):
+        rc = main_exit_code(["--env", "tests.test_goal_env:OneFault-closeraises-v0", "--logdir",
+                             str(tmp_path / "run"), "--n_epochs", "1", "--n_cycles", "1",
+                             "--n_batches", "1", "--hidden", "8"])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert rc == 0 and err == [
+            "warning: env 'OneFault-closeraises-v0': close raised AttributeError: 'NoneType' "
+            "object has no attribute 'close'"], err
+
+    def test_her_rewards_copies_of_the_goals(self):
+        """A compute_reward that writes into its arguments changes no batch trained on."""
+        class WritesIntoItsGoals:
+            def compute_reward(self, achieved_goal, desired_goal, info):
+                desired_goal -= achieved_goal
+                return -np.ones(len(achieved_goal))
+        ag, g = np.ones((4, 2)), np.full((4, 2), 3.)
+        assert list(goal_env.EnvReward(WritesIntoItsGoals())(ag, g)) == [-1.] * 4
+        assert (ag == 1.).all() and (g == 3.).all()
 
     @pytest.mark.parametrize("body, phrases", [
         ("raise ValueError('bad table')", ("importing 'my_task' raised ValueError: bad table",)),
@@ -219,6 +281,7 @@ class TestContract:
         monkeypatch.syspath_prepend(str(tmp_path))
         envs = [f"tests.test_goal_env:OneFault-{fault}-v0" for fault in FAULTS] + [
             "tests.test_goal_env:NoTimeLimit-v0", "tests.test_goal_env:StartAtGoal-v0",
+            "tests.test_goal_env:FloatTimeLimit-v0",
             "my_task:Mine-v0", "my_deps:Mine-v0", "no_such_module:Mine-v0"]
         lines = []
         for env in envs:

@@ -402,7 +402,7 @@ AGENT_T, AGENT_CYCLES, AGENT_BATCHES = 10, 6, 4
 def agent_figures():
     """Train the small agent of the module docstring; {figure: sha256}."""
     task = GoalTask(dims={"o": 4, "g": 2, "u": 2}, T=AGENT_T, max_u=1.0, reward_fun=point_reward,
-                    success_key="is_success", r_range=(-1., 0.))
+                    success_key="is_success", r_range=(-1., 0.), largest=1.)
     # A buffer of 4 episodes takes 2 a cycle: from the third cycle on, stored episodes are evicted.
     cfg = Config(hidden=32, layers=2, batch_size=32, buffer_size=4 * AGENT_T, demo_batch_size=8,
                  bc_loss=True, q_filter=True, sync_check_interval=5)

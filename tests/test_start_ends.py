@@ -7,6 +7,7 @@ command as a user would type it again, without the fault.
 Test: `python -m pytest -q tests/test_start_ends.py`.
 """
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -16,7 +17,16 @@ import time
 
 import pytest
 
-from tests.helpers import ROOT, hang_guard, mpirun_args, remove_orphans_of_job, shm_entries
+from tests.helpers import (
+    ROOT,
+    hang_guard,
+    mpirun_args,
+    remove_orphans_of_job,
+    run_cmd,
+    shm_entries,
+    small_disk,
+    train_cmd,
+)
 
 TINY = ["--n_epochs", "1", "--n_cycles", "1", "--n_batches", "1", "--n_test_rollouts", "1",
         "--hidden", "8"]
@@ -119,6 +129,33 @@ def test_a_folder_left_before_its_first_checkpoint_is_taken_and_its_log_kept(tmp
     assert log.count("# code: ") == 2 and "cannot write stdout" in log, log
     assert (f"note: {logdir} holds a start that ended before its first checkpoint (checkpoint, "
             "config.json, log.txt): this start takes it, its log.txt kept") in log, log
+
+
+@pytest.mark.slow
+def test_a_start_checkpoint_one_rank_could_not_write_is_taken_by_the_same_command(tmp_path):
+    """mpirun -np 2 onto a disk that holds one start checkpoint (4.3 MB) and not two (the one
+    written first is kept): one line saying the same command starts the run again; with space,
+    it does, and drops the part of a file a stopped save left (as a rank killed mid-save leaves
+    one); then --resume."""
+    with small_disk(tmp_path / "disk", "6m") as disk:
+        logdir = str(disk / "run")
+        cmd = train_cmd("--n_epochs", "1", "--n_cycles", "1", "--n_batches", "1",
+                        "--n_test_rollouts", "1", "--logdir", logdir, n_ranks=2)
+        rc, out = run_cmd(cmd, 300)
+        assert rc == 1 and re.fullmatch(
+            f"train.py: error: cannot write {re.escape(logdir)}/checkpoint/rank[01].npz: No "
+            r"space left on device; nothing was trained yet: once it can be written, the same "
+            r"command starts the run again \(not --resume\)", out.strip().splitlines()[-1]
+        ), out[-3000:]
+        assert len(os.listdir(disk / "run" / "checkpoint")) <= 1  # rank0.npz or rank1.npz
+        subprocess.run(["mount", "-o", "remount,size=64m", str(disk)], check=True)
+        (disk / "run" / "checkpoint" / "rank1.npz.tmp4242").write_bytes(b"part of a save")
+        rc, out = run_cmd(cmd, 300)
+        assert rc == 0 and f"note: {logdir} holds a start that ended before" in out, out[-3000:]
+        assert sorted(os.listdir(disk / "run" / "checkpoint")) == [
+            "rank0.npz", "rank0.prev.npz", "rank1.npz", "rank1.prev.npz"]
+        rc, out = run_cmd(train_cmd("--resume", logdir, "--n_epochs", "2", n_ranks=2), 300)
+        assert rc == 0 and "2 rank(s) in sync" in out, out[-3000:]
 
 
 @pytest.mark.slow
