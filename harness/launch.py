@@ -19,9 +19,11 @@ import contextlib
 import itertools
 import os
 import shlex
+import signal
 import socket
 import sys
 
+import harness
 from harness.errors import UsageError
 from harness.mpi_util import mapped_segments
 
@@ -74,6 +76,10 @@ def start_mpi():
     for path in mapped_segments():
         with contextlib.suppress(FileNotFoundError):  # a rank beside this one was first
             os.unlink(path)
+    # A stop signal this rank held while MPI started (harness.stopped_while_importing), now
+    harness.HELD["mpi_started"] = True
+    for signum in harness.HELD["signals"]:
+        signal.raise_signal(signum)
     return MPI
 
 

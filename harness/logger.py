@@ -106,7 +106,7 @@ class RunLog:
             header.append(f"# resumed from the checkpoint at epoch {epoch}, cycle {cycle}")
         self.streams = sys.stdout, sys.stderr
         try:
-            self.file = open(self.path, "a")
+            self.file = open(self.path, "a", encoding="utf-8", errors="surrogateescape")
         except OSError as e:
             self._drop(e)
             return

@@ -478,3 +478,19 @@ def children_of(pid):
             return [int(c) for c in f.read().split()]
     except OSError:
         return []
+
+
+def test_a_command_started_in_a_removed_folder_is_one_line(tmp_path):
+    """A shell left in a folder that was removed: os.getcwd() fails, inside libraries' imports
+    too (a FileNotFoundError traceback from train.py's start, play's and bench's imports)."""
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    for cmd, name in ((train_cmd(), "train.py"), (train_cmd("--help", module="experiment.play"),
+                                                   "play.py")):
+        script = f"cd {gone} && rmdir {gone} && exec {' '.join(cmd)}"
+        done = subprocess.run(["bash", "-c", script], capture_output=True, text=True,
+                              env={**os.environ, "PYTHONPATH": ROOT}, timeout=120)
+        assert done.returncode == 2 and done.stderr == (
+            f"{name}: error: the current folder was removed; cd to one that exists and run the "
+            "command again\n"), done.stderr[-3000:]
+        gone.mkdir()

@@ -11,6 +11,7 @@ Run: `python -m pytest -q tests/test_launch.py` (from the repository's root).
 """
 import errno
 import fcntl
+import glob
 import os
 import shutil
 import signal
@@ -19,6 +20,7 @@ import sys
 
 import pytest
 
+import harness
 from harness import launch, mpi_util
 from harness.cli import parse_train_args
 from harness.errors import UsageError
@@ -297,3 +299,17 @@ class TestJobOutput:
         # 5 cycles: a line after cycles 2 and 4 (every ceil(5 / 4)), none drawn in place
         assert "epoch 0: 2 of 5 cycles" in out and "epoch 0: 4 of 5 cycles" in out, out[-3000:]
         assert "\r" not in out and "cycle/s" not in out
+
+
+def test_the_commands_that_hold_a_signal_until_mpi_has_started_are_those_that_start_it():
+    """harness/__init__.py holds a rank's Ctrl-C until MPI has started in STARTS_MPI's commands
+    alone (one that never starts MPI would hold it for ever): the files that call start_mpi."""
+    callers = set()
+    paths = [path for folder in ("harness", "experiment", "examples")
+             for path in glob.glob(os.path.join(ROOT, folder, "*.py"))]
+    for path in paths:
+        with open(path) as f:
+            if "start_mpi()" in f.read() and not path.endswith("launch.py"):
+                callers.add(os.path.relpath(path, ROOT))
+    assert callers == {"harness/run.py", "experiment/play.py"}  # train.py's start_run; play
+    assert harness.STARTS_MPI == ("train.py", "play.py")

@@ -133,3 +133,19 @@ class TestLogger:
             log = (tmp_path / run / "log.txt").read_text()
             assert "Done: best test success rate" in log
             assert "epoch 0: " not in log and "\r" not in log, log[-3000:]
+
+
+@pytest.mark.slow
+def test_a_log_dir_of_non_ascii_letters_under_an_ascii_locale(tmp_path):
+    """LC_ALL=POSIX with Python's UTF-8 mode and locale coercion off: stdout is ASCII and argv
+    holds the bytes of 'ü' as surrogates; log.txt is UTF-8 and takes them back as the bytes they
+    were (its header was a UnicodeEncodeError after the folder was written)."""
+    logdir = str(tmp_path / "rün")
+    env = {**os.environ, "LC_ALL": "POSIX", "PYTHONUTF8": "0", "PYTHONCOERCECLOCALE": "0"}
+    done = subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), "--n_epochs", "1",
+                           "--n_cycles", "1", "--n_batches", "1", "--n_test_rollouts", "1",
+                           "--hidden", "8", "--logdir", logdir], cwd=ROOT, env=env,
+                          capture_output=True, timeout=300)
+    assert done.returncode == 0 and done.stderr == b"", done.stderr[-3000:]
+    with open(os.path.join(logdir, "log.txt"), encoding="utf-8") as f:
+        assert f"--logdir {logdir}\n" in f.read()
