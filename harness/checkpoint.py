@@ -89,7 +89,14 @@ def checkpoint_positions(run_dir, rank, n_ranks):
         path = runfolder.checkpoint_path(run_dir, rank, previous)
         if not os.path.exists(path):  # rank<r>.npz is missing only after a stop mid-save
             continue
-        position = files.load_npz(path, runfolder.POSITION_KEYS, "checkpoint", only_required=True)
+        try:
+            position = files.load_npz(path, runfolder.POSITION_KEYS, "checkpoint",
+                                      only_required=True)
+        except BadFileError as e:  # the newest: the one before it may still take the run on
+            before = runfolder.checkpoint_path(run_dir, rank, previous=True)
+            raise BadFileError(f"{e}" + ("" if previous or not os.path.exists(before) else
+                                        f"; to resume from the one before it, move {path} "
+                                        "out of the folder")) from None
         epoch, cycle, ranks = (int(value) for value in position.values())
         if ranks != n_ranks:
             raise UsageError(f"{path} was written by a run of {ranks} ranks; resume it with "

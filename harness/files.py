@@ -77,8 +77,14 @@ def load_npz(path, required_keys, what, writer="train.py", only_required=False):
                 return {key: data[key] for key in keys}
     except FileNotFoundError:
         raise BadFileError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise BadFileError(f"{path}: a folder, not a {what} file" + (
+            " (a run folder holds policy_best.npz and policy_latest.npz)"
+            if what == "policy" else "")) from None
     except Exception as e:  # BadZipFile, EOFError, ValueError (pickled objects), OSError
         reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+        if isinstance(e, ValueError) and "pickle" in reason:  # what np.load makes of text
+            reason = "no .npz at all"
         raise BadFileError(f"{path}: cannot read it as a {what} ({reason}); "
                            f"the file is truncated, corrupt or not from {writer}") from None
     raise BadFileError(f"{path}: not a {what} written by {writer} (no {missing[0]!r} array)")

@@ -338,6 +338,30 @@ class TestRunFolder:
         assert not accepted, accepted
         assert len(outcomes) > 80 and sum(rc == 0 for rc in outcomes.values()) > 5
 
+    def test_a_damaged_newest_checkpoint_names_the_one_before_and_its_advice_works(
+            self, finished_run, capsys, tmp_path):
+        folder = str(tmp_path / "run")
+        shutil.copytree(finished_run, folder)
+        newest = os.path.join(folder, "checkpoint", "rank0.npz")
+        with open(newest, "r+b") as f:
+            f.truncate(1000)
+        assert main_exit_code(["--resume", folder, "--n_epochs", "3"]) == 2
+        assert capsys.readouterr().err.strip().endswith(
+            f"; to resume from the one before it, move {newest} out of the folder")
+        os.rename(newest, str(tmp_path / "rank0.npz"))
+        assert main_exit_code(["--resume", folder, "--n_epochs", "3"]) == 0
+
+    def test_a_policy_that_is_a_folder_or_text_is_named_so(self, finished_run, capsys):
+        """--load_path of a run folder, or of its progress.csv: what the path is, not NumPy's
+        advice to load pickled data (for a text file) or 'Is a directory ... truncated'."""
+        for path, words in ((finished_run, "a folder, not a policy file (a run folder holds "
+                             "policy_best.npz and policy_latest.npz)"),
+                            (os.path.join(finished_run, "progress.csv"),
+                             "cannot read it as a policy (no .npz at all)")):
+            assert main_exit_code(["--load_path", path]) == 2
+            err = capsys.readouterr().err
+            assert words in err and "pickle" not in err and len(err.splitlines()) == 1, err
+
     def test_every_damage_to_a_run_folder_given_to_plot_is_one_line_or_drawn(
             self, finished_run, capsys, tmp_path):
         """plot.py reads a run folder through a resume's checks: each damaged copy is drawn (its
