@@ -318,15 +318,34 @@ def check_reached(env_id, reward_fun, goals, achieved):
 class EnvReward:
     """r = compute_reward(ag_2, g, None), the env's own, as HER relabels with it: on copies of
     the goals (one that writes into its arguments would change the batch trained on), noting
-    whether it ever gave a reward that is not finite (checkpoint.nonfinite_names names it)."""
+    whether it ever gave a reward that is not finite (checkpoint.nonfinite_names names it) and
+    the lowest and highest finite ones (held to the run's range by `outside`)."""
 
     def __init__(self, env):
-        self.env, self.nonfinite = env, False
+        self.env, self.nonfinite, self.seen = env, False, (np.inf, -np.inf)
 
     def __call__(self, ag_2, g):
         r = np.asarray(self.env.compute_reward(ag_2.copy(), g.copy(), None))
-        self.nonfinite = self.nonfinite or not np.all(np.isfinite(r))
+        finite = r[np.isfinite(r)]
+        self.nonfinite = self.nonfinite or finite.size < r.size
+        if finite.size:
+            self.seen = (min(self.seen[0], finite.min()), max(self.seen[1], finite.max()))
         return r
+
+    def outside(self, cfg, where):
+        """The line that stops a run where a finite reward it gave HER lies outside
+        cfg.reward_range, which bounds the critic's targets (its lower end only with
+        clip_return): one that no reset of the start showed (a penalty met in training only)
+        would be clipped in silence. None where every reward was inside."""
+        (low, high), (r_min, r_max) = self.seen, cfg.reward_range
+        if high <= r_max and (low >= r_min or not cfg.clip_return):
+            return None
+        lower = min(low, r_min) if np.isfinite(r_min) else low  # the flag takes finite ends
+        return (f"env {cfg.env!r}: compute_reward gave HER rewards from {low:g} to {high:g} "
+                f"{where}, outside {r_min:g} to {r_max:g}, the range that bounds the critic's "
+                "targets (--reward_range, measured off the env's first resets where not given); "
+                f"start a fresh run (a new --logdir) with --reward_range={lower:g},"
+                f"{max(high, r_max):g}")
 
 
 def success_key(env_id, info):

@@ -21,7 +21,7 @@ from tqdm import tqdm
 from config import Config
 from harness.checkpoint import nonfinite_names, read_inputs, restore_checkpoint, save_checkpoint
 from harness.cli import shared_config
-from harness.errors import CAUSES, Interrupted, NonFiniteError, SaveError
+from harness.errors import CAUSES, Interrupted, NonFiniteError, SaveError, UsageError
 from harness.files import save_policy
 from harness.goal_env import build_venv
 from harness.launch import check_launch, mpi_library, start_mpi
@@ -131,17 +131,22 @@ class Run:
         left waiting in an Allreduce for ever). On a signal every rank saves first; on a
         non-finite value nothing is saved: the checkpoint before this epoch is the last good
         one. With --trace, the trace is written after its last cycle or a stop's save."""
+        where = f"in epoch {epoch}, cycle {cycle} (rank {self.comm.Get_rank()})"
         bad = nonfinite_names(losses, self.policy, self.task.reward_fun)
-        statuses = self.comm.allgather((self.watchdog.requested, bad))  # [MPI]
-        nonfinite = [(rank, names) for rank, (_, names) in enumerate(statuses) if names]
+        outside = self.task.reward_fun.outside(self.cfg, where)
+        statuses = self.comm.allgather((self.watchdog.requested, bad, outside))  # [MPI]
+        nonfinite = [(rank, names) for rank, (_, names, _) in enumerate(statuses) if names]
         logdir, n_cycles, done = self.cfg.logdir, self.cfg.n_cycles, cycle + 1
         if nonfinite:
             # the rank that names a cause (the env's observations or rewards) first
             rank, names = min(nonfinite, key=lambda r_names: r_names[1][0] not in CAUSES)
             raise NonFiniteError.stop(names, f"in epoch {epoch}, cycle {cycle} (rank {rank})",
                                       self.cfg)
+        lines = [line for *_, line in statuses if line]
+        if lines:
+            raise UsageError(lines[0])
         self.tracer.end_cycle()  # [MPI] --trace: a gather after its last cycle
-        if any(requested for requested, _ in statuses):
+        if any(requested for requested, *_ in statuses):
             save_on_every_rank(self.comm, self.save, (epoch, done, best_success_rate),  # [MPI]
                                losses, ["latest"])
             self.tracer.finish()  # [MPI] --trace: the cycles traced so far

@@ -138,10 +138,12 @@ class OneFault(PointGoal):
             desired_goal = np.broadcast_to(self.g, np.shape(desired_goal))
         r = super().compute_reward(achieved_goal, desired_goal, info)
         self.batches += np.ndim(achieved_goal) == 2
-        # "nanlater": NaN from the 11th batch on (the task is read with 6: training's)
+        # "nanlater", "penaltylater": NaN or -5 from the 11th batch on (the task is read with
+        # 6: training's)
         return {"scalar": lambda: float(np.mean(r)), "n3": lambda: np.stack([r, r, r], -1),
                 "nan": lambda: r * np.nan, "info": lambda: r + info["bonus"],
-                "nanlater": lambda: r * np.nan if self.batches > 10 else r
+                "nanlater": lambda: r * np.nan if self.batches > 10 else r,
+                "penaltylater": lambda: r - 5. if self.batches > 10 else r
                 }.get(self.fault, lambda: r)()
 
     def close(self):
@@ -193,7 +195,7 @@ FAULTS = {"discrete": "action space Discrete(4)", "box01": "symmetric box",
           "alone, not from the env's own goal",
           "lambdainfo": "pickling step's info (env processes send it to their rank) raised",
           "far": "its observations reach 1000"}
-for fault in [*FAULTS, "end3", "nanlater", "closeraises"]:
+for fault in [*FAULTS, "end3", "nanlater", "penaltylater", "closeraises"]:
     gym.register(f"OneFault-{fault}-v0", entry_point="tests.test_goal_env:OneFault",
                  max_episode_steps=10, kwargs=dict(fault=fault))
 gym.register("NoTimeLimit-v0", entry_point="tests.test_goal_env:PointGoal")
@@ -238,6 +240,22 @@ class TestContract:
             "relabelled with, an achieved goal of the same episode); make it finite for every "
             f"pair of goals the env's observations hold, then --resume {logdir} goes on from the "
             "last good checkpoint, from before this epoch"], err
+
+    def test_a_reward_outside_the_range_in_training_stops_the_run_in_one_line(self, tmp_path,
+                                                                              capsys):
+        """Rewards 0 or 1 at the start, and -5 for goals HER relabels later: the targets would
+        be clipped to 0 to 1 / (1 - gamma) in silence; the run stops and names the range that
+        holds them."""
+        rc = main_exit_code(["--env", "tests.test_goal_env:OneFault-penaltylater-v0", "--logdir",
+                             str(tmp_path / "run"), "--n_cycles", "2", "--n_batches", "10",
+                             "--hidden", "8"])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert rc == 2 and err == [
+            "train.py: error: env 'tests.test_goal_env:OneFault-penaltylater-v0': compute_reward "
+            "gave HER rewards from -5 to 1 in epoch 0, cycle 0 (rank 0), outside 0 to 1, the "
+            "range that bounds the critic's targets (--reward_range, measured off the env's "
+            "first resets where not given); start a fresh run (a new --logdir) with "
+            "--reward_range=-5,1"], err
 
     def test_an_env_whose_close_raises_ends_a_done_run_with_one_warning(self, tmp_path, capsys):
         rc = main_exit_code(["--env", "tests.test_goal_env:OneFault-closeraises-v0", "--logdir",
