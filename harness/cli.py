@@ -160,6 +160,8 @@ def config_for_task(cfg, ranks_here, warn=True):
             f"{cfg.num_env} episode(s) of {cfg.env}'s T = {task.T} steps (one rollout): give at "
             f"least {cfg.num_env * task.T}")
     check_memory(cfg, task, ranks_here, warn)
+    if warn and task.caveat:
+        print(f"warning: {task.caveat}", file=sys.stderr, flush=True)
     task = dataclasses.replace(task, r_range=given or task.r_range)
     return dataclasses.replace(cfg, gamma=discount(cfg.gamma, task.T),
                                reward_range=task.r_range), task

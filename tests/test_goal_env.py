@@ -39,7 +39,10 @@ from vecenv import DummyVecEnv
 # ---------------------------------------------------------------- goal_env.py: goal tasks, rewards
 
 FETCH_AND_HAND = ("FetchPush-v4", "FetchSlide-v4", "FetchPickAndPlace-v4", "HandReach-v3",
-                  "HandManipulateBlockRotateZ-v1", "HandManipulateEgg-v1", "HandManipulatePen-v1")
+                  "HandManipulateBlockRotateZ-v1", "HandManipulateEgg-v1", "HandManipulatePen-v1",
+                  "HandManipulatePenRotate-v1")
+# gymnasium-robotics 1.4.2's batched compute_reward of the pen sets euler[2], a row, where it
+# means each row's z angle: its step rewards differ, and the task trains with a caveat
 MAZES = ("PointMaze_UMaze-v3", "AntMaze_UMaze-v5")  # T = 300 and 700; rewards {0, 1}
 
 
@@ -333,10 +336,12 @@ class TestContract:
 class TestGoalEnv:
     """harness/goal_env.py: goal tasks, rewards."""
 
-    @pytest.mark.slow  # a training cycle on each of 11 tasks
+    @pytest.mark.slow  # a training cycle on each of 10 tasks
     def test_every_goal_task_family_runs_one_cycle(self):
         """Dims, T, the reward, its range and the success key come from the env: one rollout,
-        store and update on each family."""
+        store and update on each family. PenRotate's step rewards differ from its batched
+        compute_reward's: a fault of the installed env, trained on as baselines did, with a
+        caveat (a task of one's own is refused: OneFault stepreward)."""
         for env_id in FETCH_AND_HAND + MAZES:
             task = goal_env.describe_env(env_id)
             dims, T = task.dims, task.T
@@ -353,6 +358,10 @@ class TestGoalEnv:
             venv.close()
             expected = ("success", (0., 1.)) if env_id in MAZES else ("is_success", (-1., 0.))
             assert (task.success_key, task.r_range) == expected, env_id
+            assert (task.caveat or "").endswith(
+                "differ for the same goals, a fault of the installed env; HER relabels with "
+                "compute_reward, as baselines did (docs/usage.md)") == (
+                    env_id == "HandManipulatePenRotate-v1"), env_id
 
     def test_fetch_and_hand_keep_baselines_target_range(self):
         """rewards {-1, 0}: y is clipped to [-1/(1 - gamma), 0] = [-50, 0] at T = 50, as
