@@ -246,8 +246,9 @@ def hold_run_folder(logdir, comm, fresh):
         except UsageError as e:
             error = str(e)
         except OSError as e:
-            error = (f"cannot write to log dir {logdir!r} on rank 0 ({e.strerror}); pass a "
-                     f"--logdir that every rank can write")
+            # the path that failed: the folder, or its lock where that is not a file
+            error = (f"cannot write to log dir {logdir!r} on rank 0 ({e.strerror}: "
+                     f"{e.filename}); pass a --logdir that every rank can write")
     raise_if_any_rank_failed(comm, error)  # [MPI]
     with lock:
         yield note

@@ -338,6 +338,15 @@ class TestRunFolder:
         assert not accepted, accepted
         assert len(outcomes) > 80 and sum(rc == 0 for rc in outcomes.values()) > 5
 
+    def test_a_lock_that_is_a_folder_is_named(self, finished_run, capsys, tmp_path):
+        folder = str(tmp_path / "run")
+        shutil.copytree(finished_run, folder)
+        os.remove(os.path.join(folder, "run.lock"))
+        os.mkdir(os.path.join(folder, "run.lock"))
+        rc, err = assert_refused_or_runs(["--resume", folder, "--n_epochs", "3"], capsys, folder,
+                                         "run.lock a folder")
+        assert rc == 2 and f"(Is a directory: {folder}/run.lock)" in err, err
+
     def test_a_damaged_newest_checkpoint_names_the_one_before_and_its_advice_works(
             self, finished_run, capsys, tmp_path):
         folder = str(tmp_path / "run")
