@@ -171,13 +171,17 @@ def save_demos(path, episodes, env_id, T):
 def load_demos(path, env_id, dims, T, num_demo):
     """The first num_demo episodes of a demo file, checked against the task:
     {key: (num_demo, T or T+1, dim) float32}; every BadFileError names the fix too."""
+    # demos.py writes .npz files only: a path without it, or a folder, gets a name that has it
+    out = os.path.join(path, "demos.npz") if os.path.isdir(path) else \
+        path if path.endswith(".npz") else f"{path}.npz"
     hint = (f"make demos with: python -m experiment.demos --env {env_id} --num_demo {num_demo} "
-            f"--out {path}{' --force' * os.path.exists(path)}")
+            f"--out {out}{' --force' * os.path.exists(out)}"
+            + (f", then give --demo_file {out}" if out != path else ""))
     if not env_id.startswith("FetchPickAndPlace"):  # the scripted controller's only task
         hint = (f"experiment/demos.py scripts FetchPickAndPlace only: demos of {env_id} must be "
                 "recorded another way, in its format (harness/files.py:save_demos)")
     try:
-        arrays = load_npz(path, FILE_KEYS, "demo file", writer="demos.py")
+        arrays = load_npz(path, FILE_KEYS, "demo", writer="demos.py")
     except BadFileError as e:
         problem = str(e)
         # an .npz of baselines' fetch_data_generation.py? (unreadable: load_npz has said why)

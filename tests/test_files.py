@@ -10,6 +10,7 @@ Run: `python -m pytest -q tests/test_files.py` (from the repository's root).
 import json
 import os
 import shutil
+import sys
 
 import numpy as np
 import pytest
@@ -102,6 +103,24 @@ class TestFiles:
                  **{key: np.zeros(3, np.float32) for key in ("main/pi", "main/Q")})
         with pytest.raises(errors.BadFileError, match="config_json has no 'max_u'; not a policy"):
             files.load_policy_arrays(path)
+
+    @pytest.mark.slow
+    def test_the_demos_command_a_missing_demo_file_names_works_as_printed(self, tmp_path):
+        """A --demo_file without .npz, or a folder: the command names an .npz that demos.py
+        writes, and the --demo_file to give then, which loads."""
+        (tmp_path / "folder").mkdir()
+        for given, out in (("mydemos", "mydemos.npz"), ("folder", "folder/demos.npz")):
+            path = str(tmp_path / given)
+            with pytest.raises(errors.BadFileError) as e:
+                files.load_demos(path, "FetchPickAndPlace-v4", {}, 50, 1)
+            command, then = str(e.value).split("make demos with: ")[1].split(", then give ")
+            out = str(tmp_path / out)
+            assert then == f"--demo_file {out}" and command.endswith(f"--out {out}")
+            rc, output = run_cmd([sys.executable, *command.split()[1:]], 300)
+            assert rc == 0, output
+            assert len(files.load_demos(out, "FetchPickAndPlace-v4",
+                                        goal_env.describe_env("FetchPickAndPlace-v4").dims, 50,
+                                        1)["u"]) == 1
 
     @pytest.mark.slow
     def test_bad_demo_input_gets_one_line_errors(self, tmp_path, capsys):
