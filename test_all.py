@@ -1280,7 +1280,8 @@ os.kill(os.getpid(), signal.SIGKILL)
 
 class OffSpaceGoalEnv(StubGoalEnv):
     """StubGoalEnv whose achieved_goal, from step `at` on (0: from reset), is not what its
-    float32 (2,) space says: float64 (2,) (wrong="dtype") or float32 (3,) (wrong="shape")."""
+    float32 (2,) space says: float64 (2,) (wrong="dtype"), float32 (3,) (wrong="shape") or
+    missing (wrong="missing")."""
 
     def __init__(self, wrong, at):
         super().__init__()
@@ -1288,7 +1289,9 @@ class OffSpaceGoalEnv(StubGoalEnv):
 
     def _obs(self):
         obs = super()._obs()
-        if self.t >= self.at:
+        if self.t >= self.at and self.wrong == "missing":
+            del obs["achieved_goal"]
+        elif self.t >= self.at:
             obs["achieved_goal"] = (np.full(2, self.t, np.float64) if self.wrong == "dtype"
                                     else np.full(3, self.t, np.float32))
         return obs
@@ -1322,6 +1325,19 @@ def mpi_case_workers_without_mpi(comm):
 
 class TestVecEnv:
     """vecenv.py: env processes."""
+
+    def test_an_env_that_writes_into_its_action_changes_none_of_the_callers(self):
+        """In this process (DummyVecEnv, --num_env 1) an env that used its action as scratch
+        space would change the rollout's u, which the replay buffer stores."""
+        class Scratching(StubGoalEnv):
+            def step(self, u):
+                answer = super().step(u)
+                u[...] = 0.
+                return answer
+        venv, u = DummyVecEnv([Scratching, Scratching]), np.ones((2, 2), np.float32)
+        venv.reset()
+        venv.step(u)
+        assert (u == 1.).all()
 
     @PROCESS_VEC_ENVS
     def test_subproc_vecenv_matches_sequential_envs(self, VecEnvClass):
@@ -1496,7 +1512,8 @@ class TestVecEnv:
 
     @PROCESS_VEC_ENVS
     @pytest.mark.parametrize("wrong, at, received", [("dtype", 0, "float64 (2,)"),
-                                                     ("shape", 2, "float32 (3,)")])
+                                                     ("shape", 2, "float32 (3,)"),
+                                                     ("missing", 2, "NoneType")])
     def test_vec_env_refuses_observations_unlike_their_space(self, VecEnvClass, wrong, at,
                                                              received):
         """Unchecked, ShmemVecEnv would cast such an observation silently into shared memory and

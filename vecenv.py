@@ -61,7 +61,7 @@ class VecEnv:
     def step_async(self, u):
         """Step env i with u[i]; u is checked whole first, so that no env gets a step ahead."""
         self._check_turn("step_async()")
-        u = np.asarray(u)
+        u = np.array(u)  # a copy: an env that writes into its action changes none stored
         expected = (self.num_envs, *self.action_space.shape)  # (num_envs, dim_u)
         if u.dtype.kind not in "biuf":
             raise TypeError(f"step_async got actions of dtype {u.dtype}; pass numbers "
@@ -117,7 +117,7 @@ def obs_layout(observation_space):
 def check_obs(obs, layout):
     """obs, if each key has its space's dtype and shape. No copy: cheap enough for every step."""
     for key, (dtype, shape) in layout.items():
-        x = obs[key]
+        x = obs.get(key) if isinstance(obs, dict) else obs  # a key missing: None
         if not isinstance(x, np.ndarray) or x.dtype != dtype or x.shape != shape:
             got = f"{x.dtype} {x.shape}" if isinstance(x, np.ndarray) else type(x).__name__
             raise TypeError(f"observation key {key!r}: expected {dtype} {shape} (its space), "

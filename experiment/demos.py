@@ -123,7 +123,7 @@ def main(argv=None):
                 "and a --seed of 0 or more")
     check_output(p, "--out", args.out, args.force, ".npz")
     try:
-        describe_env(args.env)  # an unknown id: one line, close matches
+        describe_env(args.env).reward_fun.close()  # an unknown id: one line, close matches
         episodes, T, attempts = generate(args.env, args.num_demo, args.seed)
         os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
         save_demos(args.out, episodes, args.env, T)

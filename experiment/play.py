@@ -85,6 +85,7 @@ def play(cfg, args, comm):
         (arrays, policy_config), error = load_policy_arrays(args.policy), None
         env_id = args.env or policy_config.get("env") or cfg.env  # the env it was trained on
         task = describe_env(env_id)
+        task.reward_fun.close()  # the env it was read off: play relabels no goal
         check_policy_fits(policy_config, args.policy, env_id, task.dims)
         if render_mode:
             check_renders(env_id, render_mode)

@@ -139,6 +139,15 @@ def config_for_task(cfg, ranks_here, warn=True):
     warns at 80% where `warn`: on one rank of each host)."""
     check_limits(cfg, ranks_here)
     task = describe_env(cfg.env)
+    try:
+        return checked_for_task(cfg, task, ranks_here, warn)
+    except BaseException:
+        task.reward_fun.close()  # the env it was read off, which start_run closes otherwise
+        raise
+
+
+def checked_for_task(cfg, task, ranks_here, warn):
+    """config_for_task's checks of the flags against the task read (its docstring's)."""
     require(task.r_range or cfg.reward_range, f"env {cfg.env!r}: compute_reward gave one value "
             f"for every goal and achieved goal of {MAX_RANGE_RESETS} resets, so the range of "
             "its rewards, which bounds the critic's target, cannot be measured; pass it as "
@@ -214,11 +223,11 @@ def check_memory(cfg, task, ranks_here, warn):
     if have is not None and need > 0.8 * have:
         line = (f"the run needs about {need / 2**30:.1f} GiB on this host ({ranks_here} rank(s) x "
                 f"{buffer / 2**30:.2f} GiB of replay buffer, {batch / 2**30:.2f} GiB for one "
-                f"batch, {processes / 2**30:.2f} GiB of processes), against {have / 2**30:.1f} "
-                "GiB free")
+                f"batch, {24 * params / 2**30:.2f} GiB of networks, {processes / 2**30:.2f} GiB "
+                f"of processes), against {have / 2**30:.1f} GiB free")
         if need > have:
-            raise UsageError(f"{line}: lower --buffer_size, --batch_size or --num_env, or run "
-                             "fewer ranks on this host")
+            raise UsageError(f"{line}: lower --buffer_size, --batch_size, --hidden, --layers or "
+                             "--num_env, or run fewer ranks on this host")
         if warn:
             print(f"warning: {line}; it may run out of memory", file=sys.stderr, flush=True)
 
@@ -387,6 +396,9 @@ def parse_train_args(argv=None):
     for flag in ("resume", "load_path"):
         if getattr(args, flag) == "":
             p.error(f"--{flag} takes a path, got ''")
+    for flag in ("logdir", "resume", "load_path", "demo_file"):  # the shell leaves --flag=~/x
+        if getattr(args, flag):
+            setattr(args, flag, os.path.expanduser(getattr(args, flag)))
     closed = [name for name in ("stdout", "stderr") if getattr(sys, name) is None]
     if closed:  # a run reports on both, and ends where one takes no more (logger._Tee)
         p.error(f"{closed[0]} is closed: give it a file or /dev/null (>out.txt, 2>err.txt)")

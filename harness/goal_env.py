@@ -99,6 +99,9 @@ class GoalTask:
     caveat: str | None = None  # a fault of an installed env's (not one's own), warned of
 
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the project's folder
+
+
 def describe_env(env_id):
     """The GoalTask of env_id, after checking the contract of docs/own-task.md, each rule one
     UsageError line. Its reward range is measured (None where it cannot be: what a run does then
@@ -119,6 +122,14 @@ def describe_env(env_id):
     except Exception as e:
         raise UsageError(f"--env {env_id}: importing {module!r} raised {type(e).__name__}: "
                          f"{one_line(e)}") from None
+    # a module of one's own named as one of this project's (her, config, tests) imports ours:
+    # the project's folder comes first on Python's path
+    top = module.split(".")[0]
+    found = os.path.abspath(getattr(sys.modules.get(top), "__file__", None) or "/")
+    ours = os.path.join(ROOT, f"{top}.py"), os.path.join(ROOT, top, "__init__.py")
+    require(not module or name in gym.registry or found not in ours or top == "examples",
+            f"--env {env_id}: {top!r} is this project's own {found}, found before yours on "
+            "Python's path; rename your module")
     if name not in gym.registry:
         close = difflib.get_close_matches(name, list(gym.registry), n=3, cutoff=0.6)
         hint = f"; did you mean {' or '.join(close)}?" if close else \
@@ -130,13 +141,14 @@ def describe_env(env_id):
             f"of T steps: register it with max_episode_steps=T (gymnasium.register({name!r}, "
             "..., max_episode_steps=50))")
     require(type(T) is int and T >= 1, f"env {env_id!r} has max_episode_steps={T!r}; T, the "
-            "steps of an episode, must be a whole number, at least 1 (e.g. 50, not 50.0)")
+            "steps of an episode, must be a whole number, a Python int (gymnasium's rule), at "
+            "least 1 (e.g. 50, not 50.0 or np.int64(50))")
     # gymnasium's own checker would warn, in lines of its own, of what is checked here
     with warnings.catch_warnings(action="ignore"):
         env = calling(env_id, "gymnasium.make", make_env, env_id)
         try:
             dims, max_u = space_dims(env_id, env)
-            reward_fun = EnvReward(env.unwrapped)
+            reward_fun = EnvReward(env)
             checked_reward = functools.partial(batch_rewards, env_id, reward_fun)
             r_range = measure_reward_range(env_id, env, dims, checked_reward)  # resets the env
             key, largest, caveat = first_steps(env_id, env, dims, T, max_u, checked_reward)
@@ -218,8 +230,9 @@ def space_dims(env_id, env):
     low, high = space.low, space.high
     require(np.all(np.isfinite(high)) and np.allclose(low, -high)
             and np.allclose(high, high.flat[0]) and high.flat[0] > 0,
-            f"env {env_id!r} has an action box that is not [-a, a] in every dimension; the tanh "
-            "actor needs a symmetric box")
+            f"env {env_id!r} has an action box that is not [-a, a] in every dimension, with one "
+            f"finite a > 0 (low {low.tolist()}, high {high.tolist()}); the tanh actor needs a "
+            "bounded symmetric box")
     (dim_o,), (dim_g,), (dim_u,) = shapes["observation"], shapes["desired_goal"], space.shape
     return {"o": dim_o, "g": dim_g, "u": int(dim_u)}, float(high.flat[0])
 
@@ -311,10 +324,22 @@ def check_reached(env_id, reward_fun, goals, achieved):
     (K, dim_g). Within 1% of the rewards' spread, for the rounding of a reward computed through
     transforms of the goals (measured on 50 goals each: none in FetchReachDense, the Hand block
     and egg, sparse and dense, and PointMazeDense; HandManipulatePen's batched compute_reward
-    gives some goals reached -1, a fault of its own that 5 resets did not show)."""
-    reached = np.asarray(reward_fun(goals.copy(), goals), np.float64)  # (K,)
-    missed = np.asarray(reward_fun(achieved, goals), np.float64)  # (K,)
-    both = np.concatenate([reached, missed])
+    gives some goals reached -1, a fault of its own that 5 resets did not show). A task of one's
+    own (module:EnvId) must also give each pair the same reward in a batch reversed and in one
+    of half the size: HER's batches mix reached and missed goals, in any order and number."""
+    K, ag, g = len(goals), np.concatenate([goals, achieved]), np.concatenate([goals, goals])
+    both = np.asarray(reward_fun(ag, g), np.float64)  # (2K,) K reached, then K missed
+    reached, missed = both[:K], both[K:]
+    again = {"the batch reversed": np.asarray(reward_fun(ag[::-1], g[::-1]), np.float64)[::-1],
+             f"batches of {K}": np.concatenate([reward_fun(ag[:K], g[:K]),
+                                                 reward_fun(ag[K:], g[K:])])}
+    for how, r in again.items() if ":" in env_id else ():
+        for i in np.flatnonzero(~np.isclose(both, r, rtol=1e-5, atol=1e-6))[:1]:
+            raise UsageError(f"env {env_id!r}: compute_reward gave a pair of goals "
+                             f"{both[i] + 0:g} in a batch of {2 * K} and {r[i] + 0:g} in {how}; "
+                             "HER rewards batches of relabelled goals of any order and size, so "
+                             "compute each row's reward from that row's achieved_goal and "
+                             "desired_goal alone, the same every time")
     tol = 0.01 * (both.max() - both.min())
     require(reached.max() - reached.min() <= tol and missed.max() <= reached.min() + tol,
             f"env {env_id!r}: compute_reward gave goals reached (desired_goal as achieved_goal) "
@@ -324,7 +349,8 @@ def check_reached(env_id, reward_fun, goals, achieved):
 
 
 class EnvReward:
-    """r = compute_reward(ag_2, g, None), the env's own, as HER relabels with it: on copies of
+    """r = compute_reward(ag_2, g, None), the env's own (the outermost of its wrappers that has
+    one, as gymnasium looks it up), as HER relabels with it: on copies of
     the goals (one that writes into its arguments would change the batch trained on), noting
     whether it ever gave a reward that is not finite (checkpoint.nonfinite_names names it) and
     the lowest and highest finite ones (held to the run's range by `outside`)."""
@@ -333,12 +359,22 @@ class EnvReward:
         self.env, self.nonfinite, self.seen = env, False, (np.inf, -np.inf)
 
     def __call__(self, ag_2, g):
-        r = np.asarray(self.env.compute_reward(ag_2.copy(), g.copy(), None))
-        finite = r[np.isfinite(r)]
-        self.nonfinite = self.nonfinite or finite.size < r.size
-        if finite.size:
-            self.seen = (min(self.seen[0], finite.min()), max(self.seen[1], finite.max()))
+        compute_reward = self.env.get_wrapper_attr("compute_reward")
+        r = np.asarray(compute_reward(ag_2.copy(), g.copy(), None))
+        if r.dtype.kind in "fiub":  # another (object, text) batch_rewards refuses in one line
+            finite = r[np.isfinite(r)]
+            self.nonfinite = self.nonfinite or finite.size < r.size
+            if finite.size:
+                self.seen = (min(self.seen[0], finite.min()), max(self.seen[1], finite.max()))
         return r
+
+    def close(self):
+        """The env it was read off, closed by whoever read it (cli.config_for_task where it
+        refuses, run.start_run, play.py): an env's own non-daemon thread, stopped by its close,
+        would keep the process from ending. Quietly: an env whose close raises is warned of once,
+        by the envs that ran its episodes (HeldAtEnd.close)."""
+        with contextlib.suppress(Exception):
+            self.env.env.close()  # inside HeldAtEnd
 
     def outside(self, cfg, where):
         """The line that stops a run where a finite reward it gave HER lies outside
@@ -360,9 +396,10 @@ def success_key(env_id, info):
     key = next((key for key in ("is_success", "success") if key in info), None)
     require(key is not None, f"env {env_id!r} reports neither info['is_success'] nor "
             "info['success'] after a step; a HER goal task must say when its goal is reached")
-    require(isinstance(info[key], SCALARS), f"env {env_id!r}: info[{key!r}] after a step is a "
-            f"{type(info[key]).__name__} of shape {np.shape(info[key])}; it must be one value, "
-            "True or False (or 1 or 0)")
+    require(isinstance(info[key], SCALARS) and info[key] in (0, 1), f"env {env_id!r}: "
+            f"info[{key!r}] after a step is a {type(info[key]).__name__} of shape "
+            f"{np.shape(info[key])}, {info[key]!r}; it must be one value, True or False (or 1 "
+            "or 0)")
     return key
 
 

@@ -65,6 +65,7 @@ def start_run(argv):
     with (contextlib.closing(watchdog), exits_together(comm, "train.py"),  # [MPI]
           contextlib.ExitStack() as opened):
         args, cfg, task = shared_config(argv, comm)  # [MPI] rank 0's, on every rank
+        opened.callback(task.reward_fun.close)  # the env the task was read off
         watchdog.configure(cfg.mpi_timeout, checkpoint_in=args.resume)
         inputs = read_inputs(cfg, task, args, comm)  # [MPI]
         fresh = inputs.checkpoint is None

@@ -21,6 +21,7 @@ import pytest
 import ddpg
 from config import Config
 from ddpg import DDPG
+from experiment import play
 from harness import errors, goal_env
 from mpi_adam import ONE_RANK
 from rollout import RolloutWorker
@@ -128,6 +129,8 @@ class OneFault(PointGoal):
             self.action_space = gym.spaces.Box(-1, 1, (0,), np.float32)
         if fault == "noobs":
             self.observation_space["observation"] = gym.spaces.Box(-.5, .5, (0,), np.float64)
+        if fault == "unbounded":  # gymnasium's ClipAction leaves such a box
+            self.action_space = gym.spaces.Box(-np.inf, np.inf, (2,), np.float32)
         if fault == "far":  # an observation in millimetres: beyond --clip_obs 200
             self.observation_space["observation"] = gym.spaces.Box(999.5, 1000.5, (2,), np.float64)
 
@@ -141,10 +144,17 @@ class OneFault(PointGoal):
             desired_goal = np.broadcast_to(self.g, np.shape(desired_goal))
         r = super().compute_reward(achieved_goal, desired_goal, info)
         self.batches += np.ndim(achieved_goal) == 2
+        if self.fault in ("firstrow", "batchsize") and np.ndim(achieved_goal) == 2:
+            d = np.linalg.norm(achieved_goal - desired_goal, axis=-1)  # (K,)
+            # right for one goal; in a batch, row 0's reward in every row, or a threshold that
+            # grows with the batch
+            r = np.full(len(d), r[0]) if self.fault == "firstrow" else \
+                (d < 0.15 * len(d) ** .5).astype(np.float64)
         # "nanlater", "penaltylater": NaN or -5 from the 11th batch on (the task is read with
         # 6: training's)
         return {"scalar": lambda: float(np.mean(r)), "n3": lambda: np.stack([r, r, r], -1),
                 "nan": lambda: r * np.nan, "info": lambda: r + info["bonus"],
+                "object": lambda: np.array(list(np.atleast_1d(r)), dtype=object),
                 "nanlater": lambda: r * np.nan if self.batches > 10 else r,
                 "penaltylater": lambda: r - 5. if self.batches > 10 else r
                 }.get(self.fault, lambda: r)()
@@ -171,6 +181,8 @@ class OneFault(PointGoal):
             info = {}
         if self.fault == "successarray":
             info = {"success": np.array([info["success"]])}
+        if self.fault == "successhalf":  # a success rate's half for a miss
+            info = {"success": 1. if info["success"] else .5}
         if self.fault == "lambdainfo":
             info["then"] = lambda: None
         terminated = self.fault == "end3" and self.t >= 3
@@ -197,10 +209,42 @@ FAULTS = {"discrete": "action space Discrete(4)", "box01": "symmetric box",
           "selfgoal": "compute the reward from its achieved_goal and desired_goal arguments "
           "alone, not from the env's own goal",
           "lambdainfo": "pickling step's info (env processes send it to their rank) raised",
-          "far": "its observations reach 1000"}
+          "far": "its observations reach 1000",
+          "object": "compute_reward gave object rewards of shape (5,) for 5 goals",
+          "firstrow": "in the batch reversed; HER rewards batches of relabelled goals of any",
+          "batchsize": "in batches of 5; HER rewards batches of relabelled goals of any order",
+          "successhalf": "info['success'] after a step is a float of shape (), 0.5; it must be",
+          "unbounded": "with one finite a > 0 (low [-inf, -inf], high [inf, inf])"}
 for fault in [*FAULTS, "end3", "nanlater", "penaltylater", "closeraises"]:
     gym.register(f"OneFault-{fault}-v0", entry_point="tests.test_goal_env:OneFault",
                  max_episode_steps=10, kwargs=dict(fault=fault))
+class Counted(PointGoal):
+    """PointGoal that notes each env made until its close: as an env with a thread of its own
+    that its close stops, one never closed would keep its process from ending."""
+    open = set()
+
+    def __init__(self):
+        super().__init__()
+        Counted.open.add(id(self))
+
+    def close(self):
+        Counted.open.discard(id(self))
+
+
+class Shifted(gym.Wrapper):
+    """A task written as a wrapper: rewards -1 or 0 (PointGoal's minus 1) from its own
+    compute_reward and step, around an env whose compute_reward gives 0 or 1."""
+
+    def compute_reward(self, achieved_goal, desired_goal, info):
+        return self.env.unwrapped.compute_reward(achieved_goal, desired_goal, info) - 1.
+
+    def step(self, u):
+        obs, r, terminated, truncated, info = self.env.step(u)
+        return obs, r - 1., terminated, truncated, info
+
+
+gym.register("Counted-v0", entry_point="tests.test_goal_env:Counted", max_episode_steps=10)
+gym.register("Shifted-v0", entry_point=lambda: Shifted(PointGoal()), max_episode_steps=10)
 gym.register("NoTimeLimit-v0", entry_point="tests.test_goal_env:PointGoal")
 gym.register("FloatTimeLimit-v0", entry_point="tests.test_goal_env:PointGoal",
              max_episode_steps=20 / 2)
@@ -269,9 +313,29 @@ class TestContract:
             "warning: env 'OneFault-closeraises-v0': close raised AttributeError: 'NoneType' "
             "object has no attribute 'close'"], err
 
+    def test_every_env_made_is_closed_whatever_ends_the_command(self, tmp_path, capsys):
+        """The env the task is read off, and the vec env's (--num_env 1: in this process), after
+        a run, a refused start and play."""
+        env, run = "tests.test_goal_env:Counted-v0", str(tmp_path / "run")
+        assert main_exit_code(["--env", env, "--logdir", run, "--n_epochs", "1", "--n_cycles",
+                               "1", "--n_batches", "1", "--hidden", "8"]) == 0
+        assert main_exit_code(["--env", env, "--clip_obs", "0.1", "--logdir",
+                               str(tmp_path / "refused")]) == 2
+        play.main([os.path.join(run, "policy_best.npz"), "--n_test_rollouts", "1"])
+        capsys.readouterr()
+        assert not Counted.open
+
+    def test_a_task_written_as_a_wrapper_is_rewarded_by_the_wrapper(self):
+        assert goal_env.describe_env("tests.test_goal_env:Shifted-v0").r_range == (-1., 0.)
+
+    def test_a_module_named_as_one_of_the_projects_is_named_so(self, tmp_path, capsys):
+        assert_main_refuses(["--env", "her:MyTask-v0", "--logdir", str(tmp_path / "run")],
+                            capsys, "'her' is this project's own", "her.py, found before yours "
+                            "on Python's path; rename your module")
+
     def test_her_rewards_copies_of_the_goals(self):
         """A compute_reward that writes into its arguments changes no batch trained on."""
-        class WritesIntoItsGoals:
+        class WritesIntoItsGoals(gym.Env):
             def compute_reward(self, achieved_goal, desired_goal, info):
                 desired_goal -= achieved_goal
                 return -np.ones(len(achieved_goal))
