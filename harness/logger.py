@@ -74,16 +74,20 @@ def open_run_folder(cfg, comm, task, argv, resumed_at, note):
     save_on_every_rank(comm, write_config)  # [MPI]
     log = RunLog(cfg.logdir, enabled=rank == 0, argv=argv, resumed_at=resumed_at)
     job = describe_job(comm)  # [MPI] every rank's host and cores
-    if rank == 0 and note:
-        print(note, flush=True)
-    if rank == 0:
-        print(f"Logging to {cfg.logdir}\n{cfg}\ndims={task.dims} T={task.T} max_u={task.max_u} "
-              f"ranks={n_ranks}\n{job}", flush=True)
-    if rank == 0 and n_ranks == 1:
-        print("*** Warning: one MPI rank. This works (FetchReach learns), but Plappert et al. "
-              "(2018) used 19 ranks x 2 envs, and the harder tasks learn far worse with one; "
-              "to reproduce them run: mpirun -np 19 python train.py --num_env 2 ...",
-              flush=True)
+    try:  # a stdout that takes no line (full, closed pipe): the log says so, as a run's end does
+        if rank == 0 and note:
+            print(note, flush=True)
+        if rank == 0:
+            print(f"Logging to {cfg.logdir}\n{cfg}\ndims={task.dims} T={task.T} "
+                  f"max_u={task.max_u} ranks={n_ranks}\n{job}", flush=True)
+        if rank == 0 and n_ranks == 1:
+            print("*** Warning: one MPI rank. This works (FetchReach learns), but Plappert et "
+                  "al. (2018) used 19 ranks x 2 envs, and the harder tasks learn far worse with "
+                  "one; to reproduce them run: mpirun -np 19 python train.py --num_env 2 ...",
+                  flush=True)
+    except SaveError as e:
+        log.close(e)
+        raise
     return log
 
 

@@ -115,7 +115,9 @@ def exits_together(comm, prog, exit_codes=EXIT_CODES):
             abort_job(comm)  # [MPI]
         code, prefix = next(v for cls, v in exit_codes.items() if isinstance(e, cls))
         if comm.Get_rank() == 0:
-            with contextlib.suppress(OSError):  # a full stderr: log.txt has the line
+            # a full or broken stderr (an OSError, or the SaveError of train.py's stream to the
+            # screen and log.txt): log.txt has the line
+            with contextlib.suppress(OSError, SaveError):
                 print(f"{prog}: {prefix}{e}", file=sys.stderr, flush=True)
         raise SystemExit(code) from None
 

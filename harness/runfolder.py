@@ -224,6 +224,16 @@ def lock_run_folder(logdir):
     return lock_file
 
 
+def lock_holder(logdir):
+    """Who holds logdir's lock (its file's line), or None where no job does; writes nothing."""
+    with contextlib.suppress(OSError), open(os.path.join(logdir, LOCK)) as lock_file:
+        try:
+            fcntl.flock(lock_file, fcntl.LOCK_SH | fcntl.LOCK_NB)  # released as it closes
+        except BlockingIOError:
+            return lock_file.read().strip() or "another process"
+    return None
+
+
 @contextlib.contextmanager
 def hold_run_folder(logdir, comm, fresh):
     """Collective: rank 0 takes the run folder's lock (lock_run_folder), a fresh start only where
@@ -236,6 +246,9 @@ def hold_run_folder(logdir, comm, fresh):
     if found and ended_early:
         note = (f"note: {logdir} holds a start that ended before its first checkpoint "
                 f"({', '.join(found)}): this start takes it, its log.txt kept")
+    elif found and lock_holder(logdir):  # a run going on: --resume would be refused too
+        error = (f"run folder {logdir!r} is in use by {lock_holder(logdir)}; wait for that job "
+                 "to end, or pass another --logdir")
     elif found:
         error = (f"{logdir} holds a run already ({', '.join(found[:4])}); continue it with "
                  f"--resume {logdir} (with --n_epochs to go past its last epoch), or give a "

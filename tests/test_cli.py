@@ -78,6 +78,14 @@ class TestConfig:
         rc, out = run_cmd(train_cmd("--help", n_ranks=2), 120)
         assert rc == 0 and "Traceback" not in out and "usage: train.py" in out, out
 
+    def test_a_path_flag_given_with_a_tilde_after_the_equals_sign_is_in_home(self, monkeypatch):
+        """bash expands ~ in `--logdir ~/x`, not in `--logdir=~/x`: a folder named ~ was made."""
+        monkeypatch.setenv("HOME", "/home/her")
+        args = cli.parse_train_args(["--logdir=~/x", "--demo_file=~/d.npz", "--load_path=~/p"])
+        assert (args.logdir, args.demo_file, args.load_path) == (
+            "/home/her/x", "/home/her/d.npz", "/home/her/p")
+        assert cli.parse_train_args(["--resume=~/run"]).resume == "/home/her/run"
+
     def test_gamma_flag_replaces_one_minus_one_over_T_and_its_target_range(self):
         task = GoalTask(dims={"o": 4, "g": 2, "u": 2}, T=300, max_u=1.0, reward_fun=None,
                         success_key="is_success", r_range=(0., 1.), largest=1.)

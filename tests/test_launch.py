@@ -198,24 +198,35 @@ class TestRunFolderLock:
     @pytest.mark.slow
     def test_a_second_job_on_a_run_folder_writes_nothing_and_a_killed_one_leaves_no_lock(
             self, tmp_path):
+        """Also where the folder holds a run: its job is named, not --resume (which would be
+        refused while it goes on)."""
         logdir = tmp_path / "run"
-        holder = subprocess.Popen([sys.executable, "-c",  # another job, holding the lock
-                                   "import time; from harness.runfolder import lock_run_folder; "
-                                   f"lock = lock_run_folder({str(logdir)!r}); print('held', "
-                                   "flush=True); time.sleep(600)"],
-                                  cwd=ROOT, stdout=subprocess.PIPE, text=True)
-        try:
+
+        def another_job():  # holding the lock
+            holder = subprocess.Popen([sys.executable, "-c", "import time; from harness.runfolder "
+                                       f"import lock_run_folder; lock = lock_run_folder("
+                                       f"{str(logdir)!r}); print('held', flush=True); "
+                                       "time.sleep(600)"],
+                                      cwd=ROOT, stdout=subprocess.PIPE, text=True)
             assert holder.stdout.readline().strip() == "held"
-            before = sorted(os.listdir(logdir))
-            rc, out = run_cmd(train_cmd("--logdir", str(logdir), *TINY_RUN, n_ranks=2), 300)
-            assert_one_line_error(rc, out, 2, f"is in use by pid {holder.pid}")
-            assert sorted(os.listdir(logdir)) == before == ["run.lock"]
-        finally:
-            holder.send_signal(signal.SIGKILL)
-            holder.wait()
-        rc, out = run_cmd(train_cmd("--logdir", str(logdir), "--n_epochs", "1", *TINY_RUN),
-                          300)  # the killed holder's lock went with it
-        assert rc == 0, out[-3000:]
+            return holder
+
+        for files, n_ranks in ((["run.lock"], 2), (None, 1)):
+            holder = another_job()
+            try:
+                before = tree_hashes(str(logdir))
+                rc, out = run_cmd(train_cmd("--logdir", str(logdir), *TINY_RUN,
+                                            n_ranks=n_ranks), 300)
+                assert_one_line_error(rc, out, 2, f"is in use by pid {holder.pid}")
+                assert tree_hashes(str(logdir)) == before
+                assert files is None or sorted(os.listdir(logdir)) == files
+            finally:
+                holder.send_signal(signal.SIGKILL)
+                holder.wait()
+            if files:
+                rc, out = run_cmd(train_cmd("--logdir", str(logdir), "--n_epochs", "1",
+                                            *TINY_RUN), 300)  # the killed holder's lock went
+                assert rc == 0, out[-3000:]
 
 
 class TestLinksInARunFolder:

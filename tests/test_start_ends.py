@@ -134,6 +134,19 @@ def test_a_folder_left_before_its_first_checkpoint_is_taken_and_its_log_kept(tmp
 
 
 @pytest.mark.slow
+def test_both_streams_on_a_full_device_end_the_log_with_the_line(tmp_path):
+    """Where no line can reach the screen, log.txt ends with the one that stopped the run (it
+    ended with a traceback of the error line's own write, stdout's failure left out)."""
+    logdir = str(tmp_path / "run")
+    rc, _ = bash(train_line(logdir) + " >/dev/full 2>&1")
+    with open(os.path.join(logdir, "log.txt")) as f:
+        log = f.read()
+    assert rc == 1 and "Traceback" not in log and log.endswith(
+        "# ended: cannot write stdout (No space left on device): the run stopped; give it a "
+        "file with space, /dev/null, or a reader that reads to the end\n"), log[-3000:]
+
+
+@pytest.mark.slow
 def test_a_start_checkpoint_one_rank_could_not_write_is_taken_by_the_same_command(tmp_path):
     """mpirun -np 2 onto a disk that holds one start checkpoint (4.3 MB) and not two (the one
     written first is kept): one line saying the same command starts the run again; with space,
