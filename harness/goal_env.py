@@ -287,12 +287,12 @@ def first_steps(env_id, env, dims, T, max_u, reward_fun):
     if differ:
         require(":" not in env_id, f"{differ[0]}; HER relabels with compute_reward, so make "
                 "step return what compute_reward gives")
-    caveat = differ and (f"{differ[0]}, a fault of the installed env; HER relabels with "
-                         "compute_reward, as baselines did (docs/usage.md)")
+    caveat = (f"{differ[0]}, a fault of the installed env; HER relabels with compute_reward, "
+              "as baselines did (docs/usage.md)") if differ else None
     calling(env_id, "pickling step's info (env processes send it to their rank)", pickle.dumps,
             info)
     largest = max(float(np.max(np.abs(obs[k]))) for obs, _ in steps for k in GOAL_KEYS)
-    return success_key(env_id, info), largest, caveat or None
+    return success_key(env_id, info), largest, caveat
 
 
 # Resets whose goals measure the reward range: 5 tell every task of gymnasium-robotics apart;
@@ -330,16 +330,19 @@ def check_reached(env_id, reward_fun, goals, achieved):
     K, ag, g = len(goals), np.concatenate([goals, achieved]), np.concatenate([goals, goals])
     both = np.asarray(reward_fun(ag, g), np.float64)  # (2K,) K reached, then K missed
     reached, missed = both[:K], both[K:]
-    again = {"the batch reversed": np.asarray(reward_fun(ag[::-1], g[::-1]), np.float64)[::-1],
-             f"batches of {K}": np.concatenate([reward_fun(ag[:K], g[:K]),
-                                                 reward_fun(ag[K:], g[K:])])}
-    for how, r in again.items() if ":" in env_id else ():
-        for i in np.flatnonzero(~np.isclose(both, r, rtol=1e-5, atol=1e-6))[:1]:
-            raise UsageError(f"env {env_id!r}: compute_reward gave a pair of goals "
-                             f"{both[i] + 0:g} in a batch of {2 * K} and {r[i] + 0:g} in {how}; "
-                             "HER rewards batches of relabelled goals of any order and size, so "
-                             "compute each row's reward from that row's achieved_goal and "
-                             "desired_goal alone, the same every time")
+    if ":" in env_id:  # one's own: an installed env's faults are not the user's to mend
+        again = {"the batch reversed": reward_fun(ag[::-1], g[::-1])[::-1],
+                 f"batches of {K}": np.concatenate([reward_fun(ag[:K], g[:K]),
+                                                     reward_fun(ag[K:], g[K:])])}
+        for how, r in again.items():
+            r = np.asarray(r, np.float64)
+            for i in np.flatnonzero(~np.isclose(both, r, rtol=1e-5, atol=1e-6))[:1]:
+                raise UsageError(f"env {env_id!r}: compute_reward gave a pair of goals the "
+                                 f"reward {both[i] + 0:g} in a batch of {2 * K} and "
+                                 f"{r[i] + 0:g} in {how}; HER rewards batches of relabelled "
+                                 "goals of any order and size, so compute each row's reward "
+                                 "from that row's achieved_goal and desired_goal alone, the "
+                                 "same every time")
     tol = 0.01 * (both.max() - both.min())
     require(reached.max() - reached.min() <= tol and missed.max() <= reached.min() + tol,
             f"env {env_id!r}: compute_reward gave goals reached (desired_goal as achieved_goal) "
