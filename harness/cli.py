@@ -266,7 +266,10 @@ class ArgumentParser(argparse.ArgumentParser):
         """One line, exit code 2 (argparse would also print the whole usage); where the line
         names its flag itself (flag_value's), without argparse's 'argument --flag: ' before."""
         message = re.sub(r"^argument (--\w+): (?=\1 )", "", message)
-        self.exit(2, f"{self.prog}: error: {message}\n")
+        # stderr closed (2>&-): the line goes to stdout, where one can still read it
+        with contextlib.suppress(OSError):  # a full one: as argparse, nothing to say it on
+            print(f"{self.prog}: error: {message}", file=sys.stderr or sys.stdout, flush=True)
+        self.exit(2)
 
 
 def config_flags(p, names=None):

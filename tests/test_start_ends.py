@@ -134,6 +134,14 @@ def test_a_folder_left_before_its_first_checkpoint_is_taken_and_its_log_kept(tmp
 
 
 @pytest.mark.slow
+def test_with_stderr_closed_the_line_is_on_stdout(tmp_path):
+    rc, out = bash(f"exec {train_line(str(tmp_path / 'run'))} >&2 2>&-")  # out: stdout here
+    assert rc == 2 and out == ("train.py: error: stderr is closed: give it a file or /dev/null "
+                               "(>out.txt, 2>err.txt)\n"), out
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
 def test_both_streams_on_a_full_device_end_the_log_with_the_line(tmp_path):
     """Where no line can reach the screen, log.txt ends with the one that stopped the run (it
     ended with a traceback of the error line's own write, stdout's failure left out)."""
