@@ -148,8 +148,8 @@ def check_same_bits(comm, local, what):
 
 
 class OneRankComm:
-    """A world of one rank, without MPI: what a single process passes as `comm` (the tests, the
-    benchmarks). It answers the calls this project makes as COMM_WORLD of a one-rank job does:
+    """A world of one rank without MPI, the tests' and benchmarks' `comm` (train.py passes a proxy
+    of COMM_WORLD, one rank's too), answering this project's calls as a one-rank COMM_WORLD does:
     a sum or an allgather over one rank is its value, a broadcast leaves rank 0's data as is."""
 
     def Get_rank(self):

@@ -178,8 +178,8 @@ def checked_for_task(cfg, task, ranks_here, warn):
 
 def check_memory(cfg, task, ranks_here, warn):
     """UsageError where the run needs (an estimate, named in the line) more memory than this
-    host has free for `ranks_here` ranks (replay and demo buffers, one batch, the env
-    processes), or more than this process's own limit (ulimit -v) leaves it; a warning at 80%;
+    host has free for `ranks_here` ranks (replay and demo buffers, one batch, the networks, the
+    env processes), or more than this process's own limit (ulimit -v) leaves it; a warning at 80%;
     or a checkpoint larger than the files this process may write (ulimit -f)."""
     episode = sum(steps * dim for steps, dim in episode_shapes(task.dims, task.T).values())
     buffer = 4 * episode * (cfg.buffer_size // task.T + (cfg.num_demo if cfg.demo_file else 0))
@@ -199,10 +199,10 @@ def check_memory(cfg, task, ranks_here, warn):
         if limit != resource.RLIM_INFINITY:  # what ulimit -v leaves: the limit less its size now
             room = limit - 1024 * int(next(ln for ln in f if ln.startswith("VmSize:")).split()[1])
     if room is not None and arrays + PROCESS_MB * 2**20 > room:  # a margin: threads, buffers
-        raise UsageError(f"the replay buffer and one batch need about {arrays / 2**30:.2f} GiB "
-                         f"in this process, and its address-space limit (ulimit -v) leaves it "
-                         f"{room / 2**30:.2f} GiB: raise the limit (ulimit -v unlimited), or "
-                         "lower --buffer_size or --batch_size")
+        raise UsageError(f"the replay buffer, one batch and the networks need about "
+                         f"{arrays / 2**30:.2f} GiB in this process, and its address-space limit "
+                         f"(ulimit -v) leaves it {room / 2**30:.2f} GiB: raise the limit (ulimit "
+                         "-v unlimited), or lower --buffer_size, --batch_size or --hidden")
     # the largest file: a checkpoint, of the episodes stored (a full buffer at most) and the
     # weights, targets and Adam moments (4 float32 copies)
     stored = min(cfg.buffer_size // task.T, cfg.n_epochs * cfg.n_cycles * cfg.num_env)

@@ -55,9 +55,9 @@ class NonFiniteError(Exception):
 
 
 class Interrupted(BaseException):
-    """Ctrl-C (SIGINT), SIGTERM or SIGUSR1, after the checkpoint was saved: exit code 130. Not
-    an Exception (as KeyboardInterrupt is not): a wrapper of a library's errors (goal_env's)
-    takes no stop for the library's."""
+    """Ctrl-C (SIGINT), SIGTERM, SIGUSR1 or SIGHUP, after the checkpoint was saved: exit code
+    130. Not an Exception (as KeyboardInterrupt is not): a wrapper of a library's errors
+    (goal_env's) takes no stop for the library's."""
 
 
 # {error: (exit code, prefix of its line)}: what exits_together does with each

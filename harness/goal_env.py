@@ -373,9 +373,9 @@ class EnvReward:
 
     def close(self):
         """The env it was read off, closed by whoever read it (cli.config_for_task where it
-        refuses, run.start_run, play.py): an env's own non-daemon thread, stopped by its close,
-        would keep the process from ending. Quietly: an env whose close raises is warned of once,
-        by the envs that ran its episodes (HeldAtEnd.close)."""
+        refuses, run.start_run, play.py, demos.py): an env's own non-daemon thread, stopped by
+        its close, would keep the process from ending. Quietly: an env whose close raises is
+        warned of once, by the envs that ran its episodes (HeldAtEnd.close)."""
         with contextlib.suppress(Exception):
             self.env.env.close()  # inside HeldAtEnd
 

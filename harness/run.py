@@ -127,9 +127,10 @@ class Run:
                         unit="cycle", leave=False, file=self.screen, disable=not self.draw_bar)
 
     def end_cycle(self, epoch, cycle, losses, best_success_rate):
-        """Collective, after every cycle: all ranks learn whether any saw a stop signal or a
-        non-finite loss or weight, and all stop after this same cycle or none does (no rank
-        left waiting in an Allreduce for ever). On a signal every rank saves first; on a
+        """Collective, after every cycle: all ranks learn whether any saw a stop signal, a
+        non-finite loss or weight, or a reward outside the run's range (goal_env.EnvReward),
+        and all stop after this same cycle or none does (no rank left waiting in an Allreduce
+        for ever). On a signal every rank saves first; on a
         non-finite value nothing is saved: the checkpoint before this epoch is the last good
         one. With --trace, the trace is written after its last cycle or a stop's save."""
         where = f"in epoch {epoch}, cycle {cycle} (rank {self.comm.Get_rank()})"
