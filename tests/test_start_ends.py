@@ -244,8 +244,10 @@ def test_a_job_that_mpirun_or_a_kill_ends_leaves_nothing_in_dev_shm(tmp_path):
     command = job(*TINY, "--n_epochs", "3", "--logdir", killed)
     proc = subprocess.Popen(["bash", "-c", f"exec {command} >/dev/null 2>&1"], cwd=ROOT,
                             start_new_session=True)
+    # every rank's: a start checkpoint some ranks have not written is no run to resume
+    saved = [os.path.join(killed, "checkpoint", f"rank{r}.npz") for r in range(2)]
     with hang_guard(120):
-        while not os.path.exists(os.path.join(killed, "checkpoint", "rank1.npz")):
+        while not all(os.path.exists(path) for path in saved):
             assert proc.poll() is None, proc.returncode
             time.sleep(0.05)
     os.killpg(proc.pid, signal.SIGKILL)  # mpirun, its proxies and the ranks
