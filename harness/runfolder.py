@@ -208,8 +208,7 @@ def lock_run_folder(logdir):
         lock_file.seek(0)
         holder = lock_file.read().strip() or "another process"
         lock_file.close()
-        raise UsageError(f"run folder {logdir!r} is in use by {holder}; wait for that job to "
-                         f"end, or pass another --logdir") from None
+        raise UsageError(in_use(logdir, holder)) from None
     except OSError as e:  # e.g. ENOLCK: NFS without its lock service; Lustre without flock
         lock_file.close()
         raise UsageError(f"cannot lock run folder {logdir!r}: its file system takes no flock "
@@ -222,6 +221,11 @@ def lock_run_folder(logdir):
                     f"{time.strftime('%Y-%m-%d %H:%M:%S')}\n")
     lock_file.flush()
     return lock_file
+
+
+def in_use(logdir, holder):
+    return (f"run folder {logdir!r} is in use by {holder}; wait for that job to end, or pass "
+            "another --logdir")
 
 
 def lock_holder(logdir):
@@ -246,10 +250,10 @@ def hold_run_folder(logdir, comm, fresh):
     if found and ended_early:
         note = (f"note: {logdir} holds a start that ended before its first checkpoint "
                 f"({', '.join(found)}): this start takes it, its log.txt kept")
-    elif found and lock_holder(logdir):  # a run going on: --resume would be refused too
-        error = (f"run folder {logdir!r} is in use by {lock_holder(logdir)}; wait for that job "
-                 "to end, or pass another --logdir")
-    elif found:
+    holder = lock_holder(logdir) if found and not ended_early else None
+    if holder:  # a run going on: --resume would be refused too
+        error = in_use(logdir, holder)
+    elif found and not ended_early:
         error = (f"{logdir} holds a run already ({', '.join(found[:4])}); continue it with "
                  f"--resume {logdir} (with --n_epochs to go past its last epoch), or give a "
                  f"fresh --logdir: nothing in it was changed")
