@@ -52,7 +52,7 @@ class Config:
     """Every setting of a run; the module docstring says which defaults are baselines'."""
     env: str = "FetchReach-v4"  # gymnasium-robotics goal task; module:EnvId imports module first
     num_env: PositiveInt = 1  # envs per rank = episodes per rollout; > 1: one env process each
-    vec_env: Literal["subproc", "shmem"] = "subproc"  # env processes answer by pipe or by shm
+    vec_env: Literal["subproc", "shmem"] = "subproc"  # observations by pipe or by shared memory
     env_timeout: NonNegativeFloat = 300.  # seconds an env process may take to answer; 0: no limit
     mpi_timeout: NonNegativeFloat = 600.  # seconds a call may wait for other ranks; 0: no limit
     n_epochs: PositiveInt = 50  # epochs to train
