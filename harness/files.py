@@ -97,11 +97,6 @@ def atomic_write_text(path, text):
 
 # ---------------------------------------------------------------- policy files
 
-def save_policy(policy, path):
-    """The agent's policy arrays (ddpg.DDPG.policy_arrays) as an .npz, atomically."""
-    atomic_savez(path, policy.policy_arrays())
-
-
 def load_policy_arrays(path):
     """The arrays of a policy file and its parsed config_json, or BadFileError."""
     arrays = load_npz(path, (POLICY_CONFIG_KEY,), "policy")
@@ -157,9 +152,6 @@ def policy_on_task(arrays, policy_config, path, task, comm, rng):
 
 # ---------------------------------------------------------------- the demo file (Nair et al. 2018)
 
-FILE_KEYS = EPISODE_KEYS + ("env", "T")
-
-
 def save_demos(path, episodes, env_id, T):
     """The demo file (experiment/demos.py writes it, train.py reads it): a float32 array per key
     of the replay buffer's layout (replay.py), episodes first: o, ag (n, T+1, dim); g, u,
@@ -181,7 +173,7 @@ def load_demos(path, env_id, dims, T, num_demo):
         hint = (f"experiment/demos.py scripts FetchPickAndPlace only: demos of {env_id} must be "
                 "recorded another way, in its format (harness/files.py:save_demos)")
     try:
-        arrays = load_npz(path, FILE_KEYS, "demo", writer="demos.py")
+        arrays = load_npz(path, EPISODE_KEYS + ("env", "T"), "demo", writer="demos.py")
     except BadFileError as e:
         problem = str(e)
         # an .npz of baselines' fetch_data_generation.py? (unreadable: load_npz has said why)

@@ -83,15 +83,9 @@ def start_mpi():
     return MPI
 
 
-def mpi_library():
-    """The MPI library this process runs on, with its version: 'MPICH 5.0.2', 'Open MPI
-    v5.0.11'. Imports mpi4py (which initialises MPI): never call it in an env process."""
-    from mpi4py import MPI
-    return library_name(MPI.Get_library_version())
-
-
 def library_name(version_text):
-    """The name and version in the first line of MPI.Get_library_version()'s text."""
+    """The name and version ('MPICH 5.0.2', 'Open MPI v5.0.11') in the first line of
+    MPI.Get_library_version()'s text."""
     first = (version_text.strip().splitlines() or ["unknown MPI"])[0]
     if first.startswith("MPICH Version:"):
         return "MPICH " + first.split(":", 1)[1].strip()
@@ -117,15 +111,14 @@ def wrong_launch(n_ranks, library, prog="train.py", environ=os.environ):
 
 
 def check_launch(n_ranks, library, prog="train.py"):
-    """None if this process's MPI world (n_ranks) is the job its launcher started; else the
-    exit code 2, after the launcher's rank 0 alone has printed wrong_launch's line (N copies
-    would print it N times). Not collective: in a wrong launch each process is a world alone."""
+    """SystemExit(2) unless this process's MPI world (n_ranks) is the job its launcher started,
+    after the launcher's rank 0 alone has printed wrong_launch's line (N copies would print it N
+    times). Not collective: in a wrong launch each process is a world alone."""
     line = wrong_launch(n_ranks, library, prog)
-    if line is None:
-        return None
-    if launcher_rank() == 0:
+    if line is not None and launcher_rank() == 0:
         print(f"{prog}: error: {line}", file=sys.stderr, flush=True)
-    return 2
+    if line is not None:
+        raise SystemExit(2)
 
 
 def check_same_launch(launches, args=None):
@@ -166,7 +159,9 @@ def describe_job(comm):
         cores = sorted({places[rank][1] for rank in ranks})
         usable = f"{cores[0]}" if len(cores) == 1 else f"{cores[0]}-{cores[-1]}"
         parts.append(f"{host}: rank(s) {rank_ranges(ranks)}, {usable} usable core(s) each")
-    return f"MPI: {mpi_library()}, {comm.Get_size()} rank(s); {'; '.join(parts)}"
+    from mpi4py import MPI  # started already (start_mpi): never imported in an env process
+    return (f"MPI: {library_name(MPI.Get_library_version())}, {comm.Get_size()} rank(s); "
+            f"{'; '.join(parts)}")
 
 
 def rank_ranges(ranks):

@@ -157,6 +157,12 @@ def unread_bytes(fd):
 
 # ---------------------------------------------------------------- what MPICH leaves behind
 
+def mapped_paths(pid="self"):
+    """The files a process has memory-mapped (Linux /proc/<pid>/maps)."""
+    with open(f"/proc/{pid}/maps") as f:  # a line: address perms offset dev inode [path]
+        return {line.split(maxsplit=5)[-1].strip() for line in f if line.count(" ") >= 5}
+
+
 def shm_files_in_use(shm_dir="/dev/shm"):
     """Paths under shm_dir that a live process has open or memory-mapped (Linux /proc); those
     this user may not read (other users', which cannot hold its 0600 segments) are skipped."""
@@ -165,10 +171,7 @@ def shm_files_in_use(shm_dir="/dev/shm"):
         with contextlib.suppress(OSError):
             fds = os.listdir(f"/proc/{pid}/fd")
             in_use.update(os.readlink(f"/proc/{pid}/fd/{fd}") for fd in fds)
-            with open(f"/proc/{pid}/maps") as f:
-                # a maps line: address perms offset dev inode [path]
-                in_use.update(line.split(maxsplit=5)[-1].strip() for line in f
-                              if line.count(" ") >= 5)
+            in_use.update(mapped_paths(pid))
     return {path for path in in_use if path.startswith(prefix)}
 
 
@@ -188,10 +191,8 @@ def orphaned_mpi_segments(shm_dir="/dev/shm"):
 
 def mapped_segments(shm_dir="/dev/shm"):
     """The MPI segments (SEGMENT_PREFIXES) in shm_dir that this process has mapped (Linux)."""
-    with contextlib.suppress(OSError), open("/proc/self/maps") as f:
-        # a maps line: address perms offset dev inode [path]
-        paths = {line.split(maxsplit=5)[-1].strip() for line in f if line.count(" ") >= 5}
-        return sorted(path for path in paths if os.path.dirname(path) == shm_dir
+    with contextlib.suppress(OSError):
+        return sorted(path for path in mapped_paths() if os.path.dirname(path) == shm_dir
                       and os.path.basename(path).startswith(SEGMENT_PREFIXES))
     return []
 

@@ -22,9 +22,9 @@ from config import Config
 from harness.checkpoint import nonfinite_names, read_inputs, restore_checkpoint, save_checkpoint
 from harness.cli import shared_config
 from harness.errors import CAUSES, Interrupted, NonFiniteError, SaveError, UsageError
-from harness.files import save_policy
+from harness.files import atomic_savez
 from harness.goal_env import build_venv
-from harness.launch import check_launch, mpi_library, start_mpi
+from harness.launch import check_launch, library_name, start_mpi
 from harness.logger import EpochLogger, open_run_folder
 from harness.mpi_util import ObservedComm, exits_together, one_blas_thread, save_on_every_rank
 from harness.runfolder import TRACE, hold_run_folder, policy_path
@@ -53,9 +53,7 @@ def start_run(argv):
     one_blas_thread()  # before any env process starts: they inherit it
     np.seterr(all="ignore")  # a NaN or inf is named once, at the cycle's end (end_cycle)
     MPI = start_mpi()  # [MPI] here, not at the top of train.py: launch.start_mpi says why
-    wrong = check_launch(MPI.COMM_WORLD.Get_size(), mpi_library(), "train.py")
-    if wrong is not None:
-        raise SystemExit(wrong)
+    check_launch(MPI.COMM_WORLD.Get_size(), library_name(MPI.Get_library_version()))  # or exit 2
     # One proxy: the watchdog times every collective call (the default limit until the
     # configuration has come; its own Abort goes to MPI directly); with --trace the tracer too
     watchdog, tracer = Watchdog(Config.mpi_timeout, MPI.COMM_WORLD), Tracer()
@@ -192,6 +190,6 @@ class Run:
         weights), then this rank's checkpoint at `position` (save_checkpoint's)."""
         if self.rank0:
             for which in policies:
-                save_policy(self.policy, policy_path(self.cfg.logdir, which))
+                atomic_savez(policy_path(self.cfg.logdir, which), self.policy.policy_arrays())
         save_checkpoint(self.cfg.logdir, position, self.policy, self.workers, self.comm, losses,
                         self.logger.digest)

@@ -64,7 +64,7 @@ gym.register("StillBlank-v0", entry_point="tests.test_play:StillBlank", max_epis
 def saved_reach_policy(tmp_path):
     policy, _, _ = fetch_reach_policy(np.random.default_rng(8), hidden=16)
     path = str(tmp_path / "reach.npz")
-    files.save_policy(policy, path)
+    files.atomic_savez(path, policy.policy_arrays())
     return path
 
 

@@ -198,7 +198,7 @@ def add_policies(tmp):
     """out/reach.npz (a FetchReach policy train.py could have written), out/empty.npz (no bytes)
     and out/foreign.npz (an .npz of other arrays)."""
     policy, _, _ = fetch_reach_policy(np.random.default_rng(8), hidden=16)
-    files.save_policy(policy, os.path.join(tmp, "out", "reach.npz"))
+    files.atomic_savez(os.path.join(tmp, "out", "reach.npz"), policy.policy_arrays())
     open(os.path.join(tmp, "out", "empty.npz"), "wb").close()
     np.savez(os.path.join(tmp, "out", "foreign.npz"), a=np.zeros(3))
 

@@ -80,7 +80,7 @@ class TestTrain:
             policy.train()
         policy.update_target_net()
         path = str(tmp_path / "policy.npz")
-        files.save_policy(policy, path)
+        files.atomic_savez(path, policy.policy_arrays())
         arrays, policy_config = files.load_policy_arrays(path)
         loaded = DDPG.from_policy(arrays, policy_config, reach_task(), rng, ONE_RANK)
         assert [loaded.Q_min, loaded.Q_max] == policy_config["target_range"]  # as saved
