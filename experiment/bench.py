@@ -125,6 +125,7 @@ def bench_env(quick):
             env.reset()
         env.step(u)
     raw = steps / (time.perf_counter() - t)
+    env.close()
     row("raw env.step loop (1 env)", raw, "steps/s")
     policy = make_policy(ONE_RANK, buffer_size=10_000, n_episodes=2)  # [MPI] one rank here
     env_fns = [functools.partial(goal_env.make_env, ENV)]

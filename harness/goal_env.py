@@ -145,13 +145,18 @@ def describe_env(env_id):
             "least 1 (e.g. 50, not 50.0 or np.int64(50))")
     # gymnasium's own checker would warn, in lines of its own, of what is checked here
     with warnings.catch_warnings(action="ignore"):
-        env = calling(env_id, "gymnasium.make", make_env, env_id)
+        cwd, env = os.getcwd(), calling(env_id, "gymnasium.make", make_env, env_id)
         try:
             dims, max_u = space_dims(env_id, env)
             reward_fun = EnvReward(env)
             checked_reward = functools.partial(batch_rewards, env_id, reward_fun)
             r_range = measure_reward_range(env_id, env, dims, checked_reward)  # resets the env
             key, largest, caveat = first_steps(env_id, env, dims, T, max_u, checked_reward)
+            moved = os.getcwd()
+            os.chdir(cwd)  # undone: the refusal leaves this process as it found it
+            require(moved == cwd, f"env {env_id!r} changed the working directory to {moved} "
+                    "(os.chdir) while it was read; a run's relative paths (--logdir) are its "
+                    "start's folder's, so leave the working directory as it is")
         except BaseException:
             env.close()
             raise

@@ -131,6 +131,8 @@ class OneFault(PointGoal):
             self.observation_space["observation"] = gym.spaces.Box(-.5, .5, (0,), np.float64)
         if fault == "unbounded":  # gymnasium's ClipAction leaves such a box
             self.action_space = gym.spaces.Box(-np.inf, np.inf, (2,), np.float32)
+        if fault == "chdir":  # as an env that finds its model files from their folder
+            os.chdir("/")
         if fault == "far":  # an observation in millimetres: beyond --clip_obs 200
             self.observation_space["observation"] = gym.spaces.Box(999.5, 1000.5, (2,), np.float64)
 
@@ -214,7 +216,8 @@ FAULTS = {"discrete": "action space Discrete(4)", "box01": "symmetric box",
           "firstrow": "in the batch reversed; HER rewards batches of relabelled goals of any",
           "batchsize": "in batches of 5; HER rewards batches of relabelled goals of any order",
           "successhalf": "info['success'] after a step is a float of shape (), 0.5; it must be",
-          "unbounded": "with one finite a > 0 (low [-inf, -inf], high [inf, inf])"}
+          "unbounded": "with one finite a > 0 (low [-inf, -inf], high [inf, inf])",
+          "chdir": "changed the working directory to / (os.chdir) while it was read"}
 for fault in [*FAULTS, "end3", "nanlater", "penaltylater", "closeraises"]:
     gym.register(f"OneFault-{fault}-v0", entry_point="tests.test_goal_env:OneFault",
                  max_episode_steps=10, kwargs=dict(fault=fault))
@@ -259,9 +262,10 @@ class TestContract:
     def test_each_broken_rule_is_one_line_before_the_run_folder(self, fault, tmp_path, capsys):
         env = f"tests.test_goal_env:OneFault-{fault}-v0"
         logdir = tmp_path / "run"
+        cwd = os.getcwd()
         assert_main_refuses(["--env", env, "--logdir", str(logdir)], capsys, FAULTS[fault],
                             f"OneFault-{fault}-v0")
-        assert not logdir.exists()
+        assert not logdir.exists() and os.getcwd() == cwd
 
     def test_a_task_without_a_time_limit_is_one_line(self, tmp_path, capsys):
         assert_main_refuses(["--env", "tests.test_goal_env:NoTimeLimit-v0", "--logdir",
