@@ -171,6 +171,13 @@ def checked_for_task(cfg, task, ranks_here, warn):
     check_memory(cfg, task, ranks_here, warn)
     if warn and task.caveat:
         print(f"warning: {task.caveat}", file=sys.stderr, flush=True)
+    # the count mpi_util.one_blas_thread left in force (a module file's, where it names one)
+    threads, cores = os.environ.get("OPENBLAS_NUM_THREADS", "1"), len(os.sched_getaffinity(0))
+    if warn and threads.isdecimal() and 1 < int(threads) and ranks_here * int(threads) > cores:
+        print(f"warning: OPENBLAS_NUM_THREADS={threads}: each of the {ranks_here} rank(s) on "
+              f"this host runs {threads} BLAS threads, on {cores} usable core(s), which they "
+              "fight over (a FetchReach epoch took 113x as long at 64 on 2 cores); unset it for "
+              "one a process", file=sys.stderr, flush=True)
     task = dataclasses.replace(task, r_range=given or task.r_range)
     return dataclasses.replace(cfg, gamma=discount(cfg.gamma, task.T),
                                reward_range=task.r_range), task

@@ -440,6 +440,22 @@ class TestBeforeAnythingIsMade:
         assert rc == 2 and len(warnings) == 1 and "GiB free" in warnings[0], out[-3000:]
         assert "none.npz: no such file" in out and not os.path.exists(logdir), out[-3000:]
 
+    def test_more_blas_threads_than_cores_is_warned_of(self, tmp_path):
+        """A module file's OPENBLAS_NUM_THREADS above the cores: one warning line naming it (a
+        FetchReach epoch took 113x as long at 64 threads on 2 cores); then the missing
+        --load_path ends the start. One thread a process (the default) is no warning."""
+        cores = len(os.sched_getaffinity(0))
+        for threads, warned in ((str(cores + 1), 1), ("", 0)):
+            env = dict(os.environ, OPENBLAS_NUM_THREADS=threads)
+            proc = subprocess.run(train_cmd("--load_path", str(tmp_path / "none.npz"),
+                                            "--logdir", str(tmp_path / "run")), cwd=ROOT,
+                                  env=env, capture_output=True, text=True, timeout=120)
+            warnings = [line for line in proc.stderr.splitlines() if "BLAS threads" in line]
+            assert proc.returncode == 2 and len(warnings) == warned, proc.stderr[-3000:]
+            assert not warned or f"OPENBLAS_NUM_THREADS={threads}: each of the 1 rank(s) on " \
+                "this host runs" in warnings[0] and "unset it" in warnings[0], warnings
+            assert "none.npz: no such file" in proc.stderr and not (tmp_path / "run").exists()
+
     def test_a_given_reward_range_that_leaves_out_the_tasks_rewards_is_refused(self, tmp_path,
                                                                                 capsys):
         """FetchReach's rewards are -1 and 0: a range without either would clip every target
