@@ -19,6 +19,7 @@ import math
 import os
 import re
 import resource
+import shlex
 import socket
 import sys
 import time
@@ -28,10 +29,10 @@ from config import ENV_OVERRIDES, Config, Interval
 from ddpg import discount
 from harness.errors import UsageError, require
 from harness.goal_env import MAX_RANGE_RESETS, describe_env
-from harness.launch import check_same_launch
+from harness.launch import rank_ranges
+from harness.memory import check_memory
 from harness.mpi_util import raise_if_any_rank_failed
 from harness.runfolder import CONFIG, RUN_FACTS, read_config
-from replay import episode_shapes
 
 # ---------------------------------------------------------------- what each field takes
 
@@ -122,8 +123,6 @@ def check_rules(cfg, given=()):
                          f"lower --demo_batch_size or raise --batch_size")
 
 
-# MB of one process beside its arrays (Python, NumPy, MuJoCo, one env), rounded up: docs/usage.md
-PROCESS_MB = 150
 # Files a rank and each env process hold open (ulimit -n), measured with a margin: docs/faults.md
 FILES, FILES_PER_ENV = 32, 4
 # Tasks (ulimit -u counts processes and threads) a rank starts after the check: multiprocessing's
@@ -139,104 +138,47 @@ def config_for_task(cfg, ranks_here, warn=True):
     warns at 80% where `warn`: on one rank of each host)."""
     check_limits(cfg, ranks_here)
     task = describe_env(cfg.env)
-    try:
-        return checked_for_task(cfg, task, ranks_here, warn)
+    try:  # the checks of the flags against the task read
+        if not (task.r_range or cfg.reward_range):
+            raise UsageError(f"env {cfg.env!r}: compute_reward gave one value for every goal and "
+                             f"achieved goal of {MAX_RANGE_RESETS} resets, so the range of its "
+                             "rewards, which bounds the critic's target, cannot be measured; pass "
+                             "it as --reward_range=R_MIN,R_MAX (e.g. 0,1 for a maze's sparse "
+                             "reward, -1,0 for Fetch's)")
+        given, (lo, hi) = cfg.reward_range, task.r_range or (-math.inf, math.inf)
+        # the measured range's finite ends, and past them where it is open (a dense reward's)
+        if given and not ((given[0] <= lo if lo > -math.inf else given[0] < hi)
+                          and (hi <= given[1] if hi < math.inf else given[1] > lo)):
+            raise UsageError(f"--reward_range={given[0]:g},{given[1]:g} leaves out rewards "
+                             f"{cfg.env} gives (measured: {lo:g} to {hi:g}); give a range that "
+                             f"holds them, e.g. --reward_range={lo:g},{hi:g}, or leave it out "
+                             "to use the measured one")
+        if task.largest > cfg.clip_obs:
+            raise UsageError(f"env {cfg.env!r}: its observations reach {task.largest:g} in "
+                             f"its first steps, beyond --clip_obs {cfg.clip_obs:g}, to which o "
+                             "and g are clipped before the normaliser (as in baselines), so that "
+                             "such values look alike: scale them (metres, not millimetres), or "
+                             "raise --clip_obs above any the env gives")
+        if cfg.buffer_size < cfg.num_env * task.T:
+            raise UsageError(f"--buffer_size {cfg.buffer_size} holds no {cfg.num_env} "
+                             f"episode(s) of {cfg.env}'s T = {task.T} steps (one rollout): give "
+                             f"at least {cfg.num_env * task.T}")
+        check_memory(cfg, task, ranks_here, warn)
+        if warn and task.caveat:
+            print(f"warning: {task.caveat}", file=sys.stderr, flush=True)
+        # the count mpi_util.one_blas_thread left in force (a module file's, where it names one)
+        threads, cores = os.environ.get("OPENBLAS_NUM_THREADS", "1"), len(os.sched_getaffinity(0))
+        if warn and threads.isdecimal() and 1 < int(threads) and ranks_here * int(threads) > cores:
+            print(f"warning: OPENBLAS_NUM_THREADS={threads}: each of the {ranks_here} rank(s) on "
+                  f"this host runs {threads} BLAS threads, on {cores} usable core(s), which they "
+                  "fight over (a FetchReach epoch took 113x as long at 64 on 2 cores); unset it "
+                  "for one a process", file=sys.stderr, flush=True)
+        task = dataclasses.replace(task, r_range=given or task.r_range)
+        return dataclasses.replace(cfg, gamma=discount(cfg.gamma, task.T),
+                                   reward_range=task.r_range), task
     except BaseException:
         task.reward_fun.close()  # the env it was read off, which start_run closes otherwise
         raise
-
-
-def checked_for_task(cfg, task, ranks_here, warn):
-    """config_for_task's checks of the flags against the task read (its docstring's)."""
-    require(task.r_range or cfg.reward_range, f"env {cfg.env!r}: compute_reward gave one value "
-            f"for every goal and achieved goal of {MAX_RANGE_RESETS} resets, so the range of "
-            "its rewards, which bounds the critic's target, cannot be measured; pass it as "
-            "--reward_range=R_MIN,R_MAX (e.g. 0,1 for a maze's sparse reward, -1,0 for Fetch's)")
-    given, (lo, hi) = cfg.reward_range, task.r_range or (-math.inf, math.inf)
-    # the measured range's finite ends, and past them where it is open (a dense reward's)
-    if given and not ((given[0] <= lo if lo > -math.inf else given[0] < hi)
-                      and (hi <= given[1] if hi < math.inf else given[1] > lo)):
-        raise UsageError(f"--reward_range={given[0]:g},{given[1]:g} leaves out rewards "
-                         f"{cfg.env} gives (measured: {lo:g} to {hi:g}); give a range that holds "
-                         f"them, e.g. --reward_range={lo:g},{hi:g}, or leave it out to use the "
-                         "measured one")
-    require(task.largest <= cfg.clip_obs, f"env {cfg.env!r}: its observations reach "
-            f"{task.largest:g} in its first steps, beyond --clip_obs {cfg.clip_obs:g}, to which o "
-            "and g are clipped before the normaliser (as in baselines), so that such values look "
-            "alike: scale them (metres, not millimetres), or raise --clip_obs above any the env "
-            "gives")
-    require(cfg.buffer_size >= cfg.num_env * task.T, f"--buffer_size {cfg.buffer_size} holds no "
-            f"{cfg.num_env} episode(s) of {cfg.env}'s T = {task.T} steps (one rollout): give at "
-            f"least {cfg.num_env * task.T}")
-    check_memory(cfg, task, ranks_here, warn)
-    if warn and task.caveat:
-        print(f"warning: {task.caveat}", file=sys.stderr, flush=True)
-    # the count mpi_util.one_blas_thread left in force (a module file's, where it names one)
-    threads, cores = os.environ.get("OPENBLAS_NUM_THREADS", "1"), len(os.sched_getaffinity(0))
-    if warn and threads.isdecimal() and 1 < int(threads) and ranks_here * int(threads) > cores:
-        print(f"warning: OPENBLAS_NUM_THREADS={threads}: each of the {ranks_here} rank(s) on "
-              f"this host runs {threads} BLAS threads, on {cores} usable core(s), which they "
-              "fight over (a FetchReach epoch took 113x as long at 64 on 2 cores); unset it for "
-              "one a process", file=sys.stderr, flush=True)
-    task = dataclasses.replace(task, r_range=given or task.r_range)
-    return dataclasses.replace(cfg, gamma=discount(cfg.gamma, task.T),
-                               reward_range=task.r_range), task
-
-
-def check_memory(cfg, task, ranks_here, warn):
-    """UsageError where the run needs (an estimate, named in the line) more memory than this
-    host has free for `ranks_here` ranks (replay and demo buffers, one batch, the networks, the
-    env processes), or more than this process's own limit (ulimit -v) leaves it; a warning at 80%;
-    or a checkpoint larger than the files this process may write (ulimit -f)."""
-    episode = sum(steps * dim for steps, dim in episode_shapes(task.dims, task.T).values())
-    buffer = 4 * episode * (cfg.buffer_size // task.T + (cfg.num_demo if cfg.demo_file else 0))
-    d = task.dims
-    # the actor's and the critic's weights and biases: inputs o+g and o+g+u, `layers` hidden
-    # layers of h units, outputs u and 1
-    h = cfg.hidden
-    params = ((2 * (d["o"] + d["g"] + 1) + d["u"]) * h + 2 * (cfg.layers - 1) * (h + 1) * h
-              + (h + 1) * (d["u"] + 1))
-    # float32: the buffers; per update the batch's arrays (o, o_2, g, ag, ag_2, u, r) and each
-    # layer's activations and gradients, actor and critic, main and target; weights 6 times
-    batch = 4 * cfg.batch_size * (2 * d["o"] + 3 * d["g"] + d["u"] + 16 * cfg.layers * cfg.hidden)
-    processes = PROCESS_MB * 2**20 * (1 + (cfg.num_env if cfg.num_env > 1 else 0))
-    arrays, room = buffer + batch + 24 * params, None
-    limit = resource.getrlimit(resource.RLIMIT_AS)[0]
-    with contextlib.suppress(OSError, ValueError, StopIteration), open("/proc/self/status") as f:
-        if limit != resource.RLIM_INFINITY:  # what ulimit -v leaves: the limit less its size now
-            room = limit - 1024 * int(next(ln for ln in f if ln.startswith("VmSize:")).split()[1])
-    if room is not None and arrays + PROCESS_MB * 2**20 > room:  # a margin: threads, buffers
-        raise UsageError(f"the replay buffer, one batch and the networks need about "
-                         f"{arrays / 2**30:.2f} GiB in this process, and its address-space limit "
-                         f"(ulimit -v) leaves it {room / 2**30:.2f} GiB: raise the limit (ulimit "
-                         "-v unlimited), or lower --buffer_size, --batch_size or --hidden")
-    # the largest file: a checkpoint, of the episodes stored (a full buffer at most) and the
-    # weights, targets and Adam moments (4 float32 copies)
-    stored = min(cfg.buffer_size // task.T, cfg.n_epochs * cfg.n_cycles * cfg.num_env)
-    largest = 4 * episode * stored + 16 * params
-    fsize = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
-    require(fsize == resource.RLIM_INFINITY or fsize >= largest, f"the run's checkpoints grow to "
-            f"about {largest / 2**20:.0f} MB ({stored} episode(s) and the networks), and this "
-            f"process may write files of {fsize / 2**20:.0f} MB (ulimit -f): raise the limit "
-            "(ulimit -f unlimited), or lower --buffer_size or --hidden")
-    # what this process may still take: Linux's MemAvailable, or less under a cgroup limit
-    sizes = []
-    with contextlib.suppress(OSError, ValueError, StopIteration), open("/proc/meminfo") as f:
-        sizes.append(1024 * int(next(ln for ln in f if ln.startswith("MemAvailable:")).split()[1]))
-    with contextlib.suppress(OSError, ValueError):
-        with open("/sys/fs/cgroup/memory.max") as f, open("/sys/fs/cgroup/memory.current") as g:
-            sizes.append(int(f.read()) - int(g.read()))
-    need, have = ranks_here * (arrays + processes), min(sizes, default=None)
-    if have is not None and need > 0.8 * have:
-        line = (f"the run needs about {need / 2**30:.1f} GiB on this host ({ranks_here} rank(s) x "
-                f"{buffer / 2**30:.2f} GiB of replay buffer, {batch / 2**30:.2f} GiB for one "
-                f"batch, {24 * params / 2**30:.2f} GiB of networks, {processes / 2**30:.2f} GiB "
-                f"of processes), against {have / 2**30:.1f} GiB free")
-        if need > have:
-            raise UsageError(f"{line}: lower --buffer_size, --batch_size, --hidden, --layers or "
-                             "--num_env, or run fewer ranks on this host")
-        if warn:
-            print(f"warning: {line}; it may run out of memory", file=sys.stderr, flush=True)
 
 
 def check_limits(cfg, ranks_here):
@@ -264,6 +206,33 @@ def check_limits(cfg, ranks_here):
                          f"this user on this host ({used} now), and ulimit -u allows {soft}: "
                          f"raise the limit with ulimit -u {need}"
                          + (f", or give --num_env {max(fits, 1)}" if fits >= 0 else ""))
+
+
+def check_same_launch(launches, args=None):
+    """Raise UsageError unless every rank was given rank 0's arguments (launches: each rank's
+    (argv, working directory)), and, with args parsed, started in rank 0's folder where a path
+    is relative (a default --logdir is): an MPMD launch (`mpirun ... : ...`) or -wdir per rank
+    would split one run, or mix two, across ranks and folders. Before anything is written."""
+    (argv0, cwd0), n = launches[0], len(launches)
+    which = 0 if args is None else 1  # the arguments first: ranks that parse others disagree
+    ranks = [r for r, launch in enumerate(launches) if launch[which] != launches[0][which]]
+    if not ranks:
+        return
+    r, named = ranks[0], f"rank{'s' * (len(ranks) > 1)} {rank_ranges(ranks)} (of {n})"
+    if args is None:
+        raise UsageError(f"{named} {'was' if len(ranks) == 1 else 'were'} given other "
+                         f"arguments than rank 0: rank {r}: {shlex.join(launches[r][0])!r}, "
+                         f"rank 0: {shlex.join(argv0)!r}; start every rank with the same ones "
+                         "(mpirun -np N python train.py ARGS); nothing was written")
+    paths = {"--logdir": args.logdir, "--resume": args.resume, "--load_path": args.load_path,
+             "--demo_file": args.demo_file}
+    relative = [f"{flag} {path}" for flag, path in paths.items() if path and path[0] != "/"]
+    relative += [] if args.logdir or args.resume else ["the default --logdir runs/..."]
+    if relative:
+        raise UsageError(f"{named} started in another folder than rank 0 (rank {r}: "
+                         f"{launches[r][1]}, rank 0: {cwd0}), and {relative[0]} is a relative "
+                         "path: the ranks would use different folders; give absolute paths or "
+                         "start every rank in one folder (mpirun -wdir DIR); nothing was written")
 
 
 # ---------------------------------------------------------------- command line
@@ -341,7 +310,7 @@ def saved_config(run_dir):
 
 def shared_config(argv, comm):
     """Collective: (args, cfg, task) on every rank, every value checked. Every rank compares its
-    argv and folder with rank 0's (launch.check_same_launch); rank 0 builds the configuration
+    argv and folder with rank 0's (check_same_launch); rank 0 builds the configuration
     (make_config, or saved_config on --resume) and every rank takes it: its default log dir name
     holds a time stamp, and on --resume only rank 0's machine need hold config.json. Then every
     rank reads the task (config_for_task), and all raise the first problem any rank found."""

@@ -18,13 +18,11 @@ import collections
 import contextlib
 import itertools
 import os
-import shlex
 import signal
 import socket
 import sys
 
 import harness
-from harness.errors import UsageError
 from harness.mpi_util import mapped_segments
 
 # (who started the process, its rank variable, its size variable): the nearest launcher first
@@ -119,33 +117,6 @@ def check_launch(n_ranks, library, prog="train.py"):
         print(f"{prog}: error: {line}", file=sys.stderr, flush=True)
     if line is not None:
         raise SystemExit(2)
-
-
-def check_same_launch(launches, args=None):
-    """Raise UsageError unless every rank was given rank 0's arguments (launches: each rank's
-    (argv, working directory)), and, with args parsed, started in rank 0's folder where a path
-    is relative (a default --logdir is): an MPMD launch (`mpirun ... : ...`) or -wdir per rank
-    would split one run, or mix two, across ranks and folders. Before anything is written."""
-    (argv0, cwd0), n = launches[0], len(launches)
-    which = 0 if args is None else 1  # the arguments first: ranks that parse others disagree
-    ranks = [r for r, launch in enumerate(launches) if launch[which] != launches[0][which]]
-    if not ranks:
-        return
-    r, named = ranks[0], f"rank{'s' * (len(ranks) > 1)} {rank_ranges(ranks)} (of {n})"
-    if args is None:
-        raise UsageError(f"{named} {'was' if len(ranks) == 1 else 'were'} given other "
-                         f"arguments than rank 0: rank {r}: {shlex.join(launches[r][0])!r}, "
-                         f"rank 0: {shlex.join(argv0)!r}; start every rank with the same ones "
-                         "(mpirun -np N python train.py ARGS); nothing was written")
-    paths = {"--logdir": args.logdir, "--resume": args.resume, "--load_path": args.load_path,
-             "--demo_file": args.demo_file}
-    relative = [f"{flag} {path}" for flag, path in paths.items() if path and path[0] != "/"]
-    relative += [] if args.logdir or args.resume else ["the default --logdir runs/..."]
-    if relative:
-        raise UsageError(f"{named} started in another folder than rank 0 (rank {r}: "
-                         f"{launches[r][1]}, rank 0: {cwd0}), and {relative[0]} is a relative "
-                         "path: the ranks would use different folders; give absolute paths or "
-                         "start every rank in one folder (mpirun -wdir DIR); nothing was written")
 
 
 def describe_job(comm):

@@ -446,7 +446,7 @@ class TestCheckpoint:
         """Two machines without a shared disk, played by two mount namespaces: mpirun starts
         each rank in the folder `disk` with the relative --logdir `run`, and each rank's `disk`
         is its own (`a` or `b` bound there), as the same path is on two machines. (Two working
-        directories on one machine are refused: launch.check_same_launch.) Rank 1's log dir
+        directories on one machine are refused: cli.check_same_launch.) Rank 1's log dir
         does not exist until rank 1 makes it; --resume finds config.json only on rank 0's side."""
         a, b, disk = tmp_path / "a", tmp_path / "b", tmp_path / "disk"
         for folder in (a, b, disk):

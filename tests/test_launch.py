@@ -21,7 +21,7 @@ import sys
 import pytest
 
 import harness
-from harness import launch, mpi_util
+from harness import cli, launch, mpi_util
 from harness.cli import parse_train_args
 from harness.errors import UsageError
 from harness.runfolder import lock_run_folder
@@ -112,13 +112,13 @@ def mpmd_cmd(*apps):
 
 
 class TestLaunchesThatDisagree:
-    """launch.check_same_launch: every rank given rank 0's arguments, and where a path is
+    """cli.check_same_launch: every rank given rank 0's arguments, and where a path is
     relative, started in rank 0's folder; else one line naming what differs, nothing written."""
 
     def test_each_difference_is_named_and_absolute_paths_pass(self):
         def check(launches, argv=None):
-            launch.check_same_launch(launches)
-            launch.check_same_launch(launches, parse_train_args(argv or launches[0][0]))
+            cli.check_same_launch(launches)
+            cli.check_same_launch(launches, parse_train_args(argv or launches[0][0]))
         check([(["--logdir", "/r"], "/a"), (["--logdir", "/r"], "/b")])  # every path absolute
         check([(["--logdir", "r"], "/a"), (["--logdir", "r"], "/a")])  # one folder
         cases = [  # launches, the line's expected text
