@@ -26,7 +26,7 @@ import warnings
 
 import numpy as np
 
-from harness.cli import ArgumentParser, config_flags, make_config
+from harness.cli import ArgumentParser, config_flags, gather_launches, make_config
 from harness.errors import BadFileError, SaveError, UsageError, require
 from harness.files import atomic_file, check_policy_fits, load_policy_arrays, policy_on_task
 from harness.goal_env import build_venv, calling, describe_env, make_env
@@ -179,6 +179,7 @@ def main(argv=None):
     check_rendering(p, args)
     comm = start_mpi().COMM_WORLD  # [MPI] here, not at the top: launch.start_mpi says why
     with exits_together(comm, "play.py", PLAY_ERRORS):  # [MPI] Abort where one rank raises alone
+        gather_launches(comm, "play.py", argv)  # [MPI] every rank given rank 0's arguments
         cfg = make_config(args)
         play(cfg, args, comm)  # [MPI]
 

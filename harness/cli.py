@@ -208,11 +208,22 @@ def check_limits(cfg, ranks_here):
                          + (f", or give --num_env {max(fits, 1)}" if fits >= 0 else ""))
 
 
+def gather_launches(comm, prog, argv):
+    """Collective: each rank's ([program, *argv], working directory), every rank's arguments
+    checked against rank 0's (check_same_launch). The first collective call of train.py and
+    play.py, so that an MPMD launch of the two meets here too, and ends in its one line."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    launches = comm.allgather(([prog, *argv], os.getcwd()))  # [MPI]
+    check_same_launch(launches)
+    return launches
+
+
 def check_same_launch(launches, args=None):
-    """Raise UsageError unless every rank was given rank 0's arguments (launches: each rank's
-    (argv, working directory)), and, with args parsed, started in rank 0's folder where a path
-    is relative (a default --logdir is): an MPMD launch (`mpirun ... : ...`) or -wdir per rank
-    would split one run, or mix two, across ranks and folders. Before anything is written."""
+    """Raise UsageError unless every rank was given rank 0's program and arguments (launches:
+    each rank's ([program, *argv], working directory)), and, with args parsed, started in rank
+    0's folder where a path is relative (a default --logdir is): an MPMD launch (`mpirun ... :
+    ...`) or -wdir per rank would split one run, or mix two, across ranks and folders. Before
+    anything is written."""
     (argv0, cwd0), n = launches[0], len(launches)
     which = 0 if args is None else 1  # the arguments first: ranks that parse others disagree
     ranks = [r for r, launch in enumerate(launches) if launch[which] != launches[0][which]]
@@ -223,7 +234,7 @@ def check_same_launch(launches, args=None):
         raise UsageError(f"{named} {'was' if len(ranks) == 1 else 'were'} given other "
                          f"arguments than rank 0: rank {r}: {shlex.join(launches[r][0])!r}, "
                          f"rank 0: {shlex.join(argv0)!r}; start every rank with the same ones "
-                         "(mpirun -np N python train.py ARGS); nothing was written")
+                         f"(mpirun -np N python {argv0[0]} ARGS); nothing was written")
     paths = {"--logdir": args.logdir, "--resume": args.resume, "--load_path": args.load_path,
              "--demo_file": args.demo_file}
     relative = [f"{flag} {path}" for flag, path in paths.items() if path and path[0] != "/"]
@@ -314,8 +325,7 @@ def shared_config(argv, comm):
     (make_config, or saved_config on --resume) and every rank takes it: its default log dir name
     holds a time stamp, and on --resume only rank 0's machine need hold config.json. Then every
     rank reads the task (config_for_task), and all raise the first problem any rank found."""
-    launches = comm.allgather((sys.argv[1:] if argv is None else list(argv), os.getcwd()))  # [MPI]
-    check_same_launch(launches)  # what each rank was given, rank 0's on every rank
+    launches = gather_launches(comm, "train.py", argv)  # [MPI] rank 0's on every rank
     args = parse_train_args(argv)
     check_same_launch(launches, args)
     cfg, error = None, None

@@ -103,11 +103,12 @@ class TestLaunch:
 
 def mpmd_cmd(*apps):
     """One mpirun of len(apps) ranks, an MPMD launch: each app (its mpirun options, train.py's
-    arguments) one rank of its own, started as `mpirun -np 1 ... : -np 1 ...`."""
+    arguments, or `-m experiment.play ...`) one rank of its own, started as `mpirun -np 1 ... :
+    -np 1 ...`."""
     cmd = mpirun_args(1)
     for i, (options, args) in enumerate(apps):
-        cmd += ([":", "-np", "1"] if i else []) + [*options, sys.executable,
-                                                  os.path.join(ROOT, "train.py"), *args]
+        program = [] if args[:1] == ["-m"] else [os.path.join(ROOT, "train.py")]
+        cmd += ([":", "-np", "1"] if i else []) + [*options, sys.executable, *program, *args]
     return cmd
 
 
@@ -116,19 +117,24 @@ class TestLaunchesThatDisagree:
     relative, started in rank 0's folder; else one line naming what differs, nothing written."""
 
     def test_each_difference_is_named_and_absolute_paths_pass(self):
-        def check(launches, argv=None):
+        def check(launches):  # each of train.py's (argv, working directory), or another's
+            launches = [(argv if argv[:1] == ["play.py"] else ["train.py", *argv], cwd)
+                        for argv, cwd in launches]
             cli.check_same_launch(launches)
-            cli.check_same_launch(launches, parse_train_args(argv or launches[0][0]))
+            cli.check_same_launch(launches, parse_train_args(launches[0][0][1:]))
         check([(["--logdir", "/r"], "/a"), (["--logdir", "/r"], "/b")])  # every path absolute
         check([(["--logdir", "r"], "/a"), (["--logdir", "r"], "/a")])  # one folder
         cases = [  # launches, the line's expected text
             ([(["--logdir", "D"], "/a"), (["--resume", "D"], "/a")],
-             "rank 1 (of 2) was given other arguments than rank 0: rank 1: '--resume D', "
-             "rank 0: '--logdir D'; start every rank with the same ones (mpirun -np N python "
-             "train.py ARGS); nothing was written"),
+             "rank 1 (of 2) was given other arguments than rank 0: rank 1: 'train.py --resume "
+             "D', rank 0: 'train.py --logdir D'; start every rank with the same ones (mpirun "
+             "-np N python train.py ARGS); nothing was written"),
             ([([], "/a"), (["--seed", "1"], "/a"), ([], "/a"), (["--seed", "2"], "/a")],
-             "ranks 1,3 (of 4) were given other arguments than rank 0: rank 1: '--seed 1', "
-             "rank 0: ''"),
+             "ranks 1,3 (of 4) were given other arguments than rank 0: rank 1: 'train.py --seed "
+             "1', rank 0: 'train.py'"),
+            ([(["--logdir", "D"], "/a"), (["play.py", "p.npz"], "/a")],  # an MPMD of two programs
+             "rank 1 (of 2) was given other arguments than rank 0: rank 1: 'play.py p.npz', "
+             "rank 0: 'train.py --logdir D'"),
             ([(["--logdir", "rel"], "/a"), (["--logdir", "rel"], "/b")],
              "rank 1 (of 2) started in another folder than rank 0 (rank 1: /b, rank 0: /a), and "
              "--logdir rel is a relative path: the ranks would use different folders; give "
@@ -149,18 +155,23 @@ class TestLaunchesThatDisagree:
     @pytest.mark.slow
     def test_an_mpmd_launch_that_disagrees_ends_every_rank_in_one_line(self, tmp_path):
         """Under mpirun -np 2 (MPMD): other arguments (a fresh start and a --resume of one
-        folder), or other working directories with a relative --logdir, end every rank with
-        exit code 2 and one line, no traceback, no folder, no /dev/shm segment left; other
+        folder, or train.py and play.py), or other working directories with a relative
+        --logdir, end every rank with exit code 2 and one line, no traceback, no folder, no
+        /dev/shm segment left; other
         folders with absolute paths pass the check (and reach the next: an unknown env)."""
         a, b, run = tmp_path / "a", tmp_path / "b", str(tmp_path / "run")
         a.mkdir(), b.mkdir()
         wdir = "--wdir" if mpi_family() == "Open MPI" else "-wdir"  # Hydra's spelling
         cases = [  # the two ranks' (mpirun options, arguments), what the line says
             ((([], ["--logdir", run]), ([], ["--resume", run])),
-             f"rank 1 (of 2) was given other arguments than rank 0: rank 1: '--resume {run}'"),
+             f"rank 1 (of 2) was given other arguments than rank 0: rank 1: 'train.py --resume "
+             f"{run}'"),
             ((([wdir, str(a)], ["--logdir", "rel"]), ([wdir, str(b)], ["--logdir", "rel"])),
              f"rank 1 (of 2) started in another folder than rank 0 (rank 1: {b}, rank 0: {a}), "
              "and --logdir rel is a relative path"),
+            ((([], ["--logdir", run]), ([], ["-m", "experiment.play", "p.npz"])),
+             f"rank 1 (of 2) was given other arguments than rank 0: rank 1: 'play.py p.npz', "
+             f"rank 0: 'train.py --logdir {run}'"),
             ((([wdir, str(a)], ["--logdir", run, "--env", "NoSuchEnv-v0"]),
               ([wdir, str(b)], ["--logdir", run, "--env", "NoSuchEnv-v0"])),
              "NoSuchEnv-v0"),
