@@ -30,7 +30,7 @@ from ddpg import discount
 from harness.errors import UsageError, require
 from harness.goal_env import MAX_RANGE_RESETS, describe_env
 from harness.launch import rank_ranges
-from harness.memory import check_memory
+from harness.memory import cgroup_room, check_memory
 from harness.mpi_util import raise_if_any_rank_failed
 from harness.runfolder import CONFIG, RUN_FACTS, read_config
 
@@ -184,7 +184,8 @@ def config_for_task(cfg, ranks_here, warn=True):
 def check_limits(cfg, ranks_here):
     """UsageError where this process may open too few files for its env processes (ulimit -n),
     or its user may start too few processes and threads for `ranks_here` ranks' (ulimit -u; the
-    kernel does not hold root to it); the line names the limit and the --num_env that fits."""
+    kernel does not hold root to it), or its pids cgroup may hold too few of them; the line names
+    the limit and the --num_env that fits."""
     soft, need = resource.getrlimit(resource.RLIMIT_NOFILE)[0], FILES + FILES_PER_ENV * cfg.num_env
     if 0 <= soft < need:  # RLIM_INFINITY is -1
         fewer = (soft - FILES) // FILES_PER_ENV
@@ -206,6 +207,15 @@ def check_limits(cfg, ranks_here):
                          f"this user on this host ({used} now), and ulimit -u allows {soft}: "
                          f"raise the limit with ulimit -u {need}"
                          + (f", or give --num_env {max(fits, 1)}" if fits >= 0 else ""))
+    # the same tasks against a pids cgroup's pids.max (a container's, a Slurm job's), root too
+    room = cgroup_room("pids", ("pids.max", "pids.current"), ("pids.max", "pids.current"))
+    more = need - used
+    if room is not None and room < more:
+        fits = (room // ranks_here - TASKS_PER_RANK) // TASKS_PER_ENV
+        raise UsageError(f"--num_env {cfg.num_env} needs about {more} more processes and threads "
+                         f"on this host, and this process's pids cgroup (pids.max) leaves {room}: "
+                         "raise its pids.max" + (f", or give --num_env {max(fits, 1)}"
+                                                 if fits >= 0 else ""))
 
 
 def gather_launches(comm, prog, argv):

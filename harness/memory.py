@@ -5,11 +5,14 @@ killed rank later.
 No baselines counterpart: baselines allocates its replay buffer and learns of a lack of memory
 from the MemoryError or the OOM killer. The estimate (replay and demo buffers of the replay.py
 layout, one batch, the networks, the processes) is docs/faults.md's; cli.config_for_task calls
-it once the task's dimensions and T are known.
+it once the task's dimensions and T are known. Where a cgroup bounds the process (a Slurm job's
+--mem, a container's limit), its room counts as well as the host's (cgroup_room, which
+cli.check_limits asks for the pids a run starts too).
 
 Test: `python -m pytest -q tests/test_bad_input.py tests/test_start_ends.py`.
 """
 import contextlib
+import os
 import resource
 import sys
 
@@ -61,9 +64,9 @@ def check_memory(cfg, task, ranks_here, warn):
     sizes = []
     with contextlib.suppress(OSError, ValueError, StopIteration), open("/proc/meminfo") as f:
         sizes.append(1024 * int(next(ln for ln in f if ln.startswith("MemAvailable:")).split()[1]))
-    with contextlib.suppress(OSError, ValueError):
-        with open("/sys/fs/cgroup/memory.max") as f, open("/sys/fs/cgroup/memory.current") as g:
-            sizes.append(int(f.read()) - int(g.read()))
+    room = cgroup_room("memory", ("memory.max", "memory.current"),
+                       ("memory.limit_in_bytes", "memory.usage_in_bytes"))
+    sizes += [] if room is None else [room]
     need, have = ranks_here * (arrays + processes), min(sizes, default=None)
     if have is not None and need > 0.8 * have:
         line = (f"the run needs about {need / 2**30:.1f} GiB on this host ({ranks_here} rank(s) x "
@@ -75,3 +78,25 @@ def check_memory(cfg, task, ranks_here, warn):
                              "--num_env, or run fewer ranks on this host")
         if warn:
             print(f"warning: {line}; it may run out of memory", file=sys.stderr, flush=True)
+
+
+def cgroup_room(controller, v2, v1):
+    """The least room (a limit less its use: the names of their files under cgroup v2, and under
+    v1's `controller` hierarchy) that this process's cgroup and every one above it leave: a
+    Slurm job's, a container's. None where none sets a limit that can be read."""
+    rooms = []
+    with contextlib.suppress(OSError), open("/proc/self/cgroup") as f:
+        for line in f:  # hierarchy-ID:controllers:path; v2's has no controllers
+            _, controllers, path = line.rstrip("\n").split(":", 2)
+            if controllers and controller not in controllers.split(","):
+                continue
+            root, names = ("/sys/fs/cgroup", v2) if not controllers else \
+                (f"/sys/fs/cgroup/{controller}", v1)
+            parts = [part for part in path.split("/") if part]
+            for depth in range(len(parts), -1, -1):  # its own, then each above it
+                folder = os.path.join(root, *parts[:depth])
+                with contextlib.suppress(OSError, ValueError), \
+                        open(os.path.join(folder, names[0])) as limit, \
+                        open(os.path.join(folder, names[1])) as used:
+                    rooms.append(int(limit.read()) - int(used.read()))  # v2's "max": no limit
+    return min(rooms, default=None)

@@ -456,6 +456,37 @@ class TestBeforeAnythingIsMade:
                 "this host runs" in warnings[0] and "unset it" in warnings[0], warnings
             assert "none.npz: no such file" in proc.stderr and not (tmp_path / "run").exists()
 
+    @pytest.mark.parametrize("controller, limits, argv, phrase", [
+        ("pids", {"pids.max": "6"}, ["--num_env", "2"],
+         "--num_env 2 needs about 6 more processes and threads on this host, and this process's "
+         "pids cgroup (pids.max) leaves"),
+        ("memory", {"memory.limit_in_bytes": str(600 * 2**20)}, ["--buffer_size", "10000000"],
+         "0.79 GiB of replay buffer")])
+    def test_the_cgroup_the_process_runs_in_is_held_to(self, tmp_path, controller, limits, argv,
+                                                        phrase):
+        """A cgroup v1 of its own, as a Slurm job's or a container's limit (6 tasks, where a run
+        of 2 env processes starts 6 beside its own: before, `python train.py` in a terminal
+        ended in a `RuntimeError: Caught an unknown exception!` traceback at 10 and ran at 11;
+        600 MB for a 0.79 GiB buffer: before, it started, to be OOM-killed once it filled): one
+        line, exit code 2, no folder."""
+        folder = f"/sys/fs/cgroup/{controller}/her-test-{os.getpid()}"
+        try:
+            os.mkdir(folder)
+        except OSError as e:
+            pytest.skip(f"no cgroup v1 {controller} hierarchy to make a cgroup in ({e})")
+        try:
+            for name, value in limits.items():
+                Path(folder, name).write_text(value)
+            run = str(tmp_path / "run")
+            enter = f'echo $$ > {folder}/cgroup.procs && exec "$@"'
+            proc = subprocess.run(["bash", "-c", enter, "bash", *train_cmd(
+                *argv, "--n_epochs", "1", "--n_cycles", "1", "--logdir", run)], cwd=ROOT,
+                capture_output=True, text=True, timeout=120)
+        finally:
+            os.rmdir(folder)
+        assert proc.returncode == 2 and phrase in proc.stderr, proc.stderr[-3000:]
+        assert len(proc.stderr.strip().splitlines()) == 1 and not os.path.exists(run)
+
     def test_a_given_reward_range_that_leaves_out_the_tasks_rewards_is_refused(self, tmp_path,
                                                                                 capsys):
         """FetchReach's rewards are -1 and 0: a range without either would clip every target
