@@ -143,9 +143,9 @@ class DDPG:
 
     cfg: config.Config (the fields' comments give units and defaults). task: what is read off
     the env (harness/goal_env.py's GoalTask): dims {'o', 'g', 'u'}, T, max_u, reward_fun(ag_2, g)
-    and r_range (r_min, r_max). comm: the ranks that train together (in train.py, a proxy of
-    mpi4py's COMM_WORLD; mpi_adam.py's ONE_RANK in the tests). Q_range: [Q_min, Q_max] of the
-    critic target as a policy file holds it (from_policy); None: the range r_range allows.
+    and r_range (r_min, r_max). comm: the ranks that train together (train.py: a proxy of
+    COMM_WORLD; play.py, mpirun tests: COMM_WORLD; others: ONE_RANK). Q_range: [Q_min, Q_max]
+    of the critic target as a policy file holds it (from_policy); None: from r_range.
     Collective to make (__init__): both MpiAdams broadcast rank 0's weights. Demonstrations, if
     any, come in through init_demo_buffer().
     """

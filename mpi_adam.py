@@ -18,8 +18,8 @@ the normalisers' sums too, which the weights cannot show), so ranks that part st
 
 Deviations from baselines (8, 28 and 33 in docs/deviations.md): check_same_bits' verdict
 reaches every rank; grad_clip and mpi_rank_weight are not ported; the communicator has no
-default (baselines: MPI.COMM_WORLD), so this file never imports mpi4py: train.py passes
-harness/mpi_util.py's ObservedComm over COMM_WORLD, the tests and bench ONE_RANK (below). update,
+default (baselines: MPI.COMM_WORLD), so this file never imports mpi4py: train.py passes an
+ObservedComm (harness/mpi_util.py), play.py and mpirun tests COMM_WORLD, others ONE_RANK. update,
 sync, check_synced are collective (every rank calls them in the same order); a line whose call
 reaches other ranks, by a comm method or a collective function, carries the tag `[MPI]`.
 

@@ -10,8 +10,8 @@ Deviations from baselines, by their number in docs/deviations.md: 4, the sums ar
 (baselines: float32), so that mean and std stay exact after millions of samples, while the
 normalised inputs are float32; 13, they are summed over ranks (baselines averages them) and
 the count starts at 0 (baselines: 1, one phantom zero sample); 33, the communicator is
-always passed in (no mpi4py import here: train.py passes its proxy of COMM_WORLD, the
-tests mpi_adam.py's ONE_RANK); recompute_stats is the one collective call.
+always passed in (no mpi4py import here: train.py its proxy of COMM_WORLD, play.py and mpirun
+tests COMM_WORLD, others mpi_adam.py's ONE_RANK); recompute_stats is the one collective call.
 
 Test: `python -m pytest -q test_all.py::TestNormalizer` (runs `mpirun -np 3` itself).
 """

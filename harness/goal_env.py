@@ -307,9 +307,10 @@ MIN_RANGE_RESETS, MAX_RANGE_RESETS = 5, 50
 
 def measure_reward_range(env_id, env, dims, reward_fun):
     """reward_range() over the goals of more and more resets (seeds 0, 1, ...), each reset's
-    observation checked; None if MAX_RANGE_RESETS resets show only one value (a range measured
-    from one value would clip every critic target to one constant, and nothing learns)."""
-    goals, achieved = [], []
+    observation checked, then check_reached on them; None if MAX_RANGE_RESETS resets show only
+    one value (a range measured from one value would clip every critic target to one constant,
+    and nothing learns)."""
+    goals, achieved, r_range = [], [], None
     for seed in range(MAX_RANGE_RESETS):
         obs = env_answer(env_id, "reset", env, dims, seed=seed)[0]
         goals.append(obs["desired_goal"])
@@ -317,9 +318,9 @@ def measure_reward_range(env_id, env, dims, reward_fun):
         if seed + 1 >= MIN_RANGE_RESETS:
             r_range = reward_range(reward_fun, np.array(goals), np.array(achieved))
             if r_range is not None:
-                check_reached(env_id, reward_fun, np.array(goals), np.array(achieved))
-                return r_range
-    return None
+                break
+    check_reached(env_id, reward_fun, np.array(goals), np.array(achieved))
+    return r_range
 
 
 def check_reached(env_id, reward_fun, goals, achieved):

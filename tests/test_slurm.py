@@ -261,6 +261,29 @@ class TestSlurmDocs:
             flags = {p.strip().strip("-").split("=")[0] for p in pattern.split("|")}
             assert flags == RESUME_FLAGS, (pattern, RESUME_FLAGS)
 
+    def test_the_script_resumes_a_folder_with_a_checkpoint_and_starts_one_without(self,
+                                                                                  tmp_path):
+        """The script run by bash with `srun` and `mpirun` stand-ins that print what they were
+        given: a folder whose start ended before its first checkpoint (config.json, log.txt) is
+        started again with the script's arguments, which train.py takes; one with a checkpoint
+        is resumed. Before, config.json alone made it --resume, which train.py refuses there."""
+        bin_dir = tmp_path / "bin"
+        bin_dir.mkdir()
+        for name in ("srun", "mpirun"):
+            (bin_dir / name).write_text('#!/bin/bash\necho "launched: $*"\n')
+            (bin_dir / name).chmod(0o755)
+        env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", SLURM_JOB_ID="7",
+                   SLURM_NTASKS="2", RUN=str(tmp_path / "run"))
+        (tmp_path / "run" / "checkpoint").mkdir(parents=True)
+        (tmp_path / "run" / "config.json").write_text("{}")
+        for then, expected in ((lambda: None, f"train.py --logdir {tmp_path}/run --seed 3"),
+                               (lambda: (tmp_path / "run" / "checkpoint" / "rank0.npz")
+                                .write_bytes(b""), f"train.py --resume {tmp_path}/run")):
+            then()
+            proc = subprocess.run(["bash", os.path.join(ROOT, RECIPE), "--seed", "3"], cwd=ROOT,
+                                  env=env, capture_output=True, text=True, timeout=60)
+            assert proc.returncode == 0 and expected in proc.stdout, proc.stdout + proc.stderr
+
     def test_usage_md_quotes_each_mpis_refusal_of_n_copies_as_printed(self):
         from harness import launch
         usage = open(os.path.join(ROOT, "docs", "usage.md")).read()
