@@ -190,14 +190,19 @@ GOAL_KEYS = ("observation", "achieved_goal", "desired_goal")
 def env_answer(env_id, what, env, dims, *args, **kwargs):
     """env.reset's or env.step's answer (`what`: its name), checked: the tuple gymnasium's API
     has (not gym's older one), its observation a dict of the shapes its space gives (dims)."""
-    answer = calling(env_id, what, getattr(env, what), *args, **kwargs)
+    try:
+        answer = calling(env_id, what, getattr(env, what), *args, **kwargs)
+    except UsageError as e:  # gymnasium's own wrappers unpack the answer of gym's older API
+        if "values to unpack" not in str(e):
+            raise
+        raise UsageError(f"{e}; gymnasium's API has ({', '.join(ANSWERS[what])})") from None
     require(isinstance(answer, tuple) and len(answer) == len(ANSWERS[what]),
             f"env {env_id!r}: {what} returned a {type(answer).__name__}, not gymnasium's "
             f"({', '.join(ANSWERS[what])})")
     obs, want = answer[0], {k: (dims["o" if k == "observation" else "g"],) for k in GOAL_KEYS}
     require(isinstance(obs, dict), f"env {env_id!r}: {what} gave a {type(obs).__name__}, not a "
             f"dict observation with keys {', '.join(GOAL_KEYS)}")
-    got = {k: np.shape(obs.get(k)) for k in GOAL_KEYS}
+    got = {k: np.shape(obs[k]) if k in obs else "missing" for k in GOAL_KEYS}
     require(got == want and all(np.all(np.isfinite(obs[k])) for k in GOAL_KEYS),
             f"env {env_id!r}: {what} gave an observation of shapes {got} (or not finite), where "
             f"its space says {want}")
@@ -352,8 +357,8 @@ def check_reached(env_id, reward_fun, goals, achieved):
     tol = 0.01 * (both.max() - both.min())
     require(reached.max() - reached.min() <= tol and missed.max() <= reached.min() + tol,
             f"env {env_id!r}: compute_reward gave goals reached (desired_goal as achieved_goal) "
-            f"rewards of {reached.min():g} to {reached.max():g}, missed ones up to "
-            f"{missed.max():g}; HER rewards relabelled goals, so compute the reward from its "
+            f"rewards of {reached.min() + 0:g} to {reached.max() + 0:g}, missed ones up to "
+            f"{missed.max() + 0:g}; HER rewards relabelled goals, so compute the reward from its "
             "achieved_goal and desired_goal arguments alone, not from the env's own goal")
 
 
@@ -394,11 +399,11 @@ class EnvReward:
         if high <= r_max and (low >= r_min or not cfg.clip_return):
             return None
         lower = min(low, r_min) if np.isfinite(r_min) else low  # the flag takes finite ends
-        return (f"env {cfg.env!r}: compute_reward gave HER rewards from {low:g} to {high:g} "
-                f"{where}, outside {r_min:g} to {r_max:g}, the range that bounds the critic's "
-                "targets (--reward_range, measured off the env's first resets where not given); "
-                f"start a fresh run (a new --logdir) with --reward_range={lower:g},"
-                f"{max(high, r_max):g}")
+        return (f"env {cfg.env!r}: compute_reward gave HER rewards from {low + 0:g} to "
+                f"{high + 0:g} {where}, outside {r_min + 0:g} to {r_max + 0:g}, the range that "
+                "bounds the critic's targets (--reward_range, measured off the env's first resets "
+                f"where not given); start a fresh run (a new --logdir) with --reward_range="
+                f"{lower + 0:g},{max(high, r_max) + 0:g}")
 
 
 def success_key(env_id, info):

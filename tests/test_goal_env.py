@@ -187,7 +187,11 @@ class OneFault(PointGoal):
             info = {"success": 1. if info["success"] else .5}
         if self.fault == "lambdainfo":
             info["then"] = lambda: None
+        if self.fault == "nogoalstep" and self.t >= 3:  # a key lost in the third step
+            del obs["desired_goal"]
         terminated = self.fault == "end3" and self.t >= 3
+        if self.fault == "oldstep":  # gym's older API: (observation, reward, done, info)
+            return obs, r, terminated, info
         return obs, r, np.array([terminated]) if self.fault == "endarray" else terminated, \
             truncated, info
 
@@ -217,7 +221,11 @@ FAULTS = {"discrete": "action space Discrete(4)", "box01": "symmetric box",
           "batchsize": "in batches of 5; HER rewards batches of relabelled goals of any order",
           "successhalf": "info['success'] after a step is a float of shape (), 0.5; it must be",
           "unbounded": "with one finite a > 0 (low [-inf, -inf], high [inf, inf])",
-          "chdir": "changed the working directory to / (os.chdir) while it was read"}
+          "chdir": "changed the working directory to / (os.chdir) while it was read",
+          "oldstep": "step raised ValueError: not enough values to unpack (expected 5, got 4); "
+          "gymnasium's API has (observation, reward, terminated, truncated, info)",
+          "nogoalstep": "step gave an observation of shapes {'observation': (2,), "
+          "'achieved_goal': (2,), 'desired_goal': 'missing'}"}
 for fault in [*FAULTS, "end3", "nanlater", "penaltylater", "closeraises"]:
     gym.register(f"OneFault-{fault}-v0", entry_point="tests.test_goal_env:OneFault",
                  max_episode_steps=10, kwargs=dict(fault=fault))
@@ -307,6 +315,16 @@ class TestContract:
             "range that bounds the critic's targets (--reward_range, measured off the env's "
             "first resets where not given); start a fresh run (a new --logdir) with "
             "--reward_range=-5,1"], err
+
+    def test_a_zero_in_a_line_is_0_not_minus_0(self):
+        """Fetch's rewards are -1 and -0.0 (minus a 0 distance's): the lines that name rewards
+        print them as the flag they suggest takes them, 0."""
+        reward = goal_env.EnvReward(None)
+        reward.seen = (-5., -0.)
+        cfg = Config(env="FetchReach-v4", reward_range=(-1., -0.))
+        line = reward.outside(cfg, "in epoch 0, cycle 0 (rank 0)")
+        assert "from -5 to 0 in epoch 0" in line and "outside -1 to 0," in line, line
+        assert line.endswith("--reward_range=-5,0"), line
 
     def test_an_env_whose_close_raises_ends_a_done_run_with_one_warning(self, tmp_path, capsys):
         rc = main_exit_code(["--env", "tests.test_goal_env:OneFault-closeraises-v0", "--logdir",
