@@ -100,11 +100,13 @@ def play(cfg, args, comm):
     try:  # closed also on Ctrl-C: its env processes ignore SIGINT and SIGTERM
         evaluator = RolloutWorker(recorder, policy, rng, exploit=True, compute_Q=True,
                                   success_key=task.success_key)
+        rates = []  # of every rollout: the evaluator's history keeps the last 100
         for _ in range(cfg.n_test_rollouts):
             evaluator.generate_rollouts()
+            rates.append(evaluator.success_history[-1])
     finally:
         venv.close()
-    success_rate = mpi_average(evaluator.current_success_rate(), comm)  # [MPI]
+    success_rate = mpi_average(rates, comm)  # [MPI]
     if comm.Get_rank() == 0:
         print(f"{cfg.env}: test success rate {success_rate:.3f} over "
               f"{evaluator.n_episodes * comm.Get_size()} episodes", flush=True)

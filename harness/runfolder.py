@@ -89,11 +89,12 @@ def start_checkpoint(path):
 
 def drop_leftovers(logdir, rank, fresh):
     """Before a start writes: the parts of files a stopped save left (<file>.tmp<pid>: the lock
-    keeps out every other job, so their writers are gone), rank 0's in the folder and each
-    rank's in checkpoint/; on a fresh start, this rank's checkpoints of a start that ended before
-    its first cycle (start_checkpoint), which a resume of this run must not take for its own."""
+    keeps out every other job, so their writers are gone), rank 0's in the folder and trace/,
+    each rank's in checkpoint/; on a fresh start, this rank's checkpoints of a start that ended
+    before its first cycle (start_checkpoint), which a resume of this run must not take."""
     folder = glob.escape(logdir)
-    patterns = [f"{CHECKPOINTS}/rank{rank}.*"] + (["*.tmp[0-9]*"] if rank == 0 else [])
+    patterns = [f"{CHECKPOINTS}/rank{rank}.*"] + (["*.tmp[0-9]*", f"{TRACE}/*.tmp[0-9]*"]
+                                                  if rank == 0 else [])
     for path in (p for name in patterns for p in glob.glob(os.path.join(folder, name))):
         if re.search(r"\.tmp\d+$", path) or fresh and path.endswith(".npz") \
                 and start_checkpoint(path):

@@ -50,6 +50,20 @@ class TestFiles:
         np.testing.assert_array_equal(arrays_of(path)["a"], np.arange(3))
         assert os.listdir(tmp_path) == ["policy.npz"]
 
+    def test_the_next_start_drops_the_parts_of_files_a_stopped_save_left(self, tmp_path):
+        """<file>.tmp<pid>: rank 0's in the folder and in trace/, each rank its own in
+        checkpoint/; complete files stay."""
+        names = ["progress.csv", "progress.csv.tmp17", "trace/calls.json.tmp17",
+                 "trace/calls.json", "checkpoint/rank0.npz.tmp17", "checkpoint/rank1.npz.tmp18"]
+        for name in names:
+            (tmp_path / name).parent.mkdir(exist_ok=True)
+            (tmp_path / name).write_text("x")
+        runfolder.drop_leftovers(str(tmp_path), 0, fresh=False)
+        left = {str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file()}
+        assert left == {"progress.csv", "trace/calls.json", "checkpoint/rank1.npz.tmp18"}, left
+        runfolder.drop_leftovers(str(tmp_path), 1, fresh=False)
+        assert not (tmp_path / "checkpoint" / "rank1.npz.tmp18").exists()
+
     def test_a_failed_write_is_one_line_and_the_newest_complete_version_stays(
             self, tmp_path, monkeypatch):
         """keep_previous (checkpoints): after a full disk mid-write, the newest complete version is
