@@ -181,7 +181,7 @@ def main(argv=None):
     check_rendering(p, args)
     comm = start_mpi().COMM_WORLD  # [MPI] here, not at the top: launch.start_mpi says why
     with exits_together(comm, "play.py", PLAY_ERRORS):  # [MPI] Abort where one rank raises alone
-        gather_launches(comm, "play.py", argv)  # [MPI] every rank given rank 0's arguments
+        gather_launches(comm, "experiment/play.py", argv)  # [MPI] rank 0's arguments on each
         cfg = make_config(args)
         play(cfg, args, comm)  # [MPI]
 

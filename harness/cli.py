@@ -202,10 +202,12 @@ def check_limits(cfg, ranks_here):
     soft, envs = resource.getrlimit(resource.RLIMIT_NPROC)[0], cfg.num_env * (cfg.num_env > 1)
     need = used + ranks_here * (TASKS_PER_RANK + TASKS_PER_ENV * envs)
     if 0 <= soft < need and os.getuid() != 0:
-        fits = ((soft - used) // ranks_here - TASKS_PER_RANK) // TASKS_PER_ENV
+        # the limit and the --num_env named leave one task spare: the count of this user's threads
+        # moves by one from start to start (4 or 5 in the python process itself, seen as nobody)
+        fits = ((soft - used - 1) // ranks_here - TASKS_PER_RANK) // TASKS_PER_ENV
         raise UsageError(f"--num_env {cfg.num_env} needs about {need} processes and threads of "
                          f"this user on this host ({used} now), and ulimit -u allows {soft}: "
-                         f"raise the limit with ulimit -u {need}"
+                         f"raise the limit with ulimit -u {need + 1}"
                          + (f", or give --num_env {max(fits, 1)}" if fits >= 0 else ""))
     # the same tasks against a pids cgroup's pids.max (a container's, a Slurm job's), root too
     room = cgroup_room("pids", ("pids.max", "pids.current"), ("pids.max", "pids.current"))

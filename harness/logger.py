@@ -62,8 +62,8 @@ def open_run_folder(cfg, comm, task, argv, resumed_at, note):
         os.makedirs(os.path.join(cfg.logdir, runfolder.CHECKPOINTS), exist_ok=True)
         runfolder.drop_leftovers(cfg.logdir, rank, fresh=resumed_at is None)
     except OSError as e:
-        error = (f"cannot write to log dir {cfg.logdir!r} on rank {rank} ({e.strerror}); pass "
-                 "a --logdir that every rank can write")
+        error = (f"cannot write to log dir {cfg.logdir!r} on rank {rank} ({e.strerror}); "
+                 f"{runfolder.writable_fix(resumed_at is None)}")
     raise_if_any_rank_failed(comm, error)  # [MPI]
     facts = dict(zip(runfolder.RUN_FACTS, (n_ranks, task.T), strict=True))
     config = json.dumps({**dataclasses.asdict(cfg), **facts}, indent=1)

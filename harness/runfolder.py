@@ -246,7 +246,7 @@ def hold_run_folder(logdir, comm, fresh):
     cannot be made, every rank raises that one line. Yields rank 0's note that a fresh start
     takes a start that ended before its first checkpoint, or None; leaving releases the lock."""
     rank0, lock, note = comm.Get_rank() == 0, contextlib.nullcontext(), None
-    error = linked_file(logdir)  # on every machine
+    error = linked_file(logdir, fresh)  # on every machine
     found, ended_early = run_files(logdir) if rank0 and fresh and not error else ([], False)
     if found and ended_early:
         note = (f"note: {logdir} holds a start that ended before its first checkpoint "
@@ -266,13 +266,20 @@ def hold_run_folder(logdir, comm, fresh):
         except OSError as e:
             # the path that failed: the folder, or its lock where that is not a file
             error = (f"cannot write to log dir {logdir!r} on rank 0 ({e.strerror}: "
-                     f"{e.filename}); pass a --logdir that every rank can write")
+                     f"{e.filename}); {writable_fix(fresh)}")
     raise_if_any_rank_failed(comm, error)  # [MPI]
     with lock:
         yield note
 
 
-def linked_file(logdir):
+def writable_fix(fresh):
+    """What to do where a run folder cannot be written: a fresh start takes another --logdir; a
+    resume takes none (the folder is its run), so it goes on in a copy."""
+    return "pass a --logdir that every rank can write" if fresh else \
+        "make it writable on every rank, or copy the folder to one that is and --resume the copy"
+
+
+def linked_file(logdir, fresh):
     """The line refusing a run folder where a file or folder the run writes (the lock, RUN_FILES,
     policies, checkpoint/'s and trace/'s files) is a symbolic link, or None: a run writes only
     inside its folder (a link to a folder outside: log.txt appended there, a replaced file not)."""
@@ -281,6 +288,6 @@ def linked_file(logdir):
              for path in glob.glob(os.path.join(folder, name), include_hidden=True)]
     link = next((path for path in sorted(paths) if os.path.islink(path)), None)
     return link and (f"{link} is a symbolic link (to {os.readlink(link)}): a run writes its "
-                     "files only inside its folder; put the file itself there in its place, "
-                     "or give another --logdir")
+                     "files only inside its folder; put the file itself there in its place"
+                     + (", or give another --logdir" if fresh else ""))
 

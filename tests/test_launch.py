@@ -118,7 +118,8 @@ class TestLaunchesThatDisagree:
 
     def test_each_difference_is_named_and_absolute_paths_pass(self):
         def check(launches):  # each of train.py's (argv, working directory), or another's
-            launches = [(argv if argv[:1] == ["play.py"] else ["train.py", *argv], cwd)
+            play = ["experiment/play.py"]
+            launches = [(argv if argv[:1] == play else ["train.py", *argv], cwd)
                         for argv, cwd in launches]
             cli.check_same_launch(launches)
             cli.check_same_launch(launches, parse_train_args(launches[0][0][1:]))
@@ -132,9 +133,12 @@ class TestLaunchesThatDisagree:
             ([([], "/a"), (["--seed", "1"], "/a"), ([], "/a"), (["--seed", "2"], "/a")],
              "ranks 1,3 (of 4) were given other arguments than rank 0: rank 1: 'train.py --seed "
              "1', rank 0: 'train.py'"),
-            ([(["--logdir", "D"], "/a"), (["play.py", "p.npz"], "/a")],  # an MPMD of two programs
-             "rank 1 (of 2) was given other arguments than rank 0: rank 1: 'play.py p.npz', "
-             "rank 0: 'train.py --logdir D'"),
+            ([(["--logdir", "D"], "/a"), (["experiment/play.py", "p.npz"], "/a")],  # 2 programs
+             "rank 1 (of 2) was given other arguments than rank 0: rank 1: 'experiment/play.py "
+             "p.npz', rank 0: 'train.py --logdir D'"),
+            ([(["experiment/play.py", "p.npz"], "/a"), (["--logdir", "D"], "/a")],
+             "rank 0: 'experiment/play.py p.npz'; start every rank with the same ones (mpirun -np "
+             "N python experiment/play.py ARGS)"),
             ([(["--logdir", "rel"], "/a"), (["--logdir", "rel"], "/b")],
              "rank 1 (of 2) started in another folder than rank 0 (rank 1: /b, rank 0: /a), and "
              "--logdir rel is a relative path: the ranks would use different folders; give "
@@ -170,8 +174,8 @@ class TestLaunchesThatDisagree:
              f"rank 1 (of 2) started in another folder than rank 0 (rank 1: {b}, rank 0: {a}), "
              "and --logdir rel is a relative path"),
             ((([], ["--logdir", run]), ([], ["-m", "experiment.play", "p.npz"])),
-             f"rank 1 (of 2) was given other arguments than rank 0: rank 1: 'play.py p.npz', "
-             f"rank 0: 'train.py --logdir {run}'"),
+             f"rank 1 (of 2) was given other arguments than rank 0: rank 1: 'experiment/play.py "
+             f"p.npz', rank 0: 'train.py --logdir {run}'"),
             ((([wdir, str(a)], ["--logdir", run, "--env", "NoSuchEnv-v0"]),
               ([wdir, str(b)], ["--logdir", run, "--env", "NoSuchEnv-v0"])),
              "NoSuchEnv-v0"),
@@ -263,10 +267,11 @@ class TestLinksInARunFolder:
             for command in (("--resume", case, "--n_epochs", "2"),  # and the same command again
                             ("--n_epochs", "1", "--logdir", case, *TINY_RUN)):
                 rc, out = run_cmd(train_cmd(*command), 300)
+                # another --logdir where it is a fresh start's (--resume takes none)
+                fix = "place" if command[0] == "--resume" else "place, or give another --logdir"
                 assert_one_line_error(rc, out, 2, f"{case}/{name} is a symbolic link (to "
                                       f"{outside}): a run writes its files only inside its "
-                                      "folder; put the file itself there in its place, or give "
-                                      "another --logdir")
+                                      f"folder; put the file itself there in its {fix}")
                 assert tree_hashes(str(tmp_path)) == before, (name, command)
         linked = str(tmp_path / "linked")  # a link to a whole run folder is a run folder
         os.symlink(run, linked)

@@ -292,3 +292,24 @@ def test_ctrl_c_while_the_ranks_start_mpi_ends_the_job(tmp_path):
                                  ).returncode == 0:
                 time.sleep(0.2)
         assert shm_entries() - before == set(), delay
+
+
+@pytest.mark.slow
+def test_a_resume_of_a_read_only_folder_names_a_fix_a_resume_takes(tmp_path):
+    """--resume takes no --logdir, so the line that refuses a folder it cannot write says to
+    make it writable or to resume a copy (it said to pass a --logdir, which --resume refuses);
+    the copy resumes."""
+    with small_disk(tmp_path / "disk", "64m") as disk:
+        run = str(disk / "run")
+        rc, out = run_cmd(train_cmd("--n_epochs", "1", "--n_cycles", "1", "--n_batches", "2",
+                                    "--n_test_rollouts", "1", "--logdir", run), 300)
+        assert rc == 0, out[-3000:]
+        subprocess.run(["mount", "-o", "remount,ro", str(disk)], check=True)
+        rc, out = run_cmd(train_cmd("--resume", run, "--n_epochs", "2"), 300)
+        assert rc == 2 and out.strip().splitlines() == [
+            f"train.py: error: cannot write to log dir {run!r} on rank 0 (Read-only file "
+            f"system: {run}/run.lock); make it writable on every rank, or copy the folder to one "
+            "that is and --resume the copy"], out[-3000:]
+        shutil.copytree(run, tmp_path / "copy")
+    rc, out = run_cmd(train_cmd("--resume", str(tmp_path / "copy"), "--n_epochs", "2"), 300)
+    assert rc == 0 and "1 rank(s) in sync" in out, out[-3000:]
