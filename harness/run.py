@@ -44,7 +44,7 @@ def start_run(argv):
     2. every value: the flags (or config.json), checked against each other and the task;
     3. every file the flags name, read and checked (checkpoint.read_inputs);
     4. the run folder: refused if a fresh start finds a run there, then locked (runfolder.py);
-    5. the env processes; before anything is written, so that a stop while they start (before
+    5. the env processes; before the run's files, so that a stop while they start (before
        Watchdog.stop_at_cycle_ends), or an env that fails to, leaves no run behind;
     6. the run's files: checkpoint/, config.json, log.txt and its header (logger.py).
     Bad input, a stop signal or a full disk end every rank together: rank 0 prints one line
