@@ -34,7 +34,7 @@ from tests.helpers import (
     mpirun_args,
     remove_orphans_of_job,
     run_cmd,
-    run_command,
+    run_launch,
     shm_entries,
     train_cmd,
 )
@@ -182,7 +182,7 @@ class TestLaunchesThatDisagree:
         ]
         for apps, expected in cases:
             before = shm_entries()
-            rc, out = run_command(mpmd_cmd(*apps), 120)
+            rc, out = run_launch(mpmd_cmd(*apps), 120)
             left = {os.path.basename(p) for p in mpi_util.orphaned_mpi_segments()} - before
             remove_orphans_of_job(before, patience_s=2.)
             assert_one_line_error(rc, out, 2, expected)
