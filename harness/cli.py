@@ -3,8 +3,8 @@
 Mirrors the argument handling of openai/baselines `her/experiment/train.py` (its click options)
 and `prepare_params` of `her/experiment/config.py` (make_config). What a field takes is its type
 in config.py, its comment is its help; flags and config.json are checked alike (checked), then
-the rules between fields (check_rules) and against the task (config_for_task), each problem one
-UsageError line.
+the rules between fields (check_rules) and against the task (config_for_task), and every rank's
+command line against rank 0's (gather_launches), each problem one UsageError line.
 
 Test: `python -m pytest -q tests/test_cli.py tests/test_bad_input.py`.
 """

@@ -57,7 +57,22 @@ class StillBlank(Still):
         return None
 
 
+class FirstOnly(Still):
+    """Still, whose first episode alone is a success (in each env made): the rate of n
+    episodes of one env is 1/n."""
+    episodes = 0
+
+    def reset(self, seed=None, options=None):
+        self.episodes += 1
+        return super().reset(seed=seed)
+
+    def step(self, u):
+        obs, r, terminated, truncated, _ = super().step(u)
+        return obs, r, terminated, truncated, {"is_success": self.episodes == 1}
+
+
 gym.register("Still-v0", entry_point="tests.test_play:Still", max_episode_steps=5)
+gym.register("FirstOnly-v0", entry_point="tests.test_play:FirstOnly", max_episode_steps=1)
 gym.register("StillBlank-v0", entry_point="tests.test_play:StillBlank", max_episode_steps=5)
 
 
@@ -89,6 +104,15 @@ class TestPlay:
         # T + 1 = 51 frames of 40 ms (Pillow merges identical neighbours, adding their durations)
         assert total_ms == 51 * 40 and im.n_frames > 10
         assert not [f for f in os.listdir(tmp_path) if ".tmp" in f]
+
+    def test_the_success_rate_is_of_every_episode_played(self, tmp_path):
+        """101 test rollouts of one episode, the first alone a success: 1/101, not the 0 of the
+        last 100 (the rollout worker's history, which play.py read before)."""
+        proc = subprocess.run(play_cmd(saved_reach_policy(tmp_path), "--env",
+                                       "tests.test_play:FirstOnly-v0", "--n_test_rollouts", "101"),
+                              cwd=ROOT, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0 and "FirstOnly-v0: test success rate 0.010 over 101 " \
+            "episodes" in proc.stdout, (proc.stdout + proc.stderr)[-3000:]
 
     @pytest.mark.slow
     def test_save_video_bad_input_gets_one_line_and_writes_nothing(self, tmp_path):
