@@ -95,8 +95,7 @@ class MLP:
     sizes = [d_in, hidden, ..., hidden, d_out]; d_in may be a list of input block sizes, e.g.
     [d_og, d_u] for the critic, whose first layer then takes the blocks separately
     (split_linear_forward). Weights are Glorot-uniform ("xavier", as baselines'
-    tf.contrib.layers.xavier_initializer), biases zero.
-    """
+    tf.contrib.layers.xavier_initializer), biases zero."""
 
     def __init__(self, sizes, rng, dtype=np.float32):
         self.in_blocks = list(np.atleast_1d(sizes[0]))  # [d_1, ..., d_k] of the input blocks
@@ -154,8 +153,7 @@ class ActorCritic:
     """pi(o, g) and Q(o, g, u) on normalised inputs.
 
     x_pi = [o_n, g_n] (N, dim_o + dim_g) is the normalised actor input; the critic takes it and
-    u / max_u as two input blocks, Q([x_pi | u / max_u]), so x_pi is never copied.
-    """
+    u / max_u as two input blocks, Q([x_pi | u / max_u]), so x_pi is never copied."""
 
     def __init__(self, dims, hidden, layers, max_u, rng, dtype=np.float32):
         d_og = dims["o"] + dims["g"]

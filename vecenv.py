@@ -261,6 +261,10 @@ def answered_within(remote, timeout):
     return False
 
 
+class EnvProcessError(RuntimeError):
+    """An env process raised, died or did not answer in time: its vec env closed itself."""
+
+
 class SubprocVecEnv(VecEnv):
     """Each env in its own process, talked to over a multiprocessing Pipe.
 
@@ -329,7 +333,7 @@ class SubprocVecEnv(VecEnv):
 
     def _fail(self, why, message=None):
         self.close(why)
-        raise RuntimeError(f"{type(self).__name__}: {message or why}") from None
+        raise EnvProcessError(f"{type(self).__name__}: {message or why}") from None
 
     def _send_all(self, cmds):
         for i, cmd in enumerate(cmds):

@@ -344,7 +344,7 @@ def shared_config(argv, comm):
     if comm.Get_rank() == 0:
         try:
             if args.resume:
-                given = {name: getattr(args, name) for name in ("n_epochs", "mpi_timeout")}
+                given = {name: getattr(args, name) for name in RESUME_FLAGS - {"trace"}}
                 cfg = dataclasses.replace(saved_config(args.resume), logdir=args.resume,
                                           **{k: v for k, v in given.items() if v is not None})
             else:
@@ -374,8 +374,8 @@ def shared_config(argv, comm):
 # ---------------------------------------------------------------- train.py's command line
 
 # The flags a resumed run may change (none changes what is computed): how long it goes on,
-# how long a call may wait on this machine (both Config fields), how many cycles are traced
-RESUME_FLAGS = {"n_epochs", "mpi_timeout", "trace"}
+# how long a call or an env may take on this machine (Config fields), how many cycles are traced
+RESUME_FLAGS = {"n_epochs", "mpi_timeout", "env_timeout", "trace"}
 
 
 def train_parser():
@@ -411,5 +411,5 @@ def parse_train_args(argv=None):
                     if getattr(args, f.name) is not None}
     if args.resume and config_given - RESUME_FLAGS:
         p.error("--resume continues the saved configuration; only --n_epochs, "
-                "--mpi_timeout and --trace may be given")
+                "--mpi_timeout, --env_timeout and --trace may be given")
     return args

@@ -26,6 +26,7 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 
 from harness.errors import EXIT_CODES, SaveError, UsageError
+from vecenv import EnvProcessError
 
 
 class ObservedComm:
@@ -99,20 +100,25 @@ def exits_together(comm, prog, exit_codes=EXIT_CODES):
     class in exit_codes ({class: (code, prefix)}) every rank raises together (bad input, a stop
     agreed on once per cycle): rank 0 prints `prog: prefix message`, every rank exits with the
     code; argparse's exit too (every rank parses the same argv). Any other is this rank's
-    alone: under mpirun it ends the job (abort_job)."""
+    alone: under mpirun it ends the job (abort_job); an env process lost (vecenv's
+    EnvProcessError) is one line there, and on one rank the line and exit code 1."""
     try:
         yield
     except SystemExit:
         raise
     except BaseException as e:
+        # an env process lost is this rank's alone, in one line: the rank's traceback says no more
+        alone = e if isinstance(e, EnvProcessError) else None
         # one of ours that a library raised its own error from (MuJoCo's import makes a stop
         # signal's Interrupted an ImportError, and gymnasium that one another) is ours
         while e is not None and not isinstance(e, tuple(exit_codes)):
             e = e.__cause__
-        if e is None:
-            if comm.Get_size() == 1:
-                raise
-            abort_job(comm)  # [MPI]
+        if e is None and comm.Get_size() > 1:
+            abort_job(comm, prog, alone)  # [MPI]
+        if e is None and alone is None:
+            raise
+        if e is None:  # one rank only, its env process lost
+            e, exit_codes = alone, {EnvProcessError: (1, "error: ")}
         code, prefix = next(v for cls, v in exit_codes.items() if isinstance(e, cls))
         if comm.Get_rank() == 0:
             # a full or broken stderr (an OSError, or the SaveError of train.py's stream to the
@@ -122,10 +128,13 @@ def exits_together(comm, prog, exit_codes=EXIT_CODES):
         raise SystemExit(code) from None
 
 
-def abort_job(comm):
+def abort_job(comm, prog, alone=None):
     """Collective in effect (MPI's Abort ends every rank): this rank raised while the others may
-    wait for it in an Allreduce for ever: print its traceback and take the whole job down."""
-    sys.stderr.write(f"[rank {comm.Get_rank()} of {comm.Get_size()}] {traceback.format_exc()}")
+    wait for it in an Allreduce for ever: print its traceback (an EnvProcessError: one line,
+    `prog (rank r): error: ...`) and take the whole job down."""
+    rank = comm.Get_rank()
+    sys.stderr.write(f"{prog} (rank {rank}): error: {alone}\n" if alone else
+                     f"[rank {rank} of {comm.Get_size()}] {traceback.format_exc()}")
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
     # Easy to miss: flushing puts the traceback into the pipe to mpirun's proxy process, not on

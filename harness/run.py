@@ -30,6 +30,7 @@ from harness.mpi_util import ObservedComm, exits_together, one_blas_thread, save
 from harness.runfolder import TRACE, hold_run_folder, policy_path
 from harness.tracing import Tracer
 from harness.watchdog import Watchdog
+from vecenv import EnvProcessError
 
 PROGRESS_LINES = 4  # an epoch's cycles in about this many parts, where no bar is drawn
 
@@ -77,8 +78,23 @@ def start_run(argv):
         opened.push(lambda _, error, __: log.close(error))  # notes what ended the run
         run = Run(cfg, comm, watchdog, tracer, task, venv, log, args.trace, inputs)
         opened.callback(lambda: run.bar.close())  # off the screen, also if a cycle raised
-        yield run
+        try:
+            yield run
+        except EnvProcessError as e:  # this rank's alone: exits_together ends the job with it
+            raise env_process_lost(e, cfg) from None
         tracer.finish()  # [MPI] --trace: a run with fewer cycles than it asked for
+
+
+def env_process_lost(error, cfg):
+    """vecenv's EnvProcessError, with what to do: --resume goes on from the last checkpoint."""
+    text = str(error).rstrip()
+    if "\n" in text:  # an env that raised: after its traceback, on a line of its own
+        text, fix = f"{text}\ntrain.py:", "mend the env"
+    else:  # an env process that died or did not answer
+        text, fix = f"{text};", ("mend the env (a slow one: give --env_timeout above "
+                                 f"{cfg.env_timeout:g} with --resume)")
+    return EnvProcessError(f"{text} the last checkpoint is kept: {fix}, then --resume "
+                           f"{cfg.logdir} goes on from it")
 
 
 class Run:

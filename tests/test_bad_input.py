@@ -243,8 +243,8 @@ def finished_run(tmp_path_factory):
 # policy is not read), a newest checkpoint gone (the previous one, a whole epoch, is taken), a
 # flag a resume may change, the facts config.json notes (written anew).
 MAY_RUN = ("log.txt", "policy_0.npz", "checkpoint/rank0.prev.npz", "checkpoint/rank0.npz removed",
-           "config.json n_epochs", "config.json mpi_timeout", "config.json logdir",
-           "config.json n_ranks", "config.json T")
+           "config.json n_epochs", "config.json mpi_timeout", "config.json env_timeout",
+           "config.json logdir", "config.json n_ranks", "config.json T")
 
 
 def damaged_copies(run, root):
@@ -396,7 +396,8 @@ class TestRunFolder:
                 out == "" and len(err.strip().splitlines()) == 1 and "plot.py: error: " in err, \
                 (name, rc, out, err)
             outcomes[name] = rc
-        may_draw = ("config.json n_epochs", "config.json mpi_timeout", "config.json logdir")
+        may_draw = ("config.json n_epochs", "config.json mpi_timeout", "config.json env_timeout",
+                    "config.json logdir")
         drawn = sorted(name for name, rc in outcomes.items() if rc == 0 and not name.startswith(
             may_draw) and name.startswith(("progress.csv", "config.json", "foreign")))
         assert not drawn, drawn

@@ -146,14 +146,19 @@ class TestMpiUtil:
 
     @pytest.mark.slow
     def test_rank_failure_ends_whole_mpi_job_with_one_traceback(self, tmp_path):
-        for n_ranks in (2, 3):
+        """The env of rank 1 raises: in the rank (--num_env 1), or in its env processes, where
+        the traceback is the env's, and a line says what to do."""
+        for n_ranks, num_env in ((2, 1), (3, 1), (2, 2)):
+            logdir = str(tmp_path / f"np{n_ranks}-{num_env}")
             rc, out = run_cmd(train_cmd("--env", "tests.helpers:RaiseOnRank1Reach-v0",
-                                        "--n_epochs", "3",
-                                        "--logdir", str(tmp_path / f"np{n_ranks}"), *TINY_RUN,
+                                        "--n_epochs", "3", "--num_env", str(num_env),
+                                        "--logdir", logdir, *TINY_RUN,
                                         n_ranks=n_ranks), timeout=120)
             assert rc != 0, out[-3000:]
             assert out.count("injected env failure on rank 1") == 1 and \
                 out.count("Traceback") == 1, out[-3000:]
+            assert (num_env > 1) == (f"train.py: the last checkpoint is kept: mend the env, then "
+                                     f"--resume {logdir} goes on from it" in out), out[-3000:]
 
     @pytest.mark.slow
     def test_a_normaliser_sum_with_other_bits_on_one_rank_stops_every_rank(self, tmp_path,
