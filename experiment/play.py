@@ -27,9 +27,9 @@ import warnings
 import numpy as np
 
 from harness.cli import ArgumentParser, config_flags, gather_launches, make_config
-from harness.errors import BadFileError, SaveError, UsageError, require
+from harness.errors import BadFileError, SaveError, UsageError, calling, require
 from harness.files import atomic_file, check_policy_fits, load_policy_arrays, policy_on_task
-from harness.goal_env import build_venv, calling, describe_env, make_env
+from harness.goal_env import build_venv, describe_env, make_env
 from harness.launch import start_mpi
 from harness.mpi_util import exits_together, mpi_average, one_blas_thread, raise_if_any_rank_failed
 from rollout import RolloutWorker

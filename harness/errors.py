@@ -19,6 +19,21 @@ def require(ok, line):
         raise UsageError(line)
 
 
+def one_line(error):
+    return (str(error).strip().splitlines() or ["(no message)"])[0]
+
+
+def calling(env_id, what, fn, *args, **kwargs):
+    """fn(*args, **kwargs); an error it raises, but a UsageError, is one line naming `what`."""
+    try:
+        return fn(*args, **kwargs)
+    except UsageError:
+        raise
+    except Exception as e:
+        raise UsageError(f"env {env_id!r}: {what} raised {type(e).__name__}: {one_line(e)}"
+                         ) from None
+
+
 class BadFileError(ValueError):
     """A policy, checkpoint or demo file that is missing, truncated or not ours: exit code 2."""
 

@@ -142,7 +142,7 @@ class Run:
 
     def end_cycle(self, epoch, cycle, losses, best_success_rate):
         """Collective, after every cycle: all ranks learn whether any saw a stop signal, a
-        non-finite loss or weight, or a reward outside the run's range (goal_env.EnvReward),
+        non-finite loss or weight, or a reward outside the run's range (goal_reward.EnvReward),
         and all stop after this same cycle or none does (no rank left waiting in an Allreduce
         for ever). On a signal every rank saves first; on a
         non-finite value nothing is saved: the checkpoint before this epoch is the last good

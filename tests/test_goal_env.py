@@ -22,7 +22,7 @@ import ddpg
 from config import Config
 from ddpg import DDPG
 from experiment import play
-from harness import errors, goal_env
+from harness import errors, goal_env, goal_reward
 from mpi_adam import ONE_RANK
 from rollout import RolloutWorker
 from tests.helpers import (
@@ -319,7 +319,7 @@ class TestContract:
     def test_a_zero_in_a_line_is_0_not_minus_0(self):
         """Fetch's rewards are -1 and -0.0 (minus a 0 distance's): the lines that name rewards
         print them as the flag they suggest takes them, 0."""
-        reward = goal_env.EnvReward(None)
+        reward = goal_reward.EnvReward(None)
         reward.seen = (-5., -0.)
         cfg = Config(env="FetchReach-v4", reward_range=(-1., -0.))
         line = reward.outside(cfg, "in epoch 0, cycle 0 (rank 0)")
@@ -362,7 +362,7 @@ class TestContract:
                 desired_goal -= achieved_goal
                 return -np.ones(len(achieved_goal))
         ag, g = np.ones((4, 2)), np.full((4, 2), 3.)
-        assert list(goal_env.EnvReward(WritesIntoItsGoals())(ag, g)) == [-1.] * 4
+        assert list(goal_reward.EnvReward(WritesIntoItsGoals())(ag, g)) == [-1.] * 4
         assert (ag == 1.).all() and (g == 3.).all()
 
     @pytest.mark.parametrize("body, phrases", [
@@ -476,9 +476,9 @@ class TestGoalEnv:
                 (lambda ag, g: np.exp(-distance(ag, g)), (-np.inf, 1.)),  # PointMazeDense
                 # a reward that grows with distance
                 (lambda ag, g: distance(ag, g), (0., np.inf))):
-            assert goal_env.reward_range(reward_fun, goals) == expected, expected
+            assert goal_reward.reward_range(reward_fun, goals) == expected, expected
             assert all(not (np.signbit(v) and v == 0)
-                       for v in goal_env.reward_range(reward_fun, goals))
+                       for v in goal_reward.reward_range(reward_fun, goals))
 
     def test_success_key_is_read_from_the_env_or_refused(self):
         assert goal_env.success_key("x", {"is_success": 0.}) == "is_success"
