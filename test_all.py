@@ -1280,8 +1280,8 @@ os.kill(os.getpid(), signal.SIGKILL)
 
 class OffSpaceGoalEnv(StubGoalEnv):
     """StubGoalEnv whose achieved_goal, from step `at` on (0: from reset), is not what its
-    float32 (2,) space says: float64 (2,) (wrong="dtype"), float32 (3,) (wrong="shape") or
-    missing (wrong="missing")."""
+    float32 (2,) space says: float64 (2,) (wrong="dtype"), float32 (3,) (wrong="shape"), a
+    float32 scalar (wrong="scalar") or missing (wrong="missing")."""
 
     def __init__(self, wrong, at):
         super().__init__()
@@ -1291,6 +1291,8 @@ class OffSpaceGoalEnv(StubGoalEnv):
         obs = super()._obs()
         if self.t >= self.at and self.wrong == "missing":
             del obs["achieved_goal"]
+        elif self.t >= self.at and self.wrong == "scalar":  # a NumPy scalar: no ndarray
+            obs["achieved_goal"] = np.float32(self.t)
         elif self.t >= self.at:
             obs["achieved_goal"] = (np.full(2, self.t, np.float64) if self.wrong == "dtype"
                                     else np.full(3, self.t, np.float32))
@@ -1513,7 +1515,9 @@ class TestVecEnv:
     @PROCESS_VEC_ENVS
     @pytest.mark.parametrize("wrong, at, received", [("dtype", 0, "float64 (2,)"),
                                                      ("shape", 2, "float32 (3,)"),
-                                                     ("missing", 2, "NoneType")])
+                                                     ("missing", 2, "NoneType, not an "
+                                                      "ndarray"),
+                                                     ("scalar", 2, "float32, not an ndarray")])
     def test_vec_env_refuses_observations_unlike_their_space(self, VecEnvClass, wrong, at,
                                                              received):
         """Unchecked, ShmemVecEnv would cast such an observation silently into shared memory and

@@ -119,7 +119,8 @@ def check_obs(obs, layout):
     for key, (dtype, shape) in layout.items():
         x = obs.get(key) if isinstance(obs, dict) else obs  # a key missing: None
         if not isinstance(x, np.ndarray) or x.dtype != dtype or x.shape != shape:
-            got = f"{x.dtype} {x.shape}" if isinstance(x, np.ndarray) else type(x).__name__
+            got = (f"{x.dtype} {x.shape}" if isinstance(x, np.ndarray)
+                   else f"{type(x).__name__}, not an ndarray")  # a NumPy scalar too
             raise TypeError(f"observation key {key!r}: expected {dtype} {shape} (its space), "
                             f"received {got}; make the env return its space's dtype and shape")
     return obs

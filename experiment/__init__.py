@@ -16,10 +16,14 @@ from harness import CTRL_C  # first: Ctrl-C while the rest imports is one line
 # isort: split
 import threading
 
+from harness.mpi_util import ends_despite_threads
+
 
 def run_command(main, prog):
-    """Exit with main()'s exit code; after Ctrl-C, with one line and 130, also where a library
-    made the KeyboardInterrupt another error (one in MuJoCo's import comes out as ImportError)."""
+    """Collective where main started MPI (play.py) and an env's thread is left
+    (ends_despite_threads). Exit with main()'s exit code; after Ctrl-C, with one line and 130,
+    also where a library made the KeyboardInterrupt another error (one in MuJoCo's import comes
+    out as ImportError)."""
     interrupted = []
 
     def on_sigint(signum, frame):
@@ -33,14 +37,15 @@ def run_command(main, prog):
         raise KeyboardInterrupt
     if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:  # not where it is ignored
         signal.signal(signal.SIGINT, on_sigint)
-    try:
-        code = main()
-    except (Exception, KeyboardInterrupt):
-        if not interrupted:
-            raise
-        print(f"{prog}: {CTRL_C}", file=sys.stderr)
-        code = 130
-    sys.exit(code)
+    with ends_despite_threads(prog):  # [MPI] an env's own thread left running: no hang
+        try:
+            code = main()
+        except (Exception, KeyboardInterrupt):
+            if not interrupted:
+                raise
+            print(f"{prog}: {CTRL_C}", file=sys.stderr)
+            code = 130
+        sys.exit(code)
 
 
 def check_output(p, flag, path, force, suffix):

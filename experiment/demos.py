@@ -138,4 +138,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    run_command(main, "demos.py")
+    run_command(main, "demos.py")  # [MPI] none started here: no other rank

@@ -270,4 +270,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    run_command(main, "plot.py")
+    run_command(main, "plot.py")  # [MPI] none started here: no other rank

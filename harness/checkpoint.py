@@ -199,7 +199,7 @@ def nonfinite_names(losses, policy, env_reward):
     parameters, which the cycle's last update can turn non-finite after its loss was computed
     (the epoch's checkpoint must not save such weights); where any is, first the cause: the
     episodes this rank stored if the env's observations in them are (scanned only then), else
-    the rewards of relabelled goals if the env's compute_reward (goal_reward.EnvReward) gave one."""
+    the rewards of relabelled goals if the env's compute_reward (goal_reward.EnvReward) did."""
     critic_losses, actor_losses = np.transpose(losses)
     quantities = {"train/critic_loss": critic_losses, "train/actor_loss": actor_losses,
                   "critic parameters": policy.main.Q.theta,

@@ -6,6 +6,8 @@ same way (its PLAY_ERRORS); any other exception keeps its traceback.
 
 Test: `python -m pytest -q tests/test_files.py`.
 """
+import contextlib
+
 from mpi_adam import RanksDiverged  # check_synced: ranks that hold other bits
 
 
@@ -29,9 +31,19 @@ def calling(env_id, what, fn, *args, **kwargs):
         return fn(*args, **kwargs)
     except UsageError:
         raise
-    except Exception as e:
+    except (Exception, SystemExit) as e:  # sys.exit in an env too
         raise UsageError(f"env {env_id!r}: {what} raised {type(e).__name__}: {one_line(e)}"
                          ) from None
+
+
+@contextlib.contextmanager
+def env_exit_is_an_error(what):
+    """An env (or its compute_reward) that calls sys.exit would end its rank with that exit
+    code, 0 as if the run were done, and no word: it is an error of the env's instead."""
+    try:
+        yield
+    except SystemExit as e:
+        raise RuntimeError(f"the env called sys.exit({e.code!r}) in {what}") from e
 
 
 class BadFileError(ValueError):

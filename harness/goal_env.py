@@ -27,7 +27,7 @@ import gymnasium as gym
 import numpy as np
 
 import vecenv
-from harness.errors import UsageError, calling, one_line, require
+from harness.errors import UsageError, calling, env_exit_is_an_error, one_line, require
 from harness.goal_reward import EnvReward, batch_rewards, check_reached, reward_range
 from vecenv import DummyVecEnv, ShmemVecEnv, SubprocVecEnv
 
@@ -55,7 +55,7 @@ def make_env(env_id, render_mode=None):
     it. `module:EnvId` ids import `module` first, which may register EnvId (gymnasium's rule)."""
     gym = import_gym()
     env = gym.make(env_id, render_mode=render_mode) if render_mode else gym.make(env_id)
-    return HeldAtEnd(env)
+    return HeldAtEnd(env, env_id)
 
 
 class HeldAtEnd(gym.Wrapper):
@@ -64,13 +64,19 @@ class HeldAtEnd(gym.Wrapper):
     observation, reward and info. A task that ends on success so has an absorbing goal state;
     one that ends on failure repeats its last reward."""
 
+    def __init__(self, env, env_id):
+        super().__init__(env)
+        self.env_id = env_id  # as --env gave it, for the lines that name it
+
     def reset(self, **kwargs):
         self.end = None
-        return self.env.reset(**kwargs)
+        with env_exit_is_an_error("reset"):
+            return self.env.reset(**kwargs)
 
     def step(self, action):
         if self.end is None:
-            answer = self.env.step(action)
+            with env_exit_is_an_error("step"):
+                answer = self.env.step(action)
             if answer[2] or answer[3]:
                 self.end = answer
             return answer
@@ -83,8 +89,37 @@ class HeldAtEnd(gym.Wrapper):
         try:
             self.env.close()
         except Exception as e:
-            print(f"warning: env {self.spec.id!r}: close raised {type(e).__name__}: "
+            print(f"warning: env {self.env_id!r}: close raised {type(e).__name__}: "
                   f"{one_line(e)}", file=sys.stderr, flush=True)
+
+
+def import_module(env_id, module):
+    """The module of --env module:EnvId, imported; whatever it raises is one UsageError line.
+    What it writes to stderr is held back until it is known not to have exited: argparse's
+    usage and error lines (a task file that parses the command line at import) read as
+    train.py's own."""
+    written, exited = io.StringIO(), False
+    try:
+        with contextlib.redirect_stderr(written):
+            importlib.import_module(module)
+    except ModuleNotFoundError as e:
+        if e.name is None or not f"{module}.".startswith(f"{e.name}."):
+            raise UsageError(f"--env {env_id}: importing {module!r} failed: {one_line(e)}; "
+                             f"install what it imports") from None
+        raise UsageError(f"--env {env_id}: no module {module!r} on Python's path; add the "
+                         "folder that holds it to PYTHONPATH (exported, so that every rank and "
+                         "env process has it)") from None
+    except SystemExit as e:
+        exited, said = True, (written.getvalue().strip().splitlines() or ["nothing"])[-1]
+        raise UsageError(f"--env {env_id}: importing {module!r} called sys.exit({e.code!r}), "
+                         f"having printed {said!r}; parse a command line or exit only under "
+                         "`if __name__ == '__main__':`") from None
+    except Exception as e:
+        raise UsageError(f"--env {env_id}: importing {module!r} raised {type(e).__name__}: "
+                         f"{one_line(e)}") from None
+    finally:
+        if not exited:
+            sys.stderr.write(written.getvalue())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,19 +145,8 @@ def describe_env(env_id):
     (baselines keeps a tmp env for the same reason)."""
     gym = import_gym()
     module, _, name = env_id.rpartition(":")
-    try:  # the module of --env module:EnvId; whatever it raises is one UsageError line
-        if module:
-            importlib.import_module(module)
-    except ModuleNotFoundError as e:
-        if e.name is None or not f"{module}.".startswith(f"{e.name}."):
-            raise UsageError(f"--env {env_id}: importing {module!r} failed: {one_line(e)}; "
-                             f"install what it imports") from None
-        raise UsageError(f"--env {env_id}: no module {module!r} on Python's path; add the "
-                         "folder that holds it to PYTHONPATH (exported, so that every rank and "
-                         "env process has it)") from None
-    except Exception as e:
-        raise UsageError(f"--env {env_id}: importing {module!r} raised {type(e).__name__}: "
-                         f"{one_line(e)}") from None
+    if module:
+        import_module(env_id, module)
     # a module of one's own named as one of this project's (her, config, tests) imports ours:
     # the project's folder comes first on Python's path
     top = module.split(".")[0]
@@ -211,6 +235,12 @@ def space_dims(env_id, env):
     require(all(isinstance(boxes.get(k), gym.spaces.Box) for k in GOAL_KEYS),
             f"env {env_id!r} has no dict observation with Box entries {', '.join(GOAL_KEYS)} "
             f"({kinds}); HER needs a goal task such as FetchReach-v4")
+    others = [k for k, box in boxes.items() if box.shape is None or box.dtype is None]
+    if others:
+        raise UsageError(f"env {env_id!r} has the observation entry {others[0]!r} of the space "
+                         f"{boxes[others[0]]}, which has no dtype and shape; every entry, read "
+                         "or not, must have both (a Box, Discrete or MultiBinary), as the vec "
+                         "env holds each step to them")
     shapes = {k: boxes[k].shape for k in GOAL_KEYS}
     require(all(len(shape) == 1 and shape[0] > 0 for shape in shapes.values())
             and shapes["achieved_goal"] == shapes["desired_goal"],
@@ -307,10 +337,11 @@ def success_key(env_id, info):
     key = next((key for key in ("is_success", "success") if key in info), None)
     require(key is not None, f"env {env_id!r} reports neither info['is_success'] nor "
             "info['success'] after a step; a HER goal task must say when its goal is reached")
-    require(isinstance(info[key], SCALARS) and info[key] in (0, 1), f"env {env_id!r}: "
-            f"info[{key!r}] after a step is a {type(info[key]).__name__} of shape "
-            f"{np.shape(info[key])}, {info[key]!r}; it must be one value, True or False (or 1 "
-            "or 0)")
+    value = info[key]
+    one = value.item() if isinstance(value, np.ndarray) and value.ndim == 0 else value  # 0-d
+    require(isinstance(one, SCALARS) and one in (0, 1), f"env {env_id!r}: info[{key!r}] after "
+            f"a step is a {type(value).__name__} of shape {np.shape(value)}, {value!r}; it must "
+            "be one value, True or False (or 1 or 0)")
     return key
 
 

@@ -14,17 +14,22 @@ import contextlib
 
 import numpy as np
 
-from harness.errors import UsageError, calling, require
+from harness.errors import UsageError, calling, env_exit_is_an_error, require
 
 
 def batch_rewards(env_id, reward_fun, ag, g):
     """reward_fun(ag, g) on K pairs, checked: K finite numbers, one for each pair."""
     r = np.asarray(calling(env_id, "compute_reward(achieved_goal, desired_goal, None)",
                            reward_fun, ag, g))
-    require(r.shape == (len(ag),) and r.dtype.kind in "fiub" and np.all(np.isfinite(r)),
+    require(r.shape == (len(ag),) and r.dtype.kind in "fiub",
             f"env {env_id!r}: compute_reward gave {r.dtype} rewards of shape {r.shape} for "
             f"{len(ag)} goals; it must take arrays of goals, (K, {ag.shape[1]}), and return K "
             "finite rewards, one for each")
+    bad = np.flatnonzero(~np.isfinite(r))
+    if bad.size:
+        raise UsageError(f"env {env_id!r}: compute_reward gave {r[bad[0]]:g} for {bad.size} of "
+                         f"{len(ag)} pairs of goals (the first: row {bad[0]}); every reward "
+                         "must be finite")
     return r
 
 
@@ -36,30 +41,56 @@ def check_reached(env_id, reward_fun, goals, achieved):
     transforms of the goals (measured on 50 goals each: none in FetchReachDense, the Hand block
     and egg, sparse and dense, and PointMazeDense; HandManipulatePen's batched compute_reward
     gives some goals reached -1, a fault of its own that 5 resets did not show). A task of one's
-    own (module:EnvId) must also give each pair the same reward in a batch reversed and in one
-    of half the size: HER's batches mix reached and missed goals, in any order and number."""
+    own (module:EnvId) is also held to check_rows_alone."""
     K, ag, g = len(goals), np.concatenate([goals, achieved]), np.concatenate([goals, goals])
     both = np.asarray(reward_fun(ag, g), np.float64)  # (2K,) K reached, then K missed
     reached, missed = both[:K], both[K:]
     if ":" in env_id:  # one's own: an installed env's faults are not the user's to mend
-        again = {"the batch reversed": reward_fun(ag[::-1], g[::-1])[::-1],
-                 f"batches of {K}": np.concatenate([reward_fun(ag[:K], g[:K]),
-                                                     reward_fun(ag[K:], g[K:])])}
-        for how, r in again.items():
-            r = np.asarray(r, np.float64)
-            for i in np.flatnonzero(~np.isclose(both, r, rtol=1e-5, atol=1e-6))[:1]:
-                raise UsageError(f"env {env_id!r}: compute_reward gave a pair of goals the "
-                                 f"reward {both[i] + 0:g} in a batch of {2 * K} and "
-                                 f"{r[i] + 0:g} in {how}; HER rewards batches of relabelled "
-                                 "goals of any order and size, so compute each row's reward "
-                                 "from that row's achieved_goal and desired_goal alone, the "
-                                 "same every time")
+        check_rows_alone(env_id, reward_fun, goals, achieved)
     tol = 0.01 * (both.max() - both.min())
-    require(reached.max() - reached.min() <= tol and missed.max() <= reached.min() + tol,
+    require(reached.max() - reached.min() <= tol,
             f"env {env_id!r}: compute_reward gave goals reached (desired_goal as achieved_goal) "
             f"rewards of {reached.min() + 0:g} to {reached.max() + 0:g}, missed ones up to "
             f"{missed.max() + 0:g}; HER rewards relabelled goals, so compute the reward from its "
             "achieved_goal and desired_goal arguments alone, not from the env's own goal")
+    require(missed.max() <= reached.min() + tol,
+            f"env {env_id!r}: compute_reward gave goals missed rewards up to "
+            f"{missed.max() + 0:g}, above the {reached.min() + 0:g} of goals reached "
+            "(desired_goal as achieved_goal); "
+            "the critic learns to seek the highest reward, so a goal reached must get it (is "
+            "the reward's sign the other way round?)")
+
+
+# The rows of a batch HER relabels: --batch_size, baselines' 256
+HER_BATCH = 256
+
+
+def check_rows_alone(env_id, reward_fun, goals, achieved):
+    """Pairs of goals (each reached, missed against its reset's achieved goal and against up to
+    4 other goals, so of many distances) get the same rewards in a batch reversed, in a batch
+    of HER_BATCH rows (the pairs repeated) and each alone: HER's batches mix reached and missed
+    goals, in any order and number, so a reward read off the batch (a threshold that grows
+    with its size, a distance scaled by its mean) rewards what it relabels wrongly."""
+    i, j = np.nonzero(~np.eye(min(len(goals), 5), dtype=bool))  # (20,) pairs of goals, i != j
+    # (n, dim_g) each: n = 2K + 20
+    ag = np.concatenate([goals, achieved, goals[i]])
+    g = np.concatenate([goals, goals, goals[j]])
+    n = len(ag)
+    rewards = np.asarray(reward_fun(ag, g), np.float64)  # (n,)
+    repeats = -(-HER_BATCH // n)  # ceil
+    again = {"the batch reversed": reward_fun(ag[::-1], g[::-1])[::-1],
+             f"a batch of {n * repeats}": reward_fun(np.tile(ag, (repeats, 1)),
+                                                     np.tile(g, (repeats, 1)))[:n],
+             "a batch of that pair alone": np.concatenate([reward_fun(ag[k:k + 1], g[k:k + 1])
+                                                            for k in range(n)])}
+    for how, r in again.items():
+        r = np.asarray(r, np.float64)
+        for k in np.flatnonzero(~np.isclose(rewards, r, rtol=1e-5, atol=1e-6))[:1]:
+            raise UsageError(f"env {env_id!r}: compute_reward gave a pair of goals the reward "
+                             f"{rewards[k] + 0:g} in a batch of {n} and {r[k] + 0:g} in {how}; "
+                             "HER rewards batches of relabelled goals of any order and size, so "
+                             "compute each row's reward from that row's achieved_goal and "
+                             "desired_goal alone, the same every time")
 
 
 class EnvReward:
@@ -74,7 +105,8 @@ class EnvReward:
 
     def __call__(self, ag_2, g):
         compute_reward = self.env.get_wrapper_attr("compute_reward")
-        r = np.asarray(compute_reward(ag_2.copy(), g.copy(), None))
+        with env_exit_is_an_error("compute_reward"):
+            r = np.asarray(compute_reward(ag_2.copy(), g.copy(), None))
         if r.dtype.kind in "fiub":  # another (object, text) batch_rewards refuses in one line
             finite = r[np.isfinite(r)]
             self.nonfinite = self.nonfinite or finite.size < r.size

@@ -19,6 +19,7 @@ import os
 import stat
 import sys
 import termios
+import threading
 import time
 import traceback
 
@@ -143,6 +144,50 @@ def abort_job(comm, prog, alone=None):
     # dry, or until 5 s have passed (a reader that has stopped reading).
     wait_until_pipes_read([sys.stdout, sys.stderr], patience_s=5.0)
     comm.Abort(1)  # [MPI]
+
+
+@contextlib.contextmanager
+def ends_despite_threads(prog):
+    """Collective where a thread is left (end_if_threads_left). Outermost around a command's
+    work: a thread of an env's own, not a daemon, that the env's
+    close did not stop would keep the process from ending after its last line (Python waits for
+    every such thread at exit), under mpirun the job too. Where one is left, one warning line
+    names it, and the process ends at once with the exit code it would have had (a traceback
+    printed first), MPI finalised."""
+    before = set(threading.enumerate())  # (a test's, where pytest runs a command's main)
+    try:
+        yield
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else int(e.code is not None)  # None: 0
+        end_if_threads_left(prog, code, before)  # [MPI]
+        raise
+    except BaseException:
+        if threads_left(before):
+            traceback.print_exc()
+            end_if_threads_left(prog, 1, before)  # [MPI]
+        raise
+    end_if_threads_left(prog, 0, before)  # [MPI]
+
+
+def threads_left(before):
+    return [t.name for t in threading.enumerate() if not t.daemon and t not in before]
+
+
+def end_if_threads_left(prog, code, before):
+    """Collective where a thread started since `before` is left: warn, finalise MPI, end the
+    process with code."""
+    left = sorted(set(threads_left(before)))  # named once, however many envs started one
+    if not left:
+        return
+    with contextlib.suppress(OSError):  # a full or closed stderr: the end is the same
+        print(f"{prog}: warning: the thread(s) {', '.join(left)} still ran after every env was "
+              "closed (an env's own, which its close did not stop, and which would keep this "
+              "process from ending): ended without them", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+    MPI = sys.modules.get("mpi4py.MPI")
+    if MPI is not None and MPI.Is_initialized() and not MPI.Is_finalized():
+        MPI.Finalize()  # [MPI] as mpi4py does at exit, which os._exit skips
+    os._exit(code)
 
 
 def wait_until_pipes_read(streams, patience_s):

@@ -26,7 +26,13 @@ from harness.files import atomic_savez
 from harness.goal_env import build_venv
 from harness.launch import check_launch, library_name, start_mpi
 from harness.logger import EpochLogger, open_run_folder
-from harness.mpi_util import ObservedComm, exits_together, one_blas_thread, save_on_every_rank
+from harness.mpi_util import (
+    ObservedComm,
+    ends_despite_threads,
+    exits_together,
+    one_blas_thread,
+    save_on_every_rank,
+)
 from harness.runfolder import TRACE, hold_run_folder, policy_path
 from harness.tracing import Tracer
 from harness.watchdog import Watchdog
@@ -60,9 +66,10 @@ def start_run(argv):
     watchdog, tracer = Watchdog(Config.mpi_timeout, MPI.COMM_WORLD), Tracer()
     comm = ObservedComm(MPI.COMM_WORLD, (watchdog, tracer))
     watchdog.start()
-    # Abort if one rank raises alone; the stack closes what was opened, last first
-    with (contextlib.closing(watchdog), exits_together(comm, "train.py"),  # [MPI]
-          contextlib.ExitStack() as opened):
+    # Abort if one rank raises alone; the stack closes what was opened, last first; then an
+    # env's own thread left running ends with a warning, not a hang
+    with (ends_despite_threads("train.py"), contextlib.closing(watchdog),  # [MPI]
+          exits_together(comm, "train.py"), contextlib.ExitStack() as opened):  # [MPI]
         args, cfg, task = shared_config(argv, comm)  # [MPI] rank 0's, on every rank
         opened.callback(task.reward_fun.close)  # the env the task was read off
         watchdog.configure(cfg.mpi_timeout, checkpoint_in=args.resume)

@@ -13,6 +13,8 @@ import functools
 import json
 import os
 import re
+import sys
+import threading
 
 import gymnasium as gym
 import numpy as np
@@ -135,10 +137,16 @@ class OneFault(PointGoal):
             os.chdir("/")
         if fault == "far":  # an observation in millimetres: beyond --clip_obs 200
             self.observation_space["observation"] = gym.spaces.Box(999.5, 1000.5, (2,), np.float64)
+        if fault == "nested":  # an entry not read, of a space with no dtype and shape
+            self.observation_space["extra"] = gym.spaces.Dict(a=box)
+        if fault == "npscalar":  # an entry not read, given as a NumPy scalar, not an array
+            self.observation_space["phase"] = gym.spaces.Box(0., 1., (), np.float32)
 
     def _obs(self):
         obs = super()._obs()
         obs["observation"] += 1000. if self.fault == "far" else 0.
+        if self.fault == "npscalar":
+            obs["phase"] = np.float32(.5)
         return obs
 
     def compute_reward(self, achieved_goal, desired_goal, info):
@@ -146,19 +154,21 @@ class OneFault(PointGoal):
             desired_goal = np.broadcast_to(self.g, np.shape(desired_goal))
         r = super().compute_reward(achieved_goal, desired_goal, info)
         self.batches += np.ndim(achieved_goal) == 2
-        if self.fault in ("firstrow", "batchsize") and np.ndim(achieved_goal) == 2:
+        if self.fault in ("firstrow", "batchsize", "batchmean") and np.ndim(achieved_goal) == 2:
             d = np.linalg.norm(achieved_goal - desired_goal, axis=-1)  # (K,)
-            # right for one goal; in a batch, row 0's reward in every row, or a threshold that
-            # grows with the batch
+            # right for one goal; in a batch, row 0's reward in every row, a threshold that
+            # grows with the batch or one of the batch's mean distance
             r = np.full(len(d), r[0]) if self.fault == "firstrow" else \
-                (d < 0.15 * len(d) ** .5).astype(np.float64)
-        # "nanlater", "penaltylater": NaN or -5 from the 11th batch on (the task is read with
-        # 6: training's)
+                (d < 0.15 * len(d) ** .5).astype(np.float64) if self.fault == "batchsize" else \
+                (d <= max(.15, d.mean() / 2)).astype(np.float64)
+        # "nanlater", "penaltylater": NaN or -5 from the 61st batch on (the task is read with
+        # 38: training's, from its first cycle's 23rd update on)
         return {"scalar": lambda: float(np.mean(r)), "n3": lambda: np.stack([r, r, r], -1),
+                "inverted": lambda: 1. - r,  # the sign the other way round
                 "nan": lambda: r * np.nan, "info": lambda: r + info["bonus"],
                 "object": lambda: np.array(list(np.atleast_1d(r)), dtype=object),
-                "nanlater": lambda: r * np.nan if self.batches > 10 else r,
-                "penaltylater": lambda: r - 5. if self.batches > 10 else r
+                "nanlater": lambda: r * np.nan if self.batches > 60 else r,
+                "penaltylater": lambda: r - 5. if self.batches > 60 else r
                 }.get(self.fault, lambda: r)()
 
     def close(self):
@@ -189,6 +199,12 @@ class OneFault(PointGoal):
             info["then"] = lambda: None
         if self.fault == "nogoalstep" and self.t >= 3:  # a key lost in the third step
             del obs["desired_goal"]
+        if self.fault == "sysexit" and self.t >= 3:  # as a simulator's binding that gives up
+            sys.exit(0)
+        if self.fault == "sysexitlater" and self.t >= 8:  # past the 5 steps read: in training
+            sys.exit(0)
+        if self.fault == "success0d":  # one value, a 0-d array: taken
+            info = {"success": np.array(info["success"])}
         terminated = self.fault == "end3" and self.t >= 3
         if self.fault == "oldstep":  # gym's older API: (observation, reward, done, info)
             return obs, r, terminated, info
@@ -203,7 +219,8 @@ FAULTS = {"discrete": "action space Discrete(4)", "box01": "symmetric box",
           "oldreset": "reset returned a dict, not gymnasium's (observation, info)",
           "resetshape": "reset gave an observation", "boom": "gymnasium.make raised RuntimeError",
           "scalar": "rewards of shape () for", "n3": "rewards of shape (",
-          "nan": "K finite rewards", "info": "compute_reward(achieved_goal, desired_goal, None) "
+          "nan": "compute_reward gave nan for 5 of 5 pairs of goals (the first: row 0); every "
+          "reward must be finite", "info": "compute_reward(achieved_goal, desired_goal, None) "
           "raised TypeError", "stepreward": "compute_reward's", "nosuccess": "info['is_success']",
           "intbox": "action box of int64", "float32": "expected float32 (2,) (its space), "
           "received float64 (2,)", "rewardarray": "step's reward is a ndarray of shape (1,)",
@@ -218,7 +235,16 @@ FAULTS = {"discrete": "action space Discrete(4)", "box01": "symmetric box",
           "far": "its observations reach 1000",
           "object": "compute_reward gave object rewards of shape (5,) for 5 goals",
           "firstrow": "in the batch reversed; HER rewards batches of relabelled goals of any",
-          "batchsize": "in batches of 5; HER rewards batches of relabelled goals of any order",
+          "batchsize": "in a batch of 270; HER rewards batches of relabelled goals of any order",
+          "batchmean": "in a batch of that pair alone; HER rewards batches of relabelled goals",
+          "inverted": "compute_reward gave goals missed rewards up to 1, above the 0 of goals "
+          "reached (desired_goal as achieved_goal); the critic learns to seek the highest "
+          "reward, so a goal reached must get it",
+          "nested": "has the observation entry 'extra' of the space Dict('a': Box(-0.5, 0.5, "
+          "(2,), float64)), which has no dtype and shape; every entry",
+          "sysexit": "step raised RuntimeError: the env called sys.exit(0) in step",
+          "npscalar": "reset: observation key 'phase': expected float32 () (its space), "
+          "received float32, not an ndarray; make the env return",
           "successhalf": "info['success'] after a step is a float of shape (), 0.5; it must be",
           "unbounded": "with one finite a > 0 (low [-inf, -inf], high [inf, inf])",
           "chdir": "changed the working directory to / (os.chdir) while it was read",
@@ -226,9 +252,25 @@ FAULTS = {"discrete": "action space Discrete(4)", "box01": "symmetric box",
           "gymnasium's API has (observation, reward, terminated, truncated, info)",
           "nogoalstep": "step gave an observation of shapes {'observation': (2,), "
           "'achieved_goal': (2,), 'desired_goal': 'missing'}"}
-for fault in [*FAULTS, "end3", "nanlater", "penaltylater", "closeraises"]:
+for fault in [*FAULTS, "end3", "nanlater", "penaltylater", "closeraises", "success0d",
+              "sysexitlater"]:
     gym.register(f"OneFault-{fault}-v0", entry_point="tests.test_goal_env:OneFault",
                  max_episode_steps=10, kwargs=dict(fault=fault))
+
+
+class LeavesThread(PointGoal):
+    """PointGoal that starts a thread of its own (not a daemon, as a simulator's bridge) that
+    its close does not stop: it waits for ever."""
+
+    def __init__(self):
+        super().__init__()
+        threading.Thread(target=threading.Event().wait, name="bridge").start()
+
+
+gym.register("LeavesThread-v0", entry_point="tests.test_goal_env:LeavesThread",
+             max_episode_steps=10)
+
+
 class Counted(PointGoal):
     """PointGoal that notes each env made until its close: as an env with a thread of its own
     that its close stops, one never closed would keep its process from ending."""
@@ -290,7 +332,7 @@ class TestContract:
         the stop line names compute_reward, not the step sizes."""
         logdir = str(tmp_path / "run")
         rc = main_exit_code(["--env", "tests.test_goal_env:OneFault-nanlater-v0", "--logdir",
-                             logdir, "--n_cycles", "2", "--n_batches", "10", "--hidden", "8"])
+                             logdir, "--n_cycles", "2", "--n_batches", "40", "--hidden", "8"])
         err = capsys.readouterr().err.strip().splitlines()
         assert rc == 1 and err == [
             "train.py: non-finite rewards of relabelled goals and train/critic_loss and "
@@ -306,7 +348,7 @@ class TestContract:
         be clipped to 0 to 1 / (1 - gamma) in silence; the run stops and names the range that
         holds them."""
         rc = main_exit_code(["--env", "tests.test_goal_env:OneFault-penaltylater-v0", "--logdir",
-                             str(tmp_path / "run"), "--n_cycles", "2", "--n_batches", "10",
+                             str(tmp_path / "run"), "--n_cycles", "2", "--n_batches", "40",
                              "--hidden", "8"])
         err = capsys.readouterr().err.strip().splitlines()
         assert rc == 2 and err == [
@@ -332,8 +374,8 @@ class TestContract:
                              "--n_batches", "1", "--hidden", "8"])
         err = capsys.readouterr().err.strip().splitlines()
         assert rc == 0 and err == [
-            "warning: env 'OneFault-closeraises-v0': close raised AttributeError: 'NoneType' "
-            "object has no attribute 'close'"], err
+            "warning: env 'tests.test_goal_env:OneFault-closeraises-v0': close raised "
+            "AttributeError: 'NoneType' object has no attribute 'close'"], err
 
     def test_every_env_made_is_closed_whatever_ends_the_command(self, tmp_path, capsys):
         """The env the task is read off, and the vec env's (--num_env 1: in this process), after
@@ -346,6 +388,37 @@ class TestContract:
         play.main([os.path.join(run, "policy_best.npz"), "--n_test_rollouts", "1"])
         capsys.readouterr()
         assert not Counted.open
+
+    def test_an_env_that_calls_sys_exit_in_training_is_an_error_not_a_done_run(self, tmp_path):
+        """sys.exit(0) in a step past those read (--num_env 1: in this process) would have
+        ended the run with exit code 0 and no word."""
+        with pytest.raises(RuntimeError, match=r"^the env called sys.exit\(0\) in step$"):
+            main_exit_code(["--env", "tests.test_goal_env:OneFault-sysexitlater-v0", "--logdir",
+                            str(tmp_path / "run"), "--n_cycles", "1", "--n_batches", "1",
+                            "--hidden", "8"])
+
+    @pytest.mark.parametrize("num_env", [1, 2])
+    def test_a_thread_an_env_leaves_running_ends_with_a_warning_not_a_hang(self, num_env,
+                                                                          tmp_path):
+        """The run ends after its last line, with its exit code, though the thread never does;
+        refused (--clip_obs), the same with the refusal's exit code."""
+        env = "tests.test_goal_env:LeavesThread-v0"
+        for flags, rc_expected, last in (([], 0, "Done: "), (["--clip_obs", ".01"], 2,
+                                                             "train.py: error: ")):
+            rc, out = run_cmd(train_cmd("--env", env, "--num_env", str(num_env), "--logdir",
+                                        str(tmp_path / f"run{num_env}{rc_expected}"),
+                                        "--n_epochs", "1", "--n_cycles", "1", "--n_batches",
+                                        "1", "--n_test_rollouts", "1", *flags), 120)
+            lines = out.strip().splitlines()
+            assert rc == rc_expected and lines[-2].startswith(last), out[-3000:]
+            assert lines[-1] == ("train.py: warning: the thread(s) bridge still ran after every "
+                                 "env was closed (an env's own, which its close did not stop, "
+                                 "and which would keep this process from ending): ended "
+                                 "without them"), out[-3000:]
+
+    def test_a_success_of_one_value_in_a_0d_array_is_taken(self):
+        assert goal_env.describe_env("tests.test_goal_env:OneFault-success0d-v0").success_key \
+            == "success"
 
     def test_a_task_written_as_a_wrapper_is_rewarded_by_the_wrapper(self):
         assert goal_env.describe_env("tests.test_goal_env:Shifted-v0").r_range == (-1., 0.)
@@ -368,7 +441,11 @@ class TestContract:
     @pytest.mark.parametrize("body, phrases", [
         ("raise ValueError('bad table')", ("importing 'my_task' raised ValueError: bad table",)),
         ("import not_installed_anywhere", ("importing 'my_task' failed", "not_installed_any")),
-        ("1 +", ("importing 'my_task' raised SyntaxError",))])
+        ("1 +", ("importing 'my_task' raised SyntaxError",)),
+        # a task file that is a script too: argparse's usage and error lines are held back
+        ("import argparse\nargparse.ArgumentParser(prog='train.py').parse_args(['--env', 'x'])",
+         ("importing 'my_task' called sys.exit(2), having printed 'train.py: error: "
+          "unrecognized arguments: --env x'; parse a command line or exit only under",))])
     def test_a_module_that_fails_to_import_is_one_line_naming_it(self, body, phrases, tmp_path,
                                                                   capsys, monkeypatch):
         (tmp_path / "my_task.py").write_text(body + "\n")
@@ -385,16 +462,18 @@ class TestContract:
         part of a line that one of the envs above, each with one rule broken, is refused with."""
         (tmp_path / "my_task.py").write_text("raise ValueError('bad table')\n")
         (tmp_path / "my_deps.py").write_text("import not_installed_anywhere\n")
+        (tmp_path / "my_exit.py").write_text("import sys\nprint('usage: my_task.py', "
+                                             "file=sys.stderr)\nsys.exit(2)\n")
         monkeypatch.syspath_prepend(str(tmp_path))
         envs = [f"tests.test_goal_env:OneFault-{fault}-v0" for fault in FAULTS] + [
             "tests.test_goal_env:NoTimeLimit-v0", "tests.test_goal_env:StartAtGoal-v0",
             "tests.test_goal_env:FloatTimeLimit-v0",
-            "my_task:Mine-v0", "my_deps:Mine-v0", "no_such_module:Mine-v0"]
+            "my_task:Mine-v0", "my_deps:Mine-v0", "my_exit:Mine-v0", "no_such_module:Mine-v0"]
         lines = []
         for env in envs:
             assert main_exit_code(["--env", env, "--logdir", str(tmp_path / "run")]) == 2, env
             lines.append(capsys.readouterr().err.replace("my_deps", "my_task")
-                         .replace("no_such_module", "my_task"))
+                         .replace("my_exit", "my_task").replace("no_such_module", "my_task"))
         rows = table_rows(doc_section("own-task.md", "## The contract"))[2:]
         quotes = [q for row in rows for q in re.findall(r"`([^`]*)`", row[2])]
         for quote in quotes:
