@@ -40,8 +40,9 @@ def save_checkpoint(logdir, position, policy, workers, comm, losses=(), progress
     arrays = {**policy.policy_arrays(), **policy.arrays(CHECKPOINT_PARTS)}
     arrays.update((key, np.array(value)) for key, value in
                   zip(runfolder.CHECKPOINT_KEYS[:-1], values, strict=True))
-    arrays["checksum"] = np.array(checksum(arrays))
     rank = comm.Get_rank()
+    arrays[runfolder.RANK_KEY] = np.array(rank)
+    arrays["checksum"] = np.array(checksum(arrays))
     files.atomic_savez(runfolder.checkpoint_path(logdir, rank), arrays,
                        keep_previous=runfolder.checkpoint_path(logdir, rank, previous=True))
 
@@ -81,27 +82,33 @@ def restore_checkpoint(arrays, path, policy, workers):
     return int(arrays["epoch"]), int(arrays["cycle"]), float(best), [tuple(row) for row in losses]
 
 
-def checkpoint_positions(run_dir, rank, n_ranks):
-    """{(epoch, cycle): path} of this rank's readable checkpoints, newest and previous (local:
-    no MPI calls). Reads the few scalars only, not the replay buffer."""
-    positions = {}
+def checkpoint_positions(run_dir, rank, n_ranks, cfg):
+    """{(epoch, cycle): (path, checksum)} of this rank's readable checkpoints, newest and
+    previous, each this rank's, of this run (local: no MPI calls). Reads the few scalars only,
+    not the replay buffer."""
+    positions, keys = {}, runfolder.POSITION_KEYS + ("run_config", "checksum")
     for previous in (False, True):
         path = runfolder.checkpoint_path(run_dir, rank, previous)
         if not os.path.exists(path):  # rank<r>.npz is missing only after a stop mid-save
             continue
         try:
-            position = files.load_npz(path, runfolder.POSITION_KEYS, "checkpoint",
-                                      only_required=True)
+            position = files.load_npz(path, keys, "checkpoint", only_required=True,
+                                      optional=[runfolder.RANK_KEY])
         except BadFileError as e:  # the newest: the one before it may still take the run on
             before = runfolder.checkpoint_path(run_dir, rank, previous=True)
             raise BadFileError(f"{e}" + ("" if previous or not os.path.exists(before) else
                                         f"; to resume from the one before it, move {path} "
                                         "out of the folder")) from None
-        epoch, cycle, ranks = (int(value) for value in position.values())
+        epoch, cycle, ranks = (int(position[key]) for key in runfolder.POSITION_KEYS)
         if ranks != n_ranks:
             raise UsageError(f"{path} was written by a run of {ranks} ranks; resume it with "
                              f"mpirun -np {ranks}, not {n_ranks}")
-        positions.setdefault((epoch, cycle), path)
+        owner = int(position.get(runfolder.RANK_KEY, rank))
+        if owner != rank:
+            raise UsageError(f"{path} is rank {owner}'s checkpoint, not rank {rank}'s; put each "
+                             "rank's file back under its own name")
+        check_run_settings(position, path, cfg)
+        positions.setdefault((epoch, cycle), (path, str(position["checksum"])))
     if not positions and runfolder.run_files(run_dir)[1]:
         raise UsageError(f"{run_dir}: no checkpoint, its start ended before the first one; run "
                          "its command again (log.txt's header), without --resume")
@@ -130,18 +137,25 @@ def read_inputs(cfg, task, args, comm):
     --load_path's policy (task and networks), --demo_file's episodes. Returns the Inputs."""
     rank, resume, error, positions = comm.Get_rank(), args.resume, None, {}
     try:
-        positions = checkpoint_positions(resume, rank, comm.Get_size()) if resume else {}
+        positions = checkpoint_positions(resume, rank, comm.Get_size(), cfg) if resume else {}
     except (UsageError, BadFileError) as e:
         error = str(e)
     raise_if_any_rank_failed(comm, error)  # [MPI]
     position, note = (0, 0), None
     if resume:  # the newest position every rank has (a rank stopped while the others saved)
-        everyone = comm.allgather(sorted(positions))  # [MPI]
+        everyone = comm.allgather({p: checked for p, (_, checked) in positions.items()})  # [MPI]
         shared = set.intersection(*map(set, everyone))
         if not shared:
             raise UsageError(f"the checkpoints in {resume}/{runfolder.CHECKPOINTS} share no "
                              f"epoch (ranks at {[max(p) for p in everyone]}); start a new run")
         position = max(shared)
+        sums = [checks[position] for checks in everyone]  # each rank's own state: none alike
+        for copy, original in ((r, sums.index(s)) for r, s in enumerate(sums)):
+            if copy != original:
+                raise UsageError(f"{resume}/{runfolder.CHECKPOINTS}: rank {copy}'s checkpoint "
+                                 f"is a copy of rank {original}'s; each holds its rank's own "
+                                 "replay buffer and random state: put back rank "
+                                 f"{copy}'s own")
         if any(max(p) != position for p in everyone):
             note = (f"note: not every rank has its newest checkpoint (a run stopped while "
                     f"saving); every rank resumes from epoch {position[0]}, cycle "
@@ -149,7 +163,7 @@ def read_inputs(cfg, task, args, comm):
     read = {}
     try:
         if resume:
-            read = read_checkpoint(positions[position], resume, cfg, task, rank == 0)
+            read = read_checkpoint(positions[position][0], resume, cfg, task, rank == 0)
         if args.load_path:
             read["init_policy"], policy_config = files.load_policy_arrays(args.load_path)
             files.check_policy_fits(policy_config, args.load_path, cfg.env, task.dims,
@@ -180,16 +194,21 @@ def read_checkpoint(path, run_dir, cfg, task, rank0):
             files.load_policy_arrays(runfolder.policy_path(run_dir, which))
     if rank0:
         rows = runfolder.read_progress(run_dir, epoch, str(arrays["log/progress_sha256"]))
-    saved, own = json.loads(str(arrays.get("run_config", "{}"))), run_settings(cfg)
-    differ = [k for k in own if saved.get(k) != own[k]]
-    if differ:
-        raise BadFileError(f"{path} was saved with {differ[0]} {saved.get(differ[0])!r}, "
-                           f"config.json says {own[differ[0]]!r}; they are not one run")
+    check_run_settings(arrays, path, cfg)
     best = max([float(row["test/success_rate"]) for row in rows or ()], default=-1.)
     if rows is not None and float(arrays["best"]) != best:
         raise BadFileError(f"{path}: its best test success rate {float(arrays['best'])} is not "
                            f"progress.csv's {best}; they are not one run")
     return dict(checkpoint=arrays, checkpoint_path=path, progress=rows or [])
+
+
+def check_run_settings(arrays, path, cfg):
+    """A checkpoint's settings (run_config) must be config.json's: or it is another run's."""
+    saved, own = json.loads(str(arrays.get("run_config", "{}"))), run_settings(cfg)
+    differ = [k for k in own if saved.get(k) != own[k]]
+    if differ:
+        raise BadFileError(f"{path} was saved with {differ[0]} {saved.get(differ[0])!r}, "
+                           f"config.json says {own[differ[0]]!r}; they are not one run")
 
 
 # ---------------------------------------------------------------- what a stop looks for

@@ -65,15 +65,17 @@ def save_figure(fig, path):
     pyplot().close(fig)
 
 
-def load_npz(path, required_keys, what, writer="train.py", only_required=False):
-    """The arrays of an .npz as a dict (only_required: those of required_keys alone, not a
-    checkpoint's replay buffer), loaded with allow_pickle=False (safe on untrusted files); any
-    problem becomes a one-line BadFileError naming the file and its `writer`."""
+def load_npz(path, required_keys, what, writer="train.py", only_required=False, optional=()):
+    """The arrays of an .npz as a dict (only_required: those of required_keys alone, and of
+    optional where there, not a checkpoint's replay buffer), loaded with allow_pickle=False
+    (safe on untrusted files); any problem becomes a one-line BadFileError naming the file and
+    its `writer`."""
     try:
         with np.load(path, allow_pickle=False) as data:
             missing = [k for k in required_keys if k not in data.files]
             if not missing:
-                keys = required_keys if only_required else data.files
+                keys = [*required_keys, *(k for k in optional if k in data.files)] \
+                    if only_required else data.files
                 return {key: data[key] for key in keys}
     except FileNotFoundError:
         raise BadFileError(f"{path}: no such file") from None

@@ -48,6 +48,7 @@ STATE_KEYS = ("best", "n_updates", "rng_json", "n_episodes", "log/train_success_
               "log/train_losses")
 CHECK_KEYS = ("log/progress_sha256", "run_config", "checksum")
 CHECKPOINT_KEYS = POSITION_KEYS + STATE_KEYS + CHECK_KEYS
+RANK_KEY = "rank"  # and the rank that wrote it (an older checkpoint has none: its name's taken)
 
 
 def policy_path(logdir, which):
@@ -74,7 +75,23 @@ def run_files(logdir):
         return [], False
     found = sorted(name for name in names if name in RUN_FILES
                    or name.startswith("policy") and name.endswith(".npz"))
-    return found, not saved and set(found) <= {CONFIG, LOG, CHECKPOINTS}
+    return found, not saved and set(found) <= {CONFIG, LOG, CHECKPOINTS} and all(
+        written_by_train(logdir, name) for name in found if name in (CONFIG, LOG))
+
+
+def written_by_train(logdir, name):
+    """Whether logdir's config.json or log.txt is one train.py wrote: a JSON object with the
+    run's fields, a log whose first line is its header (or none yet). A file of that name that
+    another program wrote makes no start of train.py's (a fresh start refuses its folder)."""
+    try:
+        with open(os.path.join(logdir, name)) as f:
+            if name == CONFIG:
+                saved = json.load(f)
+                return isinstance(saved, dict) and {"env", "seed", *RUN_FACTS} <= saved.keys()
+            first = f.readline()
+    except (OSError, ValueError):  # unreadable, not JSON, not text
+        return False
+    return not first or re.match(r"# [-\d]{10} [:\d]{8}: train\.py ", first) is not None
 
 
 def start_checkpoint(path):
@@ -93,7 +110,9 @@ def drop_leftovers(logdir, rank, fresh):
     each rank's in checkpoint/; on a fresh start, this rank's checkpoints of a start that ended
     before its first cycle (start_checkpoint), which a resume of this run must not take."""
     folder = glob.escape(logdir)
-    patterns = [f"{CHECKPOINTS}/rank{rank}.*"] + (["*.tmp[0-9]*", f"{TRACE}/*.tmp[0-9]*"]
+    # only the names of the run's own files (files.atomic_file's): others are not the run's
+    patterns = [f"{CHECKPOINTS}/rank{rank}.*"] + ([f"{CONFIG}.tmp*", f"{PROGRESS}.tmp*",
+                                                   "policy_*.npz.tmp*", f"{TRACE}/*.tmp[0-9]*"]
                                                   if rank == 0 else [])
     for path in (p for name in patterns for p in glob.glob(os.path.join(folder, name))):
         if re.search(r"\.tmp\d+$", path) or fresh and path.endswith(".npz") \
@@ -252,8 +271,14 @@ def hold_run_folder(logdir, comm, fresh):
         note = (f"note: {logdir} holds a start that ended before its first checkpoint "
                 f"({', '.join(found)}): this start takes it, its log.txt kept")
     holder = lock_holder(logdir) if found and not ended_early else None
+    foreign = [name for name in found if name in (CONFIG, LOG)
+               and not written_by_train(logdir, name)]
     if holder:  # a run going on: --resume would be refused too
         error = in_use(logdir, holder)
+    elif foreign:
+        error = (f"{logdir} holds {' and '.join(foreign)}, which train.py did not write (no "
+                 "run's fields, no header of its own); give a fresh --logdir: nothing in it was "
+                 "changed")
     elif found and not ended_early:
         error = (f"{logdir} holds a run already ({', '.join(found[:4])}); continue it with "
                  f"--resume {logdir} (with --n_epochs to go past its last epoch), or give a "

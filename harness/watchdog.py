@@ -25,6 +25,8 @@ import time
 from harness.errors import Interrupted
 
 TICK_S = 0.5  # how often the watchdog looks at the clock
+# A rank but 0 that takes a stop signal waits this long for rank 0 to end the job first
+ALONE_S = 1.
 WARN_FRACTION = 0.25  # the warning comes after this fraction of --mpi_timeout
 ABORT_PATIENCE_S = 10.  # MPI_Abort that has not ended this process by then: exit anyway
 # Ctrl-C, kill or scancel, the signal a Slurm batch script passes on before the time limit (Open
@@ -170,15 +172,19 @@ class Watchdog:
         os._exit(130)
 
     def _say(self, text, announce_only=False):
+        """One line on stderr. announce_only: a line each rank a stop signal reached would print
+        alike (Ctrl-C reaches every rank): rank 0's; another rank's only where the job has not
+        ended within ALONE_S, rank 0 taking no signal (one sent to this rank alone)."""
         rank = self.comm.Get_rank()
         if announce_only and rank != 0:
-            return
+            time.sleep(ALONE_S)
         where = f" (rank {rank})" if self.comm.Get_size() > 1 else ""
         print(f"train.py{where}: {text}", file=sys.stderr, flush=True)
 
 
 def starting_line(signum):
-    return f"{signal.Signals(signum).name} while starting: stopped before anything was written"
+    return (f"{signal.Signals(signum).name} while starting: stopped before the first cycle; "
+            "the same command starts the run again")
 
 
 def kill_env_processes():

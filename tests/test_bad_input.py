@@ -551,8 +551,8 @@ class TestBeforeAnythingIsMade:
         # held until the env processes had started, the stop would come after a cycle, saving
         out, err = proc.communicate(timeout=60)
         assert proc.returncode == 130, (out, err)
-        assert err.strip() == f"train.py: {signum.name} while starting: stopped before " \
-                              "anything was written", err
+        assert err.strip() == f"train.py: {signum.name} while starting: stopped before the " \
+                              "first cycle; the same command starts the run again", err
         assert not os.path.exists(logdir) or os.listdir(logdir) == ["run.lock"]
         time.sleep(0.5)
         assert not [pid for pid in children if os.path.exists(f"/proc/{pid}")

@@ -117,6 +117,41 @@ class TestWatchdog:
     """harness/watchdog.py."""
 
     @pytest.mark.slow
+    def test_a_signal_to_one_rank_but_0_alone_is_that_ranks_line(self, tmp_path):
+        """SIGTERM to rank 1 alone: twice in a run, and while the run starts. Rank 0, which took
+        no signal, prints nothing, and rank 1 does, once the job has not ended within ALONE_S;
+        the folder the start left is taken by the same command, as the line says."""
+        logdir = str(tmp_path / "run")
+        # cycles of 40 updates: the second signal comes before the first one's stop
+        cmd = train_cmd(*QUICK_RUN, "--n_batches", "40", "--n_epochs", "20", "--logdir", logdir,
+                        n_ranks=2)
+        with marked_job(cmd, "alone-twice") as proc:
+            wait_for_epoch(proc, logdir)
+            rank_1 = rank_pid("alone-twice", 1)
+            os.kill(rank_1, signal.SIGTERM)
+            time.sleep(0.3)  # taken before the next: two pending signals are one
+            os.kill(rank_1, signal.SIGTERM)
+            out, _ = proc.communicate(timeout=60)
+        assert proc.returncode == 130 and [line for line in out.splitlines() if "again" in line] \
+            == [f"train.py (rank 1): SIGTERM again: stopped at once, without saving; --resume "
+                f"{logdir} continues from the last checkpoint"], out[-3000:]
+        start = str(tmp_path / "start")
+        cmd = train_cmd(*QUICK_RUN, "--n_epochs", "1", "--logdir", start, n_ranks=2)
+        with marked_job(cmd, "alone-start") as proc:
+            with hang_guard(120):
+                while rank_pid("alone-start", 1) is None or not os.path.exists(
+                        os.path.join(start, "run.lock")):
+                    time.sleep(0.05)
+            os.kill(rank_pid("alone-start", 1), signal.SIGTERM)
+            out, _ = proc.communicate(timeout=60)
+        # MPICH's mpirun gives rank 1's 130, or now and then the 9 of rank 0, which it killed
+        assert proc.returncode in (130, 9) and "train.py (rank 1): SIGTERM while starting: " \
+            "stopped before the first cycle; the same command starts the run again" in out, \
+            out[-3000:]
+        rc, out = run_cmd(cmd, 300)
+        assert rc == 0 and "Done: " in out, out[-3000:]
+
+    @pytest.mark.slow
     def test_a_stopped_rank_ends_the_job_within_the_limit_and_resume_goes_on(self, tmp_path):
         limit = 20
         logdir, mark = str(tmp_path / "run"), f"stopped-{os.getpid()}"
