@@ -83,10 +83,11 @@ def restore_checkpoint(arrays, path, policy, workers):
 
 
 def checkpoint_positions(run_dir, rank, n_ranks, cfg):
-    """{(epoch, cycle): (path, checksum)} of this rank's readable checkpoints, newest and
-    previous, each this rank's, of this run (local: no MPI calls). Reads the few scalars only,
-    not the replay buffer."""
-    positions, keys = {}, runfolder.POSITION_KEYS + ("run_config", "checksum")
+    """{(epoch, cycle): path} of this rank's readable checkpoints, newest and previous, each
+    this rank's (one under another rank's name, or a copy of another's, would resume two ranks
+    with one replay buffer and random state), of this run (local: no MPI calls). Reads the few
+    scalars only, not the replay buffer."""
+    positions, keys = {}, runfolder.POSITION_KEYS + ("run_config",)
     for previous in (False, True):
         path = runfolder.checkpoint_path(run_dir, rank, previous)
         if not os.path.exists(path):  # rank<r>.npz is missing only after a stop mid-save
@@ -108,7 +109,7 @@ def checkpoint_positions(run_dir, rank, n_ranks, cfg):
             raise UsageError(f"{path} is rank {owner}'s checkpoint, not rank {rank}'s; put each "
                              "rank's file back under its own name")
         check_run_settings(position, path, cfg)
-        positions.setdefault((epoch, cycle), (path, str(position["checksum"])))
+        positions.setdefault((epoch, cycle), path)
     if not positions and runfolder.run_files(run_dir)[1]:
         raise UsageError(f"{run_dir}: no checkpoint, its start ended before the first one; run "
                          "its command again (log.txt's header), without --resume")
@@ -143,19 +144,12 @@ def read_inputs(cfg, task, args, comm):
     raise_if_any_rank_failed(comm, error)  # [MPI]
     position, note = (0, 0), None
     if resume:  # the newest position every rank has (a rank stopped while the others saved)
-        everyone = comm.allgather({p: checked for p, (_, checked) in positions.items()})  # [MPI]
+        everyone = comm.allgather(sorted(positions))  # [MPI]
         shared = set.intersection(*map(set, everyone))
         if not shared:
             raise UsageError(f"the checkpoints in {resume}/{runfolder.CHECKPOINTS} share no "
                              f"epoch (ranks at {[max(p) for p in everyone]}); start a new run")
         position = max(shared)
-        sums = [checks[position] for checks in everyone]  # each rank's own state: none alike
-        for copy, original in ((r, sums.index(s)) for r, s in enumerate(sums)):
-            if copy != original:
-                raise UsageError(f"{resume}/{runfolder.CHECKPOINTS}: rank {copy}'s checkpoint "
-                                 f"is a copy of rank {original}'s; each holds its rank's own "
-                                 "replay buffer and random state: put back rank "
-                                 f"{copy}'s own")
         if any(max(p) != position for p in everyone):
             note = (f"note: not every rank has its newest checkpoint (a run stopped while "
                     f"saving); every rank resumes from epoch {position[0]}, cycle "
@@ -163,7 +157,7 @@ def read_inputs(cfg, task, args, comm):
     read = {}
     try:
         if resume:
-            read = read_checkpoint(positions[position][0], resume, cfg, task, rank == 0)
+            read = read_checkpoint(positions[position], resume, cfg, task, rank == 0)
         if args.load_path:
             read["init_policy"], policy_config = files.load_policy_arrays(args.load_path)
             files.check_policy_fits(policy_config, args.load_path, cfg.env, task.dims,

@@ -313,3 +313,47 @@ def test_a_resume_of_a_read_only_folder_names_a_fix_a_resume_takes(tmp_path):
         shutil.copytree(run, tmp_path / "copy")
     rc, out = run_cmd(train_cmd("--resume", str(tmp_path / "copy"), "--n_epochs", "2"), 300)
     assert rc == 0 and "1 rank(s) in sync" in out, out[-3000:]
+
+
+def test_a_folder_with_another_programs_config_or_log_is_refused_and_kept(tmp_path, capsys):
+    """A fresh start takes a folder a start of its own left (its config.json and log.txt), not
+    one whose files of those names another program wrote: they were written over and appended
+    to, and any *.tmp<digits> file in it removed. Nothing in the folder changes."""
+    from tests.helpers import assert_main_refuses
+    for name, text in (("config.json", '{"name": "my app"}\n'), ("log.txt", "my notes\n")):
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / name).write_text(text)
+        (folder / "notes.tmp7").write_text("mine\n")
+        assert_main_refuses(["--logdir", str(folder), *TINY], capsys,
+                            f"{folder} holds {name}, which train.py did not write")
+        assert sorted(os.listdir(folder)) == sorted([name, "notes.tmp7"])
+        assert (folder / name).read_text() == text
+    folder = tmp_path / "tmp_only"  # files of no run of train.py's names: no run; kept
+    folder.mkdir()
+    (folder / "a.tmp123").write_text("mine\n")
+    rc, err = bash(train_line(str(folder)) + " >/dev/null")
+    assert rc == 0 and (folder / "a.tmp123").read_text() == "mine\n", err
+
+
+@pytest.mark.slow
+def test_a_rank_checkpoint_swapped_or_copied_is_refused_naming_it(tmp_path):
+    """Each rank's checkpoint holds its own replay buffer and random state: one under another
+    rank's name, or a copy of another rank's (both ranks would go on with one buffer and one
+    random state), is one line, and nothing changes."""
+    logdir = str(tmp_path / "run")
+    rc, out = run_cmd(train_cmd(*TINY, "--logdir", logdir, n_ranks=2), 300)
+    assert rc == 0, out[-3000:]
+    folder = tmp_path / "run" / "checkpoint"
+    rank0, rank1 = (folder / "rank0.npz").read_bytes(), (folder / "rank1.npz").read_bytes()
+    for how, (first, second), line in (
+            ("swapped", (rank1, rank0), f"{folder}/rank0.npz is rank 1's checkpoint, not rank "
+             "0's; put each rank's file back under its own name"),
+            ("copied", (rank0, rank0), f"{folder}/rank1.npz is rank 0's checkpoint, not rank "
+             "1's; put each rank's file back under its own name")):
+        (folder / "rank0.npz").write_bytes(first)
+        (folder / "rank1.npz").write_bytes(second)
+        rc, out = run_cmd(train_cmd("--resume", logdir, "--n_epochs", "2", n_ranks=2), 300)
+        assert rc == 2 and out.strip().splitlines()[-1] == f"train.py: error: {line}", \
+            (how, out[-3000:])
+        assert (folder / "rank0.npz").read_bytes() == first
