@@ -39,8 +39,18 @@ def import_gym():
     # Easy to miss: glfw (gymnasium's MuJoCo renderer imports it) finds its library through a
     # `python -c` child, which a Ctrl-C to the process group would end with a traceback of its
     # own: started with the stop signals blocked, it takes none (this process does, after)
-    with contextlib.redirect_stderr(io.StringIO()), vecenv.stop_signals_blocked():
-        import gymnasium_robotics
+    try:
+        with contextlib.redirect_stderr(io.StringIO()), vecenv.stop_signals_blocked():
+            import gymnasium_robotics
+    except Exception as e:  # MuJoCo's renderer, loaded on import, reads MUJOCO_GL
+        gl, cause = os.environ.get("MUJOCO_GL"), e
+        while isinstance(cause, Exception):  # not a stop signal that a library made its own
+            cause = cause.__cause__ or cause.__context__
+        if gl is None or cause is not None:
+            raise
+        raise UsageError(f"MUJOCO_GL={gl}: importing MuJoCo raised {type(e).__name__}: "
+                         f"{one_line(e)}; training renders nothing: unset MUJOCO_GL, or give "
+                         "one whose library is installed (egl, osmesa, glfw)") from e
     gym.register_envs(gymnasium_robotics)
     # The library named here, env processes load it without such a child, so that none is left
     # writing a BrokenPipeError traceback when its env process is killed (a Ctrl-C at start)

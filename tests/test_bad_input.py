@@ -581,3 +581,18 @@ def test_a_command_started_in_a_removed_folder_is_one_line(tmp_path):
             f"{name}: error: the current folder was removed; cd to one that exists and run the "
             "command again\n"), done.stderr[-3000:]
         gone.mkdir()
+
+
+def test_a_mujoco_gl_that_cannot_load_is_one_line(tmp_path):
+    """MuJoCo loads its renderer, by MUJOCO_GL, while gymnasium-robotics is imported, though a
+    run renders nothing: an unknown value (or, measured, osmesa where OSMesa is not installed:
+    an AttributeError) was a traceback on every rank."""
+    done = subprocess.run(train_cmd("--logdir", str(tmp_path / "run")), capture_output=True,
+                          text=True, env={**os.environ, "MUJOCO_GL": "bogus"}, cwd=ROOT,
+                          timeout=120)
+    assert done.returncode == 2 and done.stderr.startswith(
+        "train.py: error: MUJOCO_GL=bogus: importing MuJoCo raised RuntimeError: invalid value "
+        "for environment variable MUJOCO_GL: bogus;") and \
+        done.stderr.endswith("training renders nothing: unset MUJOCO_GL, or give one whose "
+                             "library is installed (egl, osmesa, glfw)\n"), done.stderr[-3000:]
+    assert len(done.stderr.splitlines()) == 1 and not (tmp_path / "run").exists()
