@@ -217,9 +217,10 @@ def read_run_folder(run_dir):
 
 # ---------------------------------------------------------------- one job per run folder
 
-def lock_run_folder(logdir):
+def lock_run_folder(logdir, fresh=True):
     """The open lock file of logdir, locked until it is closed, or UsageError naming the job
-    that holds it. Makes the folder and the lock file where missing; writes nothing else."""
+    that holds it (and what a fresh start, or a resume, can do instead). Makes the folder and
+    the lock file where missing; writes nothing else."""
     os.makedirs(logdir, exist_ok=True)
     lock_file = open(os.path.join(logdir, LOCK), "a+")
     try:
@@ -228,12 +229,13 @@ def lock_run_folder(logdir):
         lock_file.seek(0)
         holder = lock_file.read().strip() or "another process"
         lock_file.close()
-        raise UsageError(in_use(logdir, holder)) from None
+        raise UsageError(in_use(logdir, holder, fresh)) from None
     except OSError as e:  # e.g. ENOLCK: NFS without its lock service; Lustre without flock
         lock_file.close()
+        there = "pass a --logdir on one" if fresh else "--resume a copy of the folder on one"
         raise UsageError(f"cannot lock run folder {logdir!r}: its file system takes no flock "
-                         f"({e.strerror}); pass a --logdir on one that does (a local disk, NFS "
-                         f"with lockd, Lustre with -o flock)") from None
+                         f"({e.strerror}); {there} that does (a local disk, NFS with lockd, "
+                         "Lustre with -o flock)") from None
     # who holds it now, for the refusal of the next job that tries
     lock_file.seek(0)
     lock_file.truncate()
@@ -243,9 +245,9 @@ def lock_run_folder(logdir):
     return lock_file
 
 
-def in_use(logdir, holder):
-    return (f"run folder {logdir!r} is in use by {holder}; wait for that job to end, or pass "
-            "another --logdir")
+def in_use(logdir, holder, fresh=True):
+    then = "or pass another --logdir" if fresh else f"then --resume {logdir} goes on from it"
+    return f"run folder {logdir!r} is in use by {holder}; wait for that job to end, {then}"
 
 
 def lock_holder(logdir):
@@ -274,7 +276,7 @@ def hold_run_folder(logdir, comm, fresh):
     foreign = [name for name in found if name in (CONFIG, LOG)
                and not written_by_train(logdir, name)]
     if holder:  # a run going on: --resume would be refused too
-        error = in_use(logdir, holder)
+        error = in_use(logdir, holder, fresh)
     elif foreign:
         error = (f"{logdir} holds {' and '.join(foreign)}, which train.py did not write (no "
                  "run's fields, no header of its own); give a fresh --logdir: nothing in it was "
@@ -285,7 +287,7 @@ def hold_run_folder(logdir, comm, fresh):
                  f"fresh --logdir: nothing in it was changed")
     if rank0 and error is None:
         try:
-            lock = lock_run_folder(logdir)
+            lock = lock_run_folder(logdir, fresh)
         except UsageError as e:
             error = str(e)
         except OSError as e:

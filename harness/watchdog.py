@@ -140,10 +140,12 @@ class Watchdog:
                 self._say(f"warning: {what} has waited {waited:.0f} s for the other ranks; the "
                           f"job ends if it waits {self.limit_s:g} s (--mpi_timeout)")
             return
+        go_on = (f"--resume {self.logdir} continues from the last checkpoint" if self.logdir
+                 else "no checkpoint yet: the same command starts the run again")
         self._say(f"error: {what} waited {waited:.0f} s for the other ranks (--mpi_timeout "
                   f"{self.limit_s:g}): a rank or host has died or hangs, or the network between "
-                  f"the hosts is down; the job ends now (--resume continues from the last "
-                  f"checkpoint)")
+                  f"the hosts is down; the job ends now: {go_on} (where the ranks are only "
+                  f"slow, with --mpi_timeout above {self.limit_s:g})")
         kill_env_processes()
         # MPI_Abort ends every rank of the job; should it not return or end this process
         # (an mpirun that cannot be reached), the rank exits on its own.

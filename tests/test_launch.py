@@ -195,8 +195,13 @@ class TestRunFolderLock:
 
     def test_a_held_folder_is_refused_and_a_released_one_taken(self, tmp_path):
         first = lock_run_folder(str(tmp_path))
-        with pytest.raises(Exception, match=f"is in use by pid {os.getpid()}"):
+        with pytest.raises(Exception, match=f"is in use by pid {os.getpid()}.*or pass another "
+                           "--logdir$"):
             lock_run_folder(str(tmp_path))
+        # a resume takes no --logdir: what goes on is its own run, once that job has ended
+        with pytest.raises(Exception, match=f"is in use by pid {os.getpid()}.*; wait for that "
+                           f"job to end, then --resume {tmp_path} goes on from it$"):
+            lock_run_folder(str(tmp_path), fresh=False)
         first.close()
         lock_run_folder(str(tmp_path)).close()
 
