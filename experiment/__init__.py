@@ -23,7 +23,7 @@ def run_command(main, prog):
     """Collective where main started MPI (play.py) and an env's thread is left
     (ends_despite_threads). Exit with main()'s exit code; after Ctrl-C, with one line and 130,
     also where a library made the KeyboardInterrupt another error (one in MuJoCo's import comes
-    out as ImportError)."""
+    out as ImportError); where stdout takes no more, with one line on stderr and 1."""
     interrupted = []
 
     def on_sigint(signum, frame):
@@ -38,14 +38,53 @@ def run_command(main, prog):
     if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:  # not where it is ignored
         signal.signal(signal.SIGINT, on_sigint)
     with ends_despite_threads(prog):  # [MPI] an env's own thread left running: no hang
+        stdout = sys.stdout
         try:
+            if stdout is not None:
+                sys.stdout = CheckedStdout(stdout)
             code = main()
+        except StdoutFailed as e:
+            print(f"{prog}: error: cannot write stdout ({e}); give it a file with space, "
+                  "/dev/null, or a reader that reads to the end", file=sys.stderr)
+            # what it still holds goes nowhere at exit, where it would fail again
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            code = 1
         except (Exception, KeyboardInterrupt):
             if not interrupted:
                 raise
             print(f"{prog}: {CTRL_C}", file=sys.stderr)
             code = 130
+        finally:
+            sys.stdout = stdout
         sys.exit(code)
+
+
+class StdoutFailed(Exception):
+    """stdout took no more (a full device, a reader that has gone): the output is lost."""
+
+
+class CheckedStdout:
+    """sys.stdout, whose failure to write is StdoutFailed, told apart from any other OSError
+    (a figure's or a GIF's file): its write and flush; all else is the stream's own."""
+
+    def __init__(self, stream):
+        self.stream = stream
+
+    def __getattr__(self, name):
+        return getattr(self.stream, name)
+
+    def write(self, text):
+        return self._checked(self.stream.write, text)
+
+    def flush(self):
+        return self._checked(self.stream.flush)
+
+    @staticmethod
+    def _checked(call, *args):
+        try:
+            return call(*args)
+        except OSError as e:
+            raise StdoutFailed(e.strerror) from e
 
 
 def check_output(p, flag, path, force, suffix):

@@ -75,7 +75,7 @@ def run_files(logdir):
         return [], False
     found = sorted(name for name in names if name in RUN_FILES
                    or name.startswith("policy") and name.endswith(".npz"))
-    return found, not saved and set(found) <= {CONFIG, LOG, CHECKPOINTS} and all(
+    return found, not saved and set(found) <= {CONFIG, LOG, CHECKPOINTS, TRACE} and all(
         written_by_train(logdir, name) for name in found if name in (CONFIG, LOG))
 
 

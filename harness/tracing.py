@@ -16,6 +16,7 @@ import pickle
 import time
 from multiprocessing.reduction import ForkingPickler
 
+from harness.errors import SaveError
 from harness.files import atomic_write_text
 from harness.mpi_util import save_on_every_rank
 
@@ -72,7 +73,12 @@ class Tracer:
         ranks = self.comm.gather(self.rows, root=0)  # [MPI] --trace: every rank's rows
         if rank == 0:
             files["trace.json"] = chrome_trace(ranks)
-        save_on_every_rank(self.comm, write_files, self.folder, files)  # [MPI]
+        try:
+            save_on_every_rank(self.comm, write_files, self.folder, files)  # [MPI]
+        except SaveError as e:  # a checkpoint is there: Run.save_start's, or a later one's
+            raise SaveError(f"{e}; once it can be written, --resume "
+                            f"{os.path.dirname(self.folder)} goes on from the last checkpoint "
+                            "(with --trace N, tracing its first N cycles)") from None
         if rank == 0:
             print(table(ranks, self.cycles, span_s), flush=True)
 

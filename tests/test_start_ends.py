@@ -357,3 +357,29 @@ def test_a_rank_checkpoint_swapped_or_copied_is_refused_naming_it(tmp_path):
         assert rc == 2 and out.strip().splitlines()[-1] == f"train.py: error: {line}", \
             (how, out[-3000:])
         assert (folder / "rank0.npz").read_bytes() == first
+
+
+@pytest.mark.slow
+def test_a_disk_that_fills_while_the_trace_is_written_names_the_way_on(tmp_path):
+    """The disk full once the start checkpoint is there, before --trace 8 writes its files: the
+    line names --resume (it named nothing), which goes on; the same command takes the folder
+    too (its trace/ folder made it a run's)."""
+    with small_disk(tmp_path / "disk", "16m") as disk:
+        logdir = str(disk / "run")
+        cmd = train_cmd("--n_epochs", "1", "--n_cycles", "10", "--n_batches", "20",
+                        "--n_test_rollouts", "1", "--num_env", "2", "--trace", "8", "--logdir",
+                        logdir)
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                text=True)
+        with hang_guard(120):
+            while not os.path.exists(os.path.join(logdir, "checkpoint", "rank0.npz")):
+                time.sleep(0.02)
+        subprocess.run(["dd", "if=/dev/zero", f"of={disk}/filler", "bs=4k"], capture_output=True)
+        _, err = proc.communicate(timeout=300)
+        assert proc.returncode == 1 and err.strip().splitlines() == [
+            f"train.py: error: cannot write {logdir}/trace/rank-0.csv: No space left on device; "
+            f"once it can be written, --resume {logdir} goes on from the last checkpoint (with "
+            "--trace N, tracing its first N cycles)"], err[-3000:]
+        os.remove(disk / "filler")
+        rc, out = run_cmd(cmd, 300)
+        assert rc == 0 and f"note: {logdir} holds a start that ended before" in out, out[-3000:]

@@ -259,6 +259,25 @@ def test_too_few_open_files_is_one_line_before_any_env_process(tmp):
         assert_one_line(proc.returncode, proc.stdout, proc.stderr, 2, phrase)
 
 
+def test_a_full_or_broken_stdout_is_one_line(tmp):
+    """A tool's stdout on a full device, or in a pipe whose reader has gone (`| head -1` after
+    its line): one line on stderr and exit code 1, as train.py's (it was a traceback)."""
+    add_policies(tmp)
+    write_synthetic_run(os.path.join(tmp, "run"), 0, [0.1, 0.5])
+    for tool, args, tail, why in [
+            ("plot", ["run", "--table"], ">/dev/full", "No space left on device"),
+            ("play", ["out/reach.npz", "--n_test_rollouts", "1"], ">/dev/full",
+             "No space left on device"),
+            ("bench", ["--quick", "--only", "update"], "| true", "Broken pipe")]:
+        command = " ".join(tool_cmd(tool, *args))
+        proc = subprocess.run(["bash", "-c", f"set -o pipefail; {command} {tail}"], cwd=tmp,
+                              capture_output=True, text=True, timeout=300,
+                              env=dict(os.environ, PYTHONPATH=ROOT))
+        assert proc.returncode == 1 and proc.stderr == (
+            f"{tool}.py: error: cannot write stdout ({why}); give it a file with space, "
+            "/dev/null, or a reader that reads to the end\n"), (tool, proc.stderr[-3000:])
+
+
 class TestRunningThem:
     """The forms a user types, and plot.py's libraries run as commands."""
 
