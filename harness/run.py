@@ -33,7 +33,7 @@ from harness.mpi_util import (
     one_blas_thread,
     save_on_every_rank,
 )
-from harness.runfolder import TRACE, hold_run_folder, policy_path
+from harness.runfolder import TRACE, check_held, hold_run_folder, policy_path
 from harness.tracing import Tracer
 from harness.watchdog import Watchdog
 from vecenv import EnvProcessError
@@ -201,6 +201,8 @@ class Run:
             self.begin_epoch(epoch + 1, 0)
 
     def save_epoch(self, epoch, logs, is_best, best_success_rate):
+        if self.rank0:
+            check_held(self.cfg.logdir)  # before progress.csv too
         self.logger.dump(logs)
         policies = ["best", "latest"] if is_best else ["latest"]
         interval = self.cfg.policy_save_interval
@@ -212,6 +214,7 @@ class Run:
         """Rank 0's `policies` (policy_path's "best", "latest" or an epoch: ranks hold identical
         weights), then this rank's checkpoint at `position` (save_checkpoint's)."""
         if self.rank0:
+            check_held(self.cfg.logdir)  # not moved, nor taken by another job
             for which in policies:
                 atomic_savez(policy_path(self.cfg.logdir, which), self.policy.policy_arrays())
         save_checkpoint(self.cfg.logdir, position, self.policy, self.workers, self.comm, losses,

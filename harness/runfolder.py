@@ -21,7 +21,7 @@ import re
 import socket
 import time
 
-from harness.errors import BadFileError, UsageError
+from harness.errors import BadFileError, SaveError, UsageError
 from harness.files import POLICY_CONFIG_KEY, load_npz
 from harness.mpi_util import raise_if_any_rank_failed
 
@@ -243,6 +243,18 @@ def lock_run_folder(logdir, fresh=True):
                     f"{time.strftime('%Y-%m-%d %H:%M:%S')}\n")
     lock_file.flush()
     return lock_file
+
+
+def check_held(logdir):
+    """Rank 0, before each save: the folder's lock file still names this job. One moved or
+    replaced while the run went on (the path now another job's, or no one's) gets nothing more:
+    a run's files written through a path another job took would mix two runs."""
+    with contextlib.suppress(OSError), open(os.path.join(logdir, LOCK)) as lock_file:
+        if lock_file.readline().startswith(f"pid {os.getpid()} on {socket.gethostname()} "):
+            return
+    raise SaveError(f"{logdir} was moved or replaced while the run went on (its {LOCK} is not "
+                    "this job's): nothing more is written there; --resume the folder where it "
+                    "went, from its last checkpoint")
 
 
 def in_use(logdir, holder, fresh=True):

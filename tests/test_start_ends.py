@@ -383,3 +383,29 @@ def test_a_disk_that_fills_while_the_trace_is_written_names_the_way_on(tmp_path)
         os.remove(disk / "filler")
         rc, out = run_cmd(cmd, 300)
         assert rc == 0 and f"note: {logdir} holds a start that ended before" in out, out[-3000:]
+
+
+@pytest.mark.slow
+def test_a_run_folder_moved_while_the_run_goes_on_gets_nothing_more(tmp_path):
+    """Renamed after epoch 0, the path free for another job: the run writes nothing more
+    through it (its files went into the next job's folder there), one line names the move,
+    and --resume of the folder where it went ends the run."""
+    logdir, moved = str(tmp_path / "run"), str(tmp_path / "moved")
+    cmd = train_cmd("--n_epochs", "2", "--n_cycles", "15", "--n_batches", "20",
+                    "--n_test_rollouts", "1", "--logdir", logdir)
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True)
+    with hang_guard(120):
+        while not os.path.exists(os.path.join(logdir, "progress.csv")):
+            time.sleep(0.05)
+    time.sleep(1.)  # epoch 0's policies and checkpoint, saved after progress.csv
+    os.rename(logdir, moved)
+    os.mkdir(logdir)  # as another job's folder would be
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 1 and err.strip().splitlines()[-1] == (
+        f"train.py: error: {logdir} was moved or replaced while the run went on (its run.lock "
+        "is not this job's): nothing more is written there; --resume the folder where it went, "
+        "from its last checkpoint"), err[-3000:]
+    assert os.listdir(logdir) == []
+    rc, out = run_cmd(train_cmd("--resume", moved), 300)
+    assert rc == 0 and "Done: " in out, out[-3000:]
