@@ -265,6 +265,9 @@ class ArgumentParser(argparse.ArgumentParser):
         """One line, exit code 2 (argparse would also print the whole usage); where the line
         names its flag itself (flag_value's), without argparse's 'argument --flag: ' before."""
         message = re.sub(r"^argument (--\w+): (?=\1 )", "", message)
+        # a value that starts with '-' (-1e-3, -run) is taken for a flag of its own
+        message = re.sub(r"^argument (--\w+)(?:/\S+)?: expected one argument$",
+                         r"\g<0> (a value that starts with '-' is given as \1=-VALUE)", message)
         # stderr closed (2>&-): the line goes to stdout, where one can still read it
         with contextlib.suppress(OSError):  # a full one: as argparse, nothing to say it on
             print(f"{self.prog}: error: {message}", file=sys.stderr or sys.stdout, flush=True)

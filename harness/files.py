@@ -70,6 +70,9 @@ def load_npz(path, required_keys, what, writer="train.py", only_required=False, 
     optional where there, not a checkpoint's replay buffer), loaded with allow_pickle=False
     (safe on untrusted files); any problem becomes a one-line BadFileError naming the file and
     its `writer`."""
+    if os.path.exists(path) and not os.path.isfile(path) and not os.path.isdir(path):
+        raise BadFileError(f"{path}: not a file but a pipe or a device; an .npz is read by "
+                           "seeking in it: save it to a file and give that")
     try:
         with np.load(path, allow_pickle=False) as data:
             missing = [k for k in required_keys if k not in data.files]

@@ -293,6 +293,9 @@ def hold_run_folder(logdir, comm, fresh):
         error = (f"{logdir} holds {' and '.join(foreign)}, which train.py did not write (no "
                  "run's fields, no header of its own); give a fresh --logdir: nothing in it was "
                  "changed")
+    elif found and CONFIG not in found:  # a run's files, but none that --resume takes
+        error = (f"{logdir} holds {', '.join(found[:4])} of a run, and no {CONFIG}, so none "
+                 "that --resume continues; give a fresh --logdir: nothing in it was changed")
     elif found and not ended_early:
         error = (f"{logdir} holds a run already ({', '.join(found[:4])}); continue it with "
                  f"--resume {logdir} (with --n_epochs to go past its last epoch), or give a "

@@ -52,6 +52,14 @@ class TestConfig:
         assert actions["clip_return"].help.endswith("(default 1)")
         assert actions["vec_env"].choices == ("subproc", "shmem")
 
+    def test_a_value_that_starts_with_a_dash_is_named_with_its_form(self, capsys):
+        """argparse takes `-run` or `-1e-3` for a flag of its own: the line names the form that
+        gives such a value, and that form is taken."""
+        for argv in (["--logdir", "-run"], ["--Q_lr", "-1e-3"]):
+            assert_main_refuses(argv, capsys, f"argument {argv[0]}: expected one argument (a "
+                                f"value that starts with '-' is given as {argv[0]}=-VALUE)")
+        assert cli.parse_train_args(["--logdir=-run"]).logdir == "-run"
+
     @pytest.mark.slow
     def test_bad_command_lines_get_one_line_errors(self, tmp_path, capsys):
         a_file = tmp_path / "a_file"

@@ -84,6 +84,16 @@ class TestFiles:
         assert os.listdir(tmp_path) == ["rank0.prev.npz"]
         np.testing.assert_array_equal(arrays_of(prev)["a"], np.arange(3))
 
+    def test_a_pipe_given_as_a_file_is_named_so(self, tmp_path):
+        """`--load_path <(cat policy.npz)`: np.load seeks, a pipe cannot (it was called
+        truncated or corrupt); refused before it is opened, which would wait for a writer."""
+        fifo = str(tmp_path / "fifo")
+        os.mkfifo(fifo)
+        with pytest.raises(errors.BadFileError, match=f"^{fifo}: not a file but a pipe or a "
+                           "device; an .npz is read by seeking in it: save it to a file and "
+                           "give that$"):
+            files.load_policy_arrays(fifo)
+
     @pytest.mark.slow
     def test_bad_policy_and_checkpoint_files_get_one_line_errors(self, tmp_path):
         reference = straight_run(str(tmp_path.parent))

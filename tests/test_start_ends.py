@@ -329,6 +329,12 @@ def test_a_folder_with_another_programs_config_or_log_is_refused_and_kept(tmp_pa
                             f"{folder} holds {name}, which train.py did not write")
         assert sorted(os.listdir(folder)) == sorted([name, "notes.tmp7"])
         assert (folder / name).read_text() == text
+    folder = tmp_path / "policy"  # a policy kept in a folder of its own: no run to resume
+    folder.mkdir()
+    (folder / "policy_best.npz").write_bytes(b"a policy")
+    assert_main_refuses(["--logdir", str(folder), *TINY], capsys, f"{folder} holds "
+                        "policy_best.npz of a run, and no config.json, so none that --resume "
+                        "continues; give a fresh --logdir")
     folder = tmp_path / "tmp_only"  # files of no run of train.py's names: no run; kept
     folder.mkdir()
     (folder / "a.tmp123").write_text("mine\n")
