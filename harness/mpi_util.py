@@ -149,11 +149,11 @@ def abort_job(comm, prog, alone=None):
 @contextlib.contextmanager
 def ends_despite_threads(prog):
     """Collective where a thread is left (end_if_threads_left). Outermost around a command's
-    work: a thread of an env's own, not a daemon, that the env's
-    close did not stop would keep the process from ending after its last line (Python waits for
-    every such thread at exit), under mpirun the job too. Where one is left, one warning line
-    names it, and the process ends at once with the exit code it would have had (a traceback
-    printed first), MPI finalised."""
+    work: a thread of an env's own, not a daemon, that the env's close did not stop would keep
+    the process from ending after its last line (Python waits for every such thread at exit),
+    under mpirun the job too. Where one is left, one warning line names it, and the process
+    ends at once with the exit code it would have had (a traceback printed first), MPI
+    finalised."""
     before = set(threading.enumerate())  # (a test's, where pytest runs a command's main)
     try:
         yield
