@@ -248,9 +248,9 @@ def space_dims(env_id, env):
     others = [k for k, box in boxes.items() if box.shape is None or box.dtype is None]
     if others:
         raise UsageError(f"env {env_id!r} has the observation entry {others[0]!r} of the space "
-                         f"{boxes[others[0]]}, which has no dtype and shape; every entry, read "
-                         "or not, must have both (a Box, Discrete or MultiBinary), as the vec "
-                         "env holds each step to them")
+                         f"{boxes[others[0]]}, which lacks a dtype or a shape; every entry, "
+                         "read or not, must have both (a Box, Discrete or MultiBinary), as the "
+                         "vec env holds each step to them")
     shapes = {k: boxes[k].shape for k in GOAL_KEYS}
     require(all(len(shape) == 1 and shape[0] > 0 for shape in shapes.values())
             and shapes["achieved_goal"] == shapes["desired_goal"],

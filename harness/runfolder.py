@@ -293,7 +293,7 @@ def hold_run_folder(logdir, comm, fresh):
         error = (f"{logdir} holds {' and '.join(foreign)}, which train.py did not write (no "
                  "run's fields, no header of its own); give a fresh --logdir: nothing in it was "
                  "changed")
-    elif found and CONFIG not in found:  # a run's files, but none that --resume takes
+    elif found and not ended_early and CONFIG not in found:  # none that --resume takes
         error = (f"{logdir} holds {', '.join(found[:4])} of a run, and no {CONFIG}, so none "
                  "that --resume continues; give a fresh --logdir: nothing in it was changed")
     elif found and not ended_early:

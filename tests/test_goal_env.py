@@ -241,7 +241,7 @@ FAULTS = {"discrete": "action space Discrete(4)", "box01": "symmetric box",
           "reached (desired_goal as achieved_goal); the critic learns to seek the highest "
           "reward, so a goal reached must get it",
           "nested": "has the observation entry 'extra' of the space Dict('a': Box(-0.5, 0.5, "
-          "(2,), float64)), which has no dtype and shape; every entry",
+          "(2,), float64)), which lacks a dtype or a shape; every entry",
           "sysexit": "step raised RuntimeError: the env called sys.exit(0) in step",
           "npscalar": "reset: observation key 'phase': expected float32 () (its space), "
           "received float32, not an ndarray; make the env return",

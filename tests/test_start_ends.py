@@ -415,3 +415,13 @@ def test_a_run_folder_moved_while_the_run_goes_on_gets_nothing_more(tmp_path):
     assert os.listdir(logdir) == []
     rc, out = run_cmd(train_cmd("--resume", moved), 300)
     assert rc == 0 and "Done: " in out, out[-3000:]
+
+
+def test_a_start_that_ended_before_its_config_json_is_taken(tmp_path):
+    """A start killed (or its disk full) between making checkpoint/ and writing config.json
+    leaves checkpoint/ and run.lock alone: the same command takes the folder."""
+    folder = tmp_path / "run"
+    (folder / "checkpoint").mkdir(parents=True)
+    (folder / "run.lock").write_text("")
+    rc, err = bash(train_line(str(folder)) + " >/dev/null")
+    assert rc == 0 and err == "", err[-3000:]
