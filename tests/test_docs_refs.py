@@ -142,7 +142,8 @@ def misnamed(text, names):
     for path, qualname in FILE_NAME.findall(text):
         if not os.path.exists(os.path.join(ROOT, path)):
             bad.append(f"{path}:{qualname} (no file {path})")
-        elif unresolved(path[:-3].replace("/", ".") + "." + qualname, names):
+        elif unresolved(path[:-3].replace("/", ".").removesuffix(".__init__") + "." + qualname,
+                        names):  # a package's __init__.py: the package's names
             bad.append(f"{path}:{qualname} (not defined there)")
     for match in DOTTED.finditer(text):
         parts = match[1].split(".")
