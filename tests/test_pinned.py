@@ -9,9 +9,9 @@ No baselines counterpart. Three runs are pinned:
     Q values and random generator are hashed (sha256 of their bytes);
   * a short FetchReach run of train.py with two env processes (test_fetch_reach_is_pinned,
     slow): every progress.csv value but the time, and the sha256 of every array but the
-    settings and checksums (NOT_LEARNT) of policy_latest.npz, policy_best.npz, policy_0.npz
-    and the checkpoint (weights, targets, normaliser sums, Adam moments and steps, replay
-    buffer, generator, counters, resume position);
+    settings, checksums and a checkpoint's rank (NOT_LEARNT) of policy_latest.npz,
+    policy_best.npz, policy_0.npz and the checkpoint (weights, targets, normaliser sums, Adam
+    moments and steps, replay buffer, generator, counters, resume position);
   * the same run under `mpirun -np 2` (test_fetch_reach_on_two_ranks_is_pinned, slow): the
     same figures with rank 1's checkpoint beside rank 0's. One rank cannot tell a sum over
     ranks from a mean, nor see any seed but rank 0's, nor pool anything; this run can: the
@@ -465,7 +465,7 @@ def test_agent_is_pinned():
 # The arrays of a policy or checkpoint that hold nothing learnt: the settings, which the run's
 # command line fixes (config_json, run_config), and what only keeps the rest whole
 # (checkpoint.py's checksum over the arrays, runfolder.py's progress_digest of the earlier rows).
-NOT_LEARNT = ("config_json", "run_config", "checksum", "log/progress_sha256")
+NOT_LEARNT = ("config_json", "run_config", "checksum", "log/progress_sha256", "rank")
 
 
 def npz_figures(path, prefix):
