@@ -165,12 +165,13 @@ class Watchdog:
             self.requested = True
             return
         # A second signal: now, also if the main thread is blocked in an MPI call. Env
-        # processes ignore SIGINT, so they are killed; the last checkpoint stays as it is.
-        kill_env_processes()
+        # processes ignore SIGINT, so they are killed (after the line, whose wait on a rank but
+        # 0 would let the main thread take them for dead); the last checkpoint stays as it is.
         resume = f"; --resume {self.logdir} continues from the last checkpoint" if self.logdir \
             else "; no checkpoint yet: the same command starts the run again"
         self._say(f"{signal.Signals(signum).name} again: stopped at once, without saving"
                   f"{resume}", announce_only=True)
+        kill_env_processes()
         os._exit(130)
 
     def _say(self, text, announce_only=False):
